@@ -1,0 +1,1 @@
+"""ortrain: train PyTorch models on ONNX Runtime."""
