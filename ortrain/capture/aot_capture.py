@@ -1,0 +1,156 @@
+"""Capture a module's forward and backward as ATen FX graphs with AOTAutograd.
+
+This package is the only place that touches torch-private APIs, so a torch upgrade changes one
+folder. AOTAutograd also provides the runtime glue: the compiled callable is a
+``torch.autograd.Function`` that saves activations between the graphs, applies buffer mutations,
+sums gradients of tied parameters and regenerates aliased outputs. ortrain plugs its executors in
+as that callable's forward and backward "compilers".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from unittest import mock
+
+import torch
+import torch._functorch.aot_autograd as aot_autograd
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ortrain.capture.decompositions import decomposition_table
+
+logger = logging.getLogger("ortrain.capture")
+
+GraphRunner = Callable[[list[Any]], list[Any]]
+
+
+@dataclass
+class GraphSlot:
+    """One graph that AOTAutograd hands over, and the executor that runs it.
+
+    Until an executor is installed the FX graph runs in PyTorch, which is also the reference the
+    other executors are checked against.
+    """
+
+    graph: torch.fx.GraphModule
+    runner: GraphRunner | None = None
+
+    def run(self, args: list[Any]) -> list[Any]:
+        if self.runner is None:
+            return self.graph(*args)
+        return self.runner(args)
+
+    @property
+    def placeholder_values(self) -> list[Any]:
+        """The fake values (tensors with possibly symbolic sizes, or SymInts) each input takes."""
+        return [n.meta.get("val") for n in self.graph.graph.nodes if n.op == "placeholder"]
+
+
+@dataclass
+class Capture:
+    """The result of one capture: a callable over ``(*params_and_buffers, *inputs)`` and its graphs."""
+
+    fn: Callable[..., Any]
+    state_names: list[str]
+    forward: GraphSlot
+    backward: GraphSlot | None
+    training: bool
+    dynamic_dims: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def __call__(self, state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Any:
+        return self.fn(*state, *inputs)
+
+
+@contextlib.contextmanager
+def _hf_masks_traceable() -> Iterator[None]:
+    # Hugging Face masks call padding_mask.all() (data-dependent) unless they believe they are
+    # being traced, and their check misses AOTAutograd's functional tensors.
+    try:
+        import transformers.masking_utils as masking_utils  # type: ignore[import-not-found]
+    except Exception:
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        if hasattr(masking_utils, "is_tracing"):
+            stack.enter_context(mock.patch.object(masking_utils, "is_tracing", lambda *a, **k: True))
+        if hasattr(masking_utils, "is_torchdynamo_exporting"):
+            stack.enter_context(mock.patch.object(masking_utils, "is_torchdynamo_exporting", lambda: True))
+        yield
+
+
+def _fake_inputs(
+    inputs: Sequence[torch.Tensor], dynamic_dims: dict[int, tuple[int, ...]]
+) -> list[torch.Tensor]:
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    fakes = []
+    for i, tensor in enumerate(inputs):
+        dims = dynamic_dims.get(i, ())
+        # DYNAMIC rather than DUCK: two sizes that happen to be equal in this batch (batch 8 and
+        # 8 heads, say) must not become one symbol.
+        context = StatelessSymbolicContext(
+            dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(tensor.dim())]
+        )
+        fakes.append(fake_mode.from_tensor(tensor, symbolic_context=context))
+    return fakes
+
+
+def capture(
+    module: torch.nn.Module,
+    inputs: Sequence[torch.Tensor],
+    *,
+    training: bool,
+    dynamic_dims: dict[int, tuple[int, ...]] | None = None,
+) -> Capture:
+    """Trace ``module(*inputs)`` (a module over flat tensors returning a tuple of tensors).
+
+    ``training`` asks for a forward graph that saves what the backward graph needs; otherwise one
+    forward-only graph that saves nothing. ``dynamic_dims`` maps an input position to the sizes
+    that may change between calls.
+    """
+    slots: dict[str, GraphSlot] = {}
+
+    def compiler(tag: str) -> Callable[[torch.fx.GraphModule, Any], Any]:
+        def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+            slot = GraphSlot(gm)
+            slots[tag] = slot
+
+            def run(args: list[Any]) -> list[Any]:
+                return slot.run(args)
+
+            run._boxed_call = True  # type: ignore[attr-defined]
+            return run
+
+        return compile_graph
+
+    dynamic_dims = {i: tuple(d) for i, d in (dynamic_dims or {}).items() if d}
+    example = _fake_inputs(inputs, dynamic_dims) if dynamic_dims else list(inputs)
+    grad_mode = torch.enable_grad() if training else torch.no_grad()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(grad_mode)
+        # The math SDPA backend decomposes into ops that have ONNX translations, backward included.
+        stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+        stack.enter_context(_hf_masks_traceable())
+        joint = aot_autograd.aot_export_joint_with_descriptors(
+            stack, module, tuple(example), decompositions=decomposition_table()
+        )
+        fn = aot_autograd.aot_compile_joint_with_descriptors(
+            joint, fw_compiler=compiler("forward"), bw_compiler=compiler("backward")
+        )
+    state_names = list(joint.params_spec) + list(joint.buffers_spec)
+    if "forward" not in slots:
+        raise RuntimeError("AOTAutograd produced no forward graph")
+    if training and "backward" not in slots:
+        logger.debug("no output requires grad: the training capture has no backward graph")
+    return Capture(
+        fn=fn,
+        state_names=state_names,
+        forward=slots["forward"],
+        backward=slots.get("backward"),
+        training=training,
+        dynamic_dims=dynamic_dims,
+    )

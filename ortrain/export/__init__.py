@@ -1,0 +1,1 @@
+"""FX graph → ONNX model."""

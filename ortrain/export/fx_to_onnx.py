@@ -1,0 +1,203 @@
+"""Export one AOTAutograd FX graph to an ONNX model that ONNX Runtime can run.
+
+The graph's outputs are not all computations: some are the graph's own inputs (saved for
+backward), some repeat another output, some are ``None`` (no gradient) and some are sizes
+(SymInts, with dynamic shapes). Only the distinct computed tensors become ONNX outputs; the rest
+is described by :class:`OutputSource` so the executor rebuilds them without copying anything.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import onnx
+import sympy
+import torch
+from torch.export import Dim
+
+logger = logging.getLogger("ortrain.export")
+
+_HINT_CANDIDATES = [17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97]
+
+
+@dataclass(frozen=True)
+class OutputSource:
+    """Where one graph output comes from at run time."""
+
+    kind: Literal["onnx", "input", "same", "none", "size"]
+    index: int = -1  # onnx output / graph input / earlier output, by kind
+    expr: sympy.Expr | None = None  # for "size": a formula over input sizes
+
+
+@dataclass
+class ExportedGraph:
+    model: onnx.ModelProto
+    input_positions: list[int]  # for each ONNX input, the graph argument that feeds it
+    outputs: list[OutputSource]
+    # Each size symbol, and one (argument, dim) where it can be read at run time.
+    symbol_sources: dict[sympy.Symbol, tuple[int, int]] = field(default_factory=dict)
+
+
+class ExportError(RuntimeError):
+    """The graph could not be exported; the message names the operator where it can."""
+
+
+def _expr(value: Any) -> sympy.Expr:
+    if isinstance(value, torch.SymInt):
+        return sympy.sympify(value.node.expr)
+    return sympy.Integer(int(value))
+
+
+def _symbol_sources(placeholders: list[torch.fx.Node]) -> dict[sympy.Symbol, tuple[int, int]]:
+    sources: dict[sympy.Symbol, tuple[int, int]] = {}
+    for position, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            for dim, size in enumerate(val.shape):
+                expr = _expr(size)
+                if isinstance(expr, sympy.Symbol) and expr not in sources:
+                    sources[expr] = (position, dim)
+    return sources
+
+
+def _size_node(
+    graph: torch.fx.Graph,
+    expr: sympy.Expr,
+    sources: dict[sympy.Symbol, tuple[int, int]],
+    placeholders: list[torch.fx.Node],
+) -> Any:
+    """Build FX nodes computing ``expr`` from the sizes of tensor inputs."""
+    if isinstance(expr, sympy.Integer):
+        return int(expr)
+    if isinstance(expr, sympy.Symbol):
+        if expr not in sources:
+            raise ExportError(f"size {expr} is not the size of any input tensor")
+        position, dim = sources[expr]
+        return graph.call_function(torch.ops.aten.sym_size.int, (placeholders[position], dim))
+    if isinstance(expr, (sympy.Mul, sympy.Add)):
+        op = operator.mul if isinstance(expr, sympy.Mul) else operator.add
+        parts = [_size_node(graph, arg, sources, placeholders) for arg in expr.args]
+        acc = parts[0]
+        for part in parts[1:]:
+            acc = graph.call_function(op, (acc, part))
+        return acc
+    raise ExportError(f"cannot express size {expr} in ONNX")
+
+
+def _example_inputs(
+    placeholders: list[torch.fx.Node],
+) -> tuple[list[Any], list[dict[int, Any] | None]]:
+    """Real example tensors for torch.export, and the dynamic dims of each.
+
+    Each size symbol gets its own value (never 0 or 1, never another symbol's) so that
+    torch.export cannot mistake two independent sizes for one.
+    """
+    values: dict[sympy.Symbol, int] = {}
+    used: set[int] = set()
+    for node in placeholders:
+        val = node.meta["val"]
+        if not isinstance(val, torch.Tensor):
+            continue
+        for size in val.shape:
+            for sym in _expr(size).free_symbols:
+                if sym in values:
+                    continue
+                hint = size.node.hint if isinstance(size, torch.SymInt) and _expr(size) == sym else None
+                if hint is None or hint <= 1 or hint in used:
+                    hint = next(c for c in _HINT_CANDIDATES if c not in used)
+                values[sym] = int(hint)
+                used.add(int(hint))
+    examples: list[Any] = []
+    dynamic: list[dict[int, Any] | None] = []
+    for node in placeholders:
+        val = node.meta["val"]
+        if not isinstance(val, torch.Tensor):
+            raise ExportError(f"graph input {node.name} is not a tensor ({type(val).__name__})")
+        sizes = [int(_expr(s).subs(values)) for s in val.shape]
+        examples.append(torch.zeros(sizes, dtype=val.dtype))
+        dims = {d: Dim.AUTO for d, s in enumerate(val.shape) if _expr(s).free_symbols}
+        dynamic.append(dims or None)
+    return examples, dynamic
+
+
+def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGraph:
+    gm = copy.deepcopy(gm)
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    sources = _symbol_sources(placeholders)
+    output_node = graph.output_node()
+    raw_outputs = list(output_node.args[0])
+
+    # Sizes passed in as inputs (saved SymInts, in a backward graph) become sym_size of a tensor.
+    tensor_placeholders = [n for n in placeholders if isinstance(n.meta.get("val"), torch.Tensor)]
+    for node in placeholders:
+        if isinstance(node.meta.get("val"), torch.SymInt):
+            with graph.inserting_after(tensor_placeholders[-1] if tensor_placeholders else node):
+                replacement = _size_node(graph, _expr(node.meta["val"]), sources, placeholders)
+            node.replace_all_uses_with(replacement)  # type: ignore[arg-type]
+
+    sources_by_node = {n: i for i, n in enumerate(placeholders)}
+    outputs: list[OutputSource] = []
+    onnx_nodes: list[torch.fx.Node] = []
+    first_seen: dict[torch.fx.Node, int] = {}
+    for position, out in enumerate(raw_outputs):
+        if out is None:
+            outputs.append(OutputSource("none"))
+        elif not isinstance(out, torch.fx.Node):
+            raise ExportError(f"graph output {position} is a constant {out!r}, which ortrain does not expect")
+        elif isinstance(out.meta.get("val"), torch.SymInt):
+            outputs.append(OutputSource("size", expr=_expr(out.meta["val"])))
+        elif out in first_seen:
+            outputs.append(OutputSource("same", index=first_seen[out]))
+        elif out.op == "placeholder":
+            first_seen[out] = position
+            outputs.append(OutputSource("input", index=sources_by_node[out]))
+        else:
+            first_seen[out] = position
+            outputs.append(OutputSource("onnx", index=len(onnx_nodes)))
+            onnx_nodes.append(out)
+    output_node.args = (tuple(onnx_nodes),)
+    for node in placeholders:
+        if isinstance(node.meta.get("val"), torch.SymInt):
+            graph.erase_node(node)
+    graph.eliminate_dead_code()
+    gm.recompile()
+
+    kept = [n for n in graph.nodes if n.op == "placeholder"]
+    examples, dynamic = _example_inputs(kept)
+    if not onnx_nodes:
+        return ExportedGraph(onnx.ModelProto(), [], outputs, sources)
+    try:
+        program = torch.onnx.export(
+            gm,
+            tuple(examples),
+            dynamic_shapes=tuple(dynamic) if any(d is not None for d in dynamic) else None,
+            dynamo=True,
+            optimize=True,
+            opset_version=opset_version,
+            verbose=False,
+        )
+    except Exception as error:  # the exporter raises many types; all mean "cannot export"
+        raise ExportError(_summarize_export_error(error)) from error
+    model = program.model_proto
+    name_to_position = {n.name: sources_by_node[n] for n in kept}
+    try:
+        input_positions = [name_to_position[i.name] for i in model.graph.input]
+    except KeyError as missing:
+        raise ExportError(f"exported graph has an input {missing} that matches no FX placeholder") from None
+    return ExportedGraph(model, input_positions, outputs, sources)
+
+
+def _summarize_export_error(error: Exception) -> str:
+    text = str(error)
+    for marker in ("Unsupported FX nodes", "No decompositions registered", "OnnxDispatcher", "not supported"):
+        at = text.find(marker)
+        if at >= 0:
+            return text[at : at + 400].strip()
+    first = next((line for line in text.splitlines() if line.strip()), type(error).__name__)
+    summary = text.split("## Exception summary")[-1].strip() if "## Exception summary" in text else first
+    return summary[:600]

@@ -1,0 +1,95 @@
+"""Fallback policies (``ORTMODULE_FALLBACK_POLICY``) and the exceptions they decide about.
+
+When a model cannot be captured, exported or run, ortrain either keeps training it in PyTorch
+(after one warning naming the cause) or raises, depending on the policy. Policy names are
+upstream's, alone or joined with ``|``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+logger = logging.getLogger("ortrain.ortmodule")
+
+
+class FallbackPolicy(enum.IntFlag):
+    FALLBACK_DISABLE = 0
+    FALLBACK_FORCE_TORCH_FORWARD = 1
+    FALLBACK_FORCE_TORCH_BACKWARD = 2
+    FALLBACK_UNSUPPORTED_DEVICE = 4
+    FALLBACK_UNSUPPORTED_DATA = 8
+    FALLBACK_UNSUPPORTED_TORCH_MODEL = 16
+    FALLBACK_UNSUPPORTED_ONNX_MODEL = 32
+    FALLBACK_BAD_INITIALIZATION = 64
+
+    @classmethod
+    def default(cls) -> FallbackPolicy:
+        return (
+            cls.FALLBACK_UNSUPPORTED_DEVICE
+            | cls.FALLBACK_UNSUPPORTED_DATA
+            | cls.FALLBACK_UNSUPPORTED_TORCH_MODEL
+            | cls.FALLBACK_UNSUPPORTED_ONNX_MODEL
+        )
+
+    def forces_torch(self) -> bool:
+        return bool(self & (FallbackPolicy.FALLBACK_FORCE_TORCH_FORWARD | FallbackPolicy.FALLBACK_FORCE_TORCH_BACKWARD))
+
+
+def parse_fallback_policy(text: str) -> FallbackPolicy:
+    policy = FallbackPolicy.FALLBACK_DISABLE
+    for part in text.split("|"):
+        name = part.strip()
+        # Upstream documents both "FALLBACK_DISABLE" and "FallbackPolicy.FALLBACK_DISABLE".
+        name = name.removeprefix("FallbackPolicy.")
+        try:
+            policy |= FallbackPolicy[name]
+        except KeyError:
+            valid = ", ".join(p.name for p in FallbackPolicy if p.name)
+            raise ValueError(f"ORTMODULE_FALLBACK_POLICY has unknown policy {name!r}; use {valid}") from None
+    return policy
+
+
+class ORTModuleFallbackException(RuntimeError):
+    """Base of the failures a fallback policy decides about; ``policy`` is the flag that allows falling back."""
+
+    policy: FallbackPolicy = FallbackPolicy.FALLBACK_DISABLE
+
+
+class ORTModuleDeviceException(ORTModuleFallbackException):
+    policy = FallbackPolicy.FALLBACK_UNSUPPORTED_DEVICE
+
+
+class ORTModuleIOError(ORTModuleFallbackException):
+    policy = FallbackPolicy.FALLBACK_UNSUPPORTED_DATA
+
+
+class ORTModuleTorchModelException(ORTModuleFallbackException):
+    policy = FallbackPolicy.FALLBACK_UNSUPPORTED_TORCH_MODEL
+
+
+class ORTModuleONNXModelException(ORTModuleFallbackException):
+    policy = FallbackPolicy.FALLBACK_UNSUPPORTED_ONNX_MODEL
+
+
+class FallbackManager:
+    """Decides, once per failure, whether to go on in PyTorch, and warns exactly once."""
+
+    def __init__(self, policy: FallbackPolicy) -> None:
+        self.policy = policy
+        self.reason: ORTModuleFallbackException | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.reason is not None or self.policy.forces_torch()
+
+    def handle(self, error: ORTModuleFallbackException) -> None:
+        """Record ``error`` and return if the policy allows PyTorch to take over; raise it otherwise."""
+        if not (self.policy & error.policy):
+            raise error
+        self.reason = error
+        logger.warning(
+            "ORTModule could not run this model on ONNX Runtime and trains it in PyTorch instead "
+            "(ORTMODULE_FALLBACK_POLICY=FALLBACK_DISABLE makes this an error). Cause: %s",
+            error,
+        )

@@ -1,0 +1,53 @@
+"""The ordered list of graph passes, and saving each stage for debugging."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+logger = logging.getLogger("ortrain.passes")
+
+Pass = Callable[[onnx.ModelProto], onnx.ModelProto]
+
+
+@dataclass(frozen=True)
+class StageSaver:
+    """Writes ``{prefix}_{graph}_{stage}_{mode}.onnx`` files when ``DebugOptions(save_onnx=True)``."""
+
+    directory: Path
+    prefix: str
+    mode: str  # "training" or "inference"
+
+    def save(self, model: onnx.ModelProto, graph: str, stage: str) -> Path:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"{self.prefix}_{graph}_{stage}_{self.mode}.onnx"
+        onnx.save(model, path)
+        logger.info("saved %s", path)
+        return path
+
+
+def default_passes(*, compute_optimizer: bool) -> list[tuple[str, Pass]]:
+    """The passes in the order they run. ``compute_optimizer`` is ORTMODULE_ENABLE_COMPUTE_OPTIMIZER."""
+    del compute_optimizer  # no pass has landed yet that changes what is computed
+    return []
+
+
+def run_passes(
+    model: onnx.ModelProto,
+    passes: list[tuple[str, Pass]],
+    *,
+    graph: str,
+    saver: StageSaver | None,
+) -> onnx.ModelProto:
+    if saver is not None:
+        saver.save(model, graph, "exported")
+    for name, apply in passes:
+        model = apply(model)
+        logger.debug("%s graph: applied pass %s", graph, name)
+    if saver is not None:
+        saver.save(model, graph, "optimized")
+    return model

@@ -1,0 +1,1 @@
+"""Executors that run exported graphs."""
