@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from unittest import mock
 
 import torch
 import torch._functorch.aot_autograd as aot_autograd
@@ -23,6 +22,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ortrain.capture.decompositions import decomposition_table
+from ortrain.capture.huggingface import hf_masks_traceable
 
 logger = logging.getLogger("ortrain.capture")
 
@@ -66,23 +66,6 @@ class Capture:
         return self.fn(*state, *inputs)
 
 
-@contextlib.contextmanager
-def _hf_masks_traceable() -> Iterator[None]:
-    # Hugging Face masks call padding_mask.all() (data-dependent) unless they believe they are
-    # being traced, and their check misses AOTAutograd's functional tensors.
-    try:
-        import transformers.masking_utils as masking_utils  # type: ignore[import-not-found]
-    except Exception:
-        yield
-        return
-    with contextlib.ExitStack() as stack:
-        if hasattr(masking_utils, "is_tracing"):
-            stack.enter_context(mock.patch.object(masking_utils, "is_tracing", lambda *a, **k: True))
-        if hasattr(masking_utils, "is_torchdynamo_exporting"):
-            stack.enter_context(mock.patch.object(masking_utils, "is_torchdynamo_exporting", lambda: True))
-        yield
-
-
 def _fake_inputs(
     inputs: Sequence[torch.Tensor], dynamic_dims: dict[int, tuple[int, ...]]
 ) -> list[torch.Tensor]:
@@ -93,7 +76,9 @@ def _fake_inputs(
         # DYNAMIC rather than DUCK: two sizes that happen to be equal in this batch (batch 8 and
         # 8 heads, say) must not become one symbol.
         context = StatelessSymbolicContext(
-            dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(tensor.dim())]
+            dynamic_sizes=[
+                DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(tensor.dim())
+            ]
         )
         fakes.append(fake_mode.from_tensor(tensor, symbolic_context=context))
     return fakes
@@ -134,7 +119,7 @@ def capture(
         stack.enter_context(grad_mode)
         # The math SDPA backend decomposes into ops that have ONNX translations, backward included.
         stack.enter_context(sdpa_kernel(SDPBackend.MATH))
-        stack.enter_context(_hf_masks_traceable())
+        stack.enter_context(hf_masks_traceable())
         joint = aot_autograd.aot_export_joint_with_descriptors(
             stack, module, tuple(example), decompositions=decomposition_table()
         )

@@ -49,7 +49,12 @@ def convolution_backward(
     if output_mask[0]:
         pads = [
             _conv_output_padding(
-                input.shape[2 + i], grad_output.shape[2 + i], weight.shape[2 + i], stride[i], padding[i], dilation[i]
+                input.shape[2 + i],
+                grad_output.shape[2 + i],
+                weight.shape[2 + i],
+                stride[i],
+                padding[i],
+                dilation[i],
             )
             for i in range(spatial)
         ]
@@ -87,6 +92,7 @@ def adaptive_avg_pool2d_backward(grad_output: torch.Tensor, input: torch.Tensor)
         kh, kw = in_h // out_h, in_w // out_w
         scaled = grad_output / (kh * kw)
         return scaled.repeat_interleave(kh, dim=-2).repeat_interleave(kw, dim=-1)
+
     # Uneven windows overlap: build the averaging matrices (rows = output cells) explicitly.
     def weights(n_in: int, n_out: int) -> torch.Tensor:
         rows = []

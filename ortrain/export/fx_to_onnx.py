@@ -8,9 +8,12 @@ is described by :class:`OutputSource` so the executor rebuilds them without copy
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import operator
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -133,10 +136,10 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
     raw_outputs = list(output_node.args[0])
 
     # Sizes passed in as inputs (saved SymInts, in a backward graph) become sym_size of a tensor.
-    tensor_placeholders = [n for n in placeholders if isinstance(n.meta.get("val"), torch.Tensor)]
+    first_computation = next(n for n in graph.nodes if n.op != "placeholder")
     for node in placeholders:
         if isinstance(node.meta.get("val"), torch.SymInt):
-            with graph.inserting_after(tensor_placeholders[-1] if tensor_placeholders else node):
+            with graph.inserting_before(first_computation):
                 replacement = _size_node(graph, _expr(node.meta["val"]), sources, placeholders)
             node.replace_all_uses_with(replacement)  # type: ignore[arg-type]
 
@@ -172,15 +175,16 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
     if not onnx_nodes:
         return ExportedGraph(onnx.ModelProto(), [], outputs, sources)
     try:
-        program = torch.onnx.export(
-            gm,
-            tuple(examples),
-            dynamic_shapes=tuple(dynamic) if any(d is not None for d in dynamic) else None,
-            dynamo=True,
-            optimize=True,
-            opset_version=opset_version,
-            verbose=False,
-        )
+        with _quiet_exporter():
+            program = torch.onnx.export(
+                gm,
+                tuple(examples),
+                dynamic_shapes=tuple(dynamic) if any(d is not None for d in dynamic) else None,
+                dynamo=True,
+                optimize=True,
+                opset_version=opset_version,
+                verbose=False,
+            )
     except Exception as error:  # the exporter raises many types; all mean "cannot export"
         raise ExportError(_summarize_export_error(error)) from error
     model = program.model_proto
@@ -190,6 +194,23 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
     except KeyError as missing:
         raise ExportError(f"exported graph has an input {missing} that matches no FX placeholder") from None
     return ExportedGraph(model, input_positions, outputs, sources)
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """The exporter warns about things that do not concern ortrain's users (torchvision, say)."""
+    names = ("torch.onnx", "torch.export", "onnx_ir", "onnxscript", "torch._export")
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
 
 
 def _summarize_export_error(error: Exception) -> str:

@@ -33,7 +33,10 @@ class FallbackPolicy(enum.IntFlag):
         )
 
     def forces_torch(self) -> bool:
-        return bool(self & (FallbackPolicy.FALLBACK_FORCE_TORCH_FORWARD | FallbackPolicy.FALLBACK_FORCE_TORCH_BACKWARD))
+        return bool(
+            self
+            & (FallbackPolicy.FALLBACK_FORCE_TORCH_FORWARD | FallbackPolicy.FALLBACK_FORCE_TORCH_BACKWARD)
+        )
 
 
 def parse_fallback_policy(text: str) -> FallbackPolicy:
@@ -51,7 +54,7 @@ def parse_fallback_policy(text: str) -> FallbackPolicy:
 
 
 class ORTModuleFallbackException(RuntimeError):
-    """Base of the failures a fallback policy decides about; ``policy`` is the flag that allows falling back."""
+    """A failure a fallback policy decides about; ``policy`` is the flag that allows falling back."""
 
     policy: FallbackPolicy = FallbackPolicy.FALLBACK_DISABLE
 

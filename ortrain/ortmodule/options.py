@@ -107,7 +107,9 @@ def runtime_options() -> RuntimeOptions:
             raise ValueError(f"ORTMODULE_ONNX_OPSET_VERSION={opset_raw!r} is not an integer") from None
         if opset < 18:
             # torch.onnx's dynamo exporter emits opset 18 and newer only.
-            raise ValueError(f"ORTMODULE_ONNX_OPSET_VERSION={opset} is too old; ortrain exports opset 18 or newer")
+            raise ValueError(
+                f"ORTMODULE_ONNX_OPSET_VERSION={opset} is too old; ortrain exports opset 18 or newer"
+            )
     else:
         opset = DEFAULT_OPSET
     policy_raw = os.environ.get("ORTMODULE_FALLBACK_POLICY")

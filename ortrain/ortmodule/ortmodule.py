@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ortrain.capture.aot_capture import Capture, GraphSlot, capture
+from ortrain.capture.huggingface import register_hf_cache_types
 from ortrain.export.fx_to_onnx import ExportError, export_graph
 from ortrain.ortmodule.fallback import (
     FallbackManager,
@@ -30,8 +31,15 @@ logger = logging.getLogger("ortrain.ortmodule")
 
 # Names ORTModule keeps for itself; every other attribute lives on the wrapped module.
 _OWN_ATTRIBUTES = frozenset(
-    {"_ortrain_module", "_ortrain_debug", "_ortrain_options", "_ortrain_graphs", "_ortrain_fallback",
-     "_ortrain_state", "training"}
+    {
+        "_ortrain_module",
+        "_ortrain_debug",
+        "_ortrain_options",
+        "_ortrain_graphs",
+        "_ortrain_fallback",
+        "_ortrain_state",
+        "training",
+    }
 )
 
 
@@ -90,6 +98,7 @@ class ORTModule(nn.Module):
         object.__setattr__(self, "_ortrain_fallback", FallbackManager(options.fallback_policy))
         object.__setattr__(self, "_ortrain_state", None)
         logging.getLogger("ortrain").setLevel(python_log_level(debug.log_level))
+        register_hf_cache_types()
         self.training = module.training
 
     # ---- the wrapped module's own objects --------------------------------------------------
@@ -200,7 +209,9 @@ class ORTModule(nn.Module):
         outputs = entry.capture(state_tensors, inputs)
         return unflatten(entry.output_spec, list(outputs))
 
-    def _dynamic_dims(self, inputs: list[torch.Tensor], entries: list[_CompiledEntry]) -> dict[int, tuple[int, ...]]:
+    def _dynamic_dims(
+        self, inputs: list[torch.Tensor], entries: list[_CompiledEntry]
+    ) -> dict[int, tuple[int, ...]]:
         """Sizes that differ from an earlier capture, or were dynamic in one, become dynamic."""
         dims: dict[int, set[int]] = {}
         for entry in entries:
@@ -240,10 +251,14 @@ class ORTModule(nn.Module):
             try:
                 exported = export_graph(slot.graph, opset_version=self._ortrain_options.opset_version)
             except ExportError as error:
-                raise ORTModuleONNXModelException(f"the {name} graph could not be exported to ONNX: {error}") from error
+                raise ORTModuleONNXModelException(
+                    f"the {name} graph could not be exported to ONNX: {error}"
+                ) from error
             exported.model = run_passes(exported.model, passes, graph=name, saver=saver)
             try:
-                slot.runner = OrtExecutor(exported, device=inputs[0].device if inputs else torch.device("cpu"))
+                slot.runner = OrtExecutor(
+                    exported, device=inputs[0].device if inputs else torch.device("cpu")
+                )
             except Exception as error:
                 raise ORTModuleONNXModelException(
                     f"ONNX Runtime could not load the {name} graph: {type(error).__name__}: {error}"
@@ -253,9 +268,7 @@ class ORTModule(nn.Module):
         release_freed_memory()
         first = len(captured.state_names)
         fw_values = captured.forward.placeholder_values[first:]
-        sizes = [
-            tuple(s if isinstance(s, int) else None for s in value.shape) for value in fw_values
-        ]
+        sizes = [tuple(s if isinstance(s, int) else None for s in value.shape) for value in fw_values]
         return _CompiledEntry(captured, sizes, flat_module.output_spec)
 
     def _raise_if_user_error(self, spec: Spec, inputs: list[torch.Tensor]) -> None:

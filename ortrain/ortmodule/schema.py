@@ -1,7 +1,8 @@
 """Flatten nested inputs and outputs into a list of tensors plus a hashable spec, and back.
 
-Supported containers: tuple, list, dict, named tuples, dataclasses and Hugging Face
-``ModelOutput``s (an ordered dict that is also a dataclass). Leaves are tensors or constants
+Supported containers: tuple, list, dict, named tuples, dataclasses, Hugging Face ``ModelOutput``s
+(an ordered dict that is also a dataclass) and types registered as torch pytree nodes (such as
+transformers' ``DynamicCache``). Leaves are tensors or constants
 (None, bool, int, float, str, torch.dtype, torch.device). Constants are part of the spec, so a new
 constant value means a new graph, which is what the traced model would compute anyway.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ortrain.capture.pytree_nodes import flatten_registered, unflatten_registered
 from ortrain.ortmodule.fallback import ORTModuleIOError
 
 _CONSTANT_TYPES = (type(None), bool, int, float, str, torch.dtype, torch.device, enum.Enum)
@@ -54,8 +56,14 @@ def _flatten(value: Any, tensors: list[torch.Tensor]) -> Spec:
         keys = tuple(value.keys())
         for k in keys:
             if not isinstance(k, _CONSTANT_TYPES):
-                raise ORTModuleIOError(f"ORTModule supports dict keys of plain types only, not {type(k).__name__}")
+                raise ORTModuleIOError(
+                    f"ORTModule supports dict keys of plain types only, not {type(k).__name__}"
+                )
         return ("dict", type(value), keys, tuple(_flatten(value[k], tensors) for k in keys))
+    registered = flatten_registered(value)
+    if registered is not None:
+        children, context = registered
+        return ("pytree", type(value), context, tuple(_flatten(c, tensors) for c in children))
     raise ORTModuleIOError(
         f"ORTModule cannot pass a value of type {type(value).__qualname__} to or from the model; "
         "use tensors, numbers, strings, None, or tuples, lists, dicts and dataclasses of them"
@@ -87,11 +95,13 @@ def _unflatten(spec: Spec, take: Callable[[], Any]) -> Any:
         return cls(*(_unflatten(c, take) for c in children))
     if kind in ("tuple", "list"):
         _, cls, children = spec
-        items = [_unflatten(c, take) for c in children]
-        return cls(items) if cls not in (tuple, list) else cls(items)
+        return cls(_unflatten(c, take) for c in children)
     if kind == "dict":
         _, cls, keys, children = spec
         return cls((k, _unflatten(c, take)) for k, c in zip(keys, children, strict=True))
+    if kind == "pytree":
+        _, cls, context, children = spec
+        return unflatten_registered(cls, context, [_unflatten(c, take) for c in children])
     raise ValueError(f"unknown spec node {kind!r}")
 
 

@@ -59,7 +59,9 @@ class OrtExecutor:
             self._input_names = [i.name for i in self.session.get_inputs()]
             self._output_names = [o.name for o in self.session.get_outputs()]
             # The session may prune inputs it does not need; bind only those it kept.
-            positions = dict(zip((i.name for i in exported.model.graph.input), exported.input_positions, strict=True))
+            positions = dict(
+                zip((i.name for i in exported.model.graph.input), exported.input_positions, strict=True)
+            )
             self._bound = [(name, positions[name]) for name in self._input_names]
 
     def _run_session(self, args: list[Any]) -> list[torch.Tensor]:

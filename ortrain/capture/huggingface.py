@@ -1,0 +1,45 @@
+"""What Hugging Face models need to be captured: traceable masks and cache objects as pytrees."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+from unittest import mock
+
+logger = logging.getLogger("ortrain.capture")
+
+
+@contextlib.contextmanager
+def hf_masks_traceable() -> Iterator[None]:
+    """Make ``transformers.masking_utils`` build masks without data-dependent checks.
+
+    Hugging Face masks call ``padding_mask.all()`` unless they believe they are being traced, and
+    their check misses AOTAutograd's functional tensors.
+    """
+    masking_utils = sys.modules.get("transformers.masking_utils")
+    with contextlib.ExitStack() as stack:
+        if masking_utils is not None:
+            if hasattr(masking_utils, "is_tracing"):
+                stack.enter_context(mock.patch.object(masking_utils, "is_tracing", lambda *a, **k: True))
+            if hasattr(masking_utils, "is_torchdynamo_exporting"):
+                stack.enter_context(
+                    mock.patch.object(masking_utils, "is_torchdynamo_exporting", lambda: True)
+                )
+        yield
+
+
+def register_hf_cache_types() -> None:
+    """Let ``DynamicCache`` outputs (GPT-2's ``past_key_values``) cross the graph boundary.
+
+    transformers ships the pytree registration it uses for torch.export; ortrain reuses it.
+    """
+    if "transformers" not in sys.modules:
+        return
+    try:
+        from transformers.integrations.executorch import register_dynamic_cache_export_support
+    except Exception:  # older or newer transformers without it: such outputs fall back
+        logger.debug("transformers has no register_dynamic_cache_export_support")
+        return
+    register_dynamic_cache_export_support()
