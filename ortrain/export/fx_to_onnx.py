@@ -12,6 +12,7 @@ import contextlib
 import copy
 import logging
 import operator
+import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -213,12 +214,17 @@ def _quiet_exporter() -> Iterator[None]:
                 lg.setLevel(level)
 
 
+_NO_FUNCTION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)', overload='([^']+)'\)>")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _summarize_export_error(error: Exception) -> str:
-    text = str(error)
-    for marker in ("Unsupported FX nodes", "No decompositions registered", "OnnxDispatcher", "not supported"):
-        at = text.find(marker)
-        if at >= 0:
-            return text[at : at + 400].strip()
-    first = next((line for line in text.splitlines() if line.strip()), type(error).__name__)
-    summary = text.split("## Exception summary")[-1].strip() if "## Exception summary" in text else first
-    return summary[:600]
+    """One line for the user: the operator that has no ONNX translation, or the exporter's summary."""
+    text = _ANSI.sub("", str(error))
+    missing = _NO_FUNCTION.search(text)
+    if missing:
+        return f"operator {missing.group(1)}.{missing.group(2)} has no ONNX translation"
+    if "## Exception summary" in text:
+        text = text.split("## Exception summary", 1)[1]
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("(Refer")]
+    return " ".join(lines)[:600] or type(error).__name__

@@ -224,6 +224,17 @@ class ORTModule(nn.Module):
     def _compile(
         self, spec: Spec, inputs: list[torch.Tensor], entries: list[_CompiledEntry], *, training: bool
     ) -> _CompiledEntry:
+        try:
+            return self._capture_and_export(spec, inputs, entries, training=training)
+        except Exception:
+            # A failure may be the user's (a wrong shape or dtype): then PyTorch's own error is the
+            # one to show. Only when eager PyTorch accepts the inputs is it ortrain's failure.
+            self._raise_if_user_error(spec, inputs)
+            raise
+
+    def _capture_and_export(
+        self, spec: Spec, inputs: list[torch.Tensor], entries: list[_CompiledEntry], *, training: bool
+    ) -> _CompiledEntry:
         flat_module = _FlatCall(self._ortrain_module, spec)
         dynamic = self._dynamic_dims(inputs, entries)
         logger.info(
@@ -235,7 +246,6 @@ class ORTModule(nn.Module):
         try:
             captured = capture(flat_module, inputs, training=training, dynamic_dims=dynamic)
         except Exception as error:
-            self._raise_if_user_error(spec, inputs)
             raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
         if flat_module.output_spec is None:
             raise ORTModuleTorchModelException("capture did not run the model's forward")
@@ -272,7 +282,16 @@ class ORTModule(nn.Module):
         return _CompiledEntry(captured, sizes, flat_module.output_spec)
 
     def _raise_if_user_error(self, spec: Spec, inputs: list[torch.Tensor]) -> None:
-        """If eager PyTorch rejects these inputs too, raise PyTorch's own error: the user's to fix."""
+        """If eager PyTorch rejects these inputs too, raise PyTorch's own error: the user's to fix.
+
+        The check runs in eval mode without gradients so that it updates no running statistics.
+        """
+        module = self._ortrain_module
         args, kwargs = unflatten(spec, inputs)
-        with torch.no_grad():
-            self._ortrain_module(*args, **kwargs)
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad():
+                module(*args, **kwargs)
+        finally:
+            module.train(was_training)

@@ -1,0 +1,58 @@
+"""Train a model under ORTModule and in eager PyTorch from the same start, and compare."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ortrain import ORTModule
+from ortrain.runtime.ort_executor import OrtExecutor
+
+
+def ort_graph_count(model: ORTModule) -> int:
+    """How many captures ran on ONNX Runtime (each with a forward and maybe a backward graph)."""
+    count = 0
+    for entries in model._ortrain_graphs.values():
+        for entry in entries:
+            assert isinstance(entry.capture.forward.runner, OrtExecutor)
+            if entry.capture.backward is not None:
+                assert isinstance(entry.capture.backward.runner, OrtExecutor)
+            count += 1
+    return count
+
+
+def train_side_by_side(
+    model: torch.nn.Module,
+    batches: Sequence[Any],
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+    *,
+    lr: float = 0.05,
+) -> tuple[list[float], list[float], torch.nn.Module, ORTModule]:
+    """Run ``len(batches)`` SGD steps on an ORTModule copy and an eager copy; return both losses."""
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    opt_ort = torch.optim.SGD(wrapped.parameters(), lr=lr, momentum=0.9)
+    opt_eager = torch.optim.SGD(eager.parameters(), lr=lr, momentum=0.9)
+    losses_ort, losses_eager = [], []
+    for batch in batches:
+        for module, opt, losses in ((wrapped, opt_ort, losses_ort), (eager, opt_eager, losses_eager)):
+            opt.zero_grad()
+            loss = loss_fn(module, batch)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses_ort, losses_eager, eager, wrapped
+
+
+def assert_same_state(a: torch.nn.Module, b: torch.nn.Module, *, atol: float = 1e-4) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        va, vb = sa[key], sb[key]
+        if va.dtype.is_floating_point:
+            torch.testing.assert_close(va, vb, rtol=1e-4, atol=atol, msg=lambda m, k=key: f"{k}: {m}")
+        else:
+            assert torch.equal(va, vb), key

@@ -1,0 +1,145 @@
+"""Debug options, environment variables, fallback policies and bad input."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import onnx
+import pytest
+import torch
+from _parity import ort_graph_count
+from torch import nn
+
+from ortrain.ortmodule import (
+    DebugOptions,
+    FallbackPolicy,
+    LogLevel,
+    ORTModule,
+    ORTModuleDeviceException,
+    ORTModuleONNXModelException,
+)
+from ortrain.ortmodule.fallback import parse_fallback_policy
+
+
+class _Lgamma(nn.Module):
+    """Captures fine, but ``lgamma`` has no ONNX translation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.lgamma(nn.functional.softplus(self.linear(x)) + 1).sum()
+
+
+def test_save_onnx_writes_one_loadable_file_per_stage_and_mode(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("ORTMODULE_SAVE_ONNX_PATH", str(tmp_path))
+    model = ORTModule(
+        nn.Sequential(nn.Linear(4, 4), nn.ReLU()), DebugOptions(save_onnx=True, onnx_prefix="mlp")
+    )
+    x = torch.randn(2, 4)
+    model(x).sum().backward()
+    model.eval()
+    model(x)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(
+        f"mlp_{graph}_{stage}_{mode}.onnx"
+        for graph, mode in (("forward", "training"), ("backward", "training"), ("forward", "inference"))
+        for stage in ("exported", "optimized")
+    )
+    for path in tmp_path.iterdir():
+        onnx.checker.check_model(onnx.load(path))
+
+
+def test_log_level_from_environment_overrides_debug_options(monkeypatch) -> None:
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    assert DebugOptions(log_level=LogLevel.ERROR).log_level is LogLevel.INFO
+    ORTModule(nn.Linear(2, 2), DebugOptions(log_level=LogLevel.ERROR))
+    assert logging.getLogger("ortrain").level == logging.INFO
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "LOUD")
+    with pytest.raises(ValueError, match="VERBOSE, DEVINFO, INFO, WARNING, ERROR, FATAL"):
+        DebugOptions()
+
+
+def test_opset_version_from_environment(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("ORTMODULE_ONNX_OPSET_VERSION", "20")
+    monkeypatch.setenv("ORTMODULE_SAVE_ONNX_PATH", str(tmp_path))
+    model = ORTModule(nn.Linear(3, 3), DebugOptions(save_onnx=True, onnx_prefix="o"))
+    model(torch.randn(2, 3)).sum().backward()
+    saved = onnx.load(tmp_path / "o_forward_exported_training.onnx")
+    assert {o.domain: o.version for o in saved.opset_import}[""] == 20
+    monkeypatch.setenv("ORTMODULE_ONNX_OPSET_VERSION", "twelve")
+    with pytest.raises(ValueError, match="ORTMODULE_ONNX_OPSET_VERSION"):
+        ORTModule(nn.Linear(3, 3))
+
+
+def test_fallback_policy_names_parse_alone_and_joined() -> None:
+    assert parse_fallback_policy("FALLBACK_DISABLE") == FallbackPolicy.FALLBACK_DISABLE
+    assert parse_fallback_policy("FALLBACK_UNSUPPORTED_DEVICE|FALLBACK_UNSUPPORTED_ONNX_MODEL") == (
+        FallbackPolicy.FALLBACK_UNSUPPORTED_DEVICE | FallbackPolicy.FALLBACK_UNSUPPORTED_ONNX_MODEL
+    )
+    assert parse_fallback_policy("FallbackPolicy.FALLBACK_FORCE_TORCH_FORWARD").forces_torch()
+    with pytest.raises(ValueError, match="FALLBACK_NOPE"):
+        parse_fallback_policy("FALLBACK_DISABLE|FALLBACK_NOPE")
+
+
+def test_default_policy_trains_on_in_pytorch_after_one_warning(monkeypatch, caplog) -> None:
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    torch.manual_seed(0)
+    inner = _Lgamma()
+    eager = copy.deepcopy(inner)
+    wrapped = ORTModule(inner)
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for _ in range(3):
+            x = torch.randn(3, 4)
+            wrapped(x).backward()
+            eager(x).backward()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "prims.lgamma" in warnings[0].getMessage()
+    for a, b in zip(inner.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_fallback_disable_raises_naming_the_operator() -> None:
+    with pytest.raises(ORTModuleONNXModelException, match=r"prims\.lgamma"):
+        ORTModule(_Lgamma())(torch.randn(3, 4))
+
+
+def test_force_torch_policy_never_captures(monkeypatch) -> None:
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_FORCE_TORCH_FORWARD")
+    wrapped = ORTModule(nn.Linear(2, 2))
+    wrapped(torch.randn(1, 2)).sum().backward()
+    assert wrapped._ortrain_graphs == {}
+
+
+def test_wrong_shape_raises_pytorchs_error() -> None:
+    wrapped = ORTModule(nn.Linear(4, 2))
+    wrapped(torch.randn(3, 4))
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        wrapped(torch.randn(3, 5))
+
+
+def test_wrong_dtype_raises_pytorchs_error() -> None:
+    wrapped = ORTModule(nn.Linear(4, 2))
+    with pytest.raises(RuntimeError, match="same dtype"):
+        wrapped(torch.randn(3, 4, dtype=torch.float64))
+
+
+def test_wrong_device_is_a_device_error_or_a_fallback(monkeypatch) -> None:
+    wrapped = ORTModule(nn.Linear(4, 2))
+    with pytest.raises(ORTModuleDeviceException, match="meta"):
+        wrapped(torch.randn(3, 4, device="meta"))
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_DEVICE")
+    wrapped = ORTModule(nn.Linear(4, 2).to("meta"))
+    out = wrapped(torch.randn(3, 4, device="meta"))
+    assert out.device.type == "meta" and out.shape == (3, 2)
+
+
+def test_embedding_index_out_of_range_raises_instead_of_reading_garbage() -> None:
+    wrapped = ORTModule(nn.Embedding(10, 4))
+    wrapped(torch.tensor([1, 2]))
+    assert ort_graph_count(wrapped) == 1
+    with pytest.raises(Exception, match=r"(?i)index|indices|out of"):
+        wrapped(torch.tensor([1, 12]))

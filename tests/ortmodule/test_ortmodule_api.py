@@ -1,0 +1,221 @@
+"""ORTModule behaves as the module it wraps: state, attributes, modes, inputs and outputs."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import NamedTuple
+
+import pytest
+import torch
+from _parity import ort_graph_count
+from torch import nn
+from torch.nn import functional as F
+
+from ortrain import ORTModule
+from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def test_state_is_the_wrapped_modules_own() -> None:
+    inner = _mlp()
+    wrapped = ORTModule(inner)
+    assert [id(p) for p in wrapped.parameters()] == [id(p) for p in inner.parameters()]
+    assert [n for n, _ in wrapped.named_parameters()] == [n for n, _ in inner.named_parameters()]
+    assert [n for n, _ in wrapped.named_buffers()] == [n for n, _ in inner.named_buffers()]
+    assert list(wrapped.state_dict()) == list(inner.state_dict())
+    # A checkpoint saved with ORTModule loads without it, and the other way round.
+    other = _mlp()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(1.0)
+    wrapped.load_state_dict(other.state_dict())
+    assert torch.equal(inner[0].weight, other[0].weight)
+    plain = _mlp()
+    plain.load_state_dict(wrapped.state_dict())
+    assert torch.equal(plain[0].weight, other[0].weight)
+
+
+def test_data_parallel_is_refused_with_advice() -> None:
+    with pytest.raises(TypeError, match="DistributedDataParallel"):
+        ORTModule(nn.DataParallel(nn.Linear(2, 2)))
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.scale = 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.scale
+
+
+def test_attribute_reads_and_writes_reach_the_module_and_writes_recapture() -> None:
+    inner = _Scaled()
+    wrapped = ORTModule(inner)
+    x = torch.randn(3, 4)
+    assert wrapped.scale == 2.0
+    assert wrapped.linear is inner.linear
+    torch.testing.assert_close(wrapped(x), inner(x))
+    wrapped.scale = 5.0
+    assert inner.scale == 5.0
+    torch.testing.assert_close(wrapped(x), inner.linear(x) * 5.0)
+    wrapped.linear = nn.Linear(4, 4)
+    assert inner.linear is wrapped.linear
+    torch.testing.assert_close(wrapped(x), inner(x))
+
+
+def test_train_and_eval_switch_graphs_and_no_grad_saves_nothing() -> None:
+    inner = _mlp()
+    eager = copy.deepcopy(inner)
+    wrapped = ORTModule(inner)
+    x = torch.randn(6, 8)
+    wrapped(x).sum().backward()
+    eager(x).sum().backward()
+    wrapped.eval()
+    eager.eval()
+    assert not inner.training
+    out = wrapped(x)
+    torch.testing.assert_close(out, eager(x))  # running statistics, not batch statistics
+    with torch.no_grad():
+        wrapped.train()
+        eager.train()
+        torch.testing.assert_close(wrapped(x), eager(x))
+    torch.testing.assert_close(inner[1].running_mean, eager[1].running_mean)
+    modes = {key[2:]: entries[0].capture for key, entries in wrapped._ortrain_graphs.items()}
+    assert modes[(True, True)].backward is not None
+    for mode in ((False, True), (True, False)):
+        capture = modes[mode]
+        assert capture.backward is None
+        # An inference graph returns the user outputs and buffer updates only: nothing saved.
+        outputs = capture.forward.runner.exported.outputs
+        n_mutations = 3 if mode == (True, False) else 0
+        assert len(outputs) == 1 + n_mutations
+    assert ort_graph_count(wrapped) == 3
+
+
+def test_gradient_accumulation_over_micro_batches() -> None:
+    inner = _mlp()
+    eager = copy.deepcopy(inner)
+    wrapped = ORTModule(inner)
+    torch.manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(5, 8)
+        wrapped(x).pow(2).mean().backward()
+        eager(x).pow(2).mean().backward()
+    for (name, a), b in zip(inner.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@dataclasses.dataclass
+class Batch:
+    features: torch.Tensor
+    extra: dict[str, torch.Tensor]
+
+
+class Pair(NamedTuple):
+    left: torch.Tensor
+    right: torch.Tensor
+
+
+@dataclasses.dataclass
+class Result:
+    scores: torch.Tensor
+    argmax: torch.Tensor
+    parts: list[torch.Tensor]
+    note: str
+
+
+class _Structured(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+        self.b = nn.Linear(4, 3)
+
+    def forward(
+        self, batch: Batch, pair: Pair, *, scale: float = 1.0, use_b: bool = True, bias=None, n: int = 1
+    ):
+        h = self.a(batch.features) * scale + batch.extra["shift"]
+        if use_b:
+            h = h + self.b(pair.left + pair.right)
+        if bias is not None:
+            h = h + bias
+        h = h * n
+        return Result(scores=h, argmax=h.argmax(-1), parts=[h[:, :1], h.sum(0)], note="ok"), {"n": n}
+
+
+def _structured_inputs(rows: int) -> tuple[Batch, Pair]:
+    torch.manual_seed(rows)
+    batch = Batch(torch.randn(rows, 4), {"shift": torch.randn(3)})
+    return batch, Pair(torch.randn(rows, 4), torch.randn(rows, 4))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"scale": 0.5, "use_b": False}, {"bias": torch.ones(3), "n": 3}])
+def test_nested_inputs_and_outputs(kwargs: dict) -> None:
+    inner = _Structured()
+    eager = copy.deepcopy(inner)
+    wrapped = ORTModule(inner)
+    batch, pair = _structured_inputs(5)
+    got, extra = wrapped(batch, pair, **kwargs)
+    want, want_extra = eager(batch, pair, **kwargs)
+    assert isinstance(got, Result) and got.note == "ok" and extra == want_extra
+    torch.testing.assert_close(got.scores, want.scores)
+    assert got.argmax.dtype == torch.int64 and torch.equal(got.argmax, want.argmax)
+    assert not got.argmax.requires_grad
+    torch.testing.assert_close(got.parts[1], want.parts[1])
+    (got.scores.sum() + got.parts[0].sum()).backward()
+    (want.scores.sum() + want.parts[0].sum()).backward()
+    for a, b in zip(inner.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_hf_model_output_comes_back_as_model_output() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    model = ORTModule(transformers.BertForSequenceClassification(config))
+    out = model(input_ids=torch.randint(0, 50, (2, 7)), labels=torch.tensor([0, 1]))
+    assert type(out).__name__ == "SequenceClassifierOutput"
+    assert out.loss.requires_grad and out.logits.shape == (2, 2)
+
+
+def test_user_inputs_that_require_grad_receive_gradients() -> None:
+    inner = _mlp()
+    eager = copy.deepcopy(inner)
+    wrapped = ORTModule(inner)
+    x1 = torch.randn(4, 8, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_()
+    wrapped(x1).pow(2).sum().backward()
+    eager(x2).pow(2).sum().backward()
+    torch.testing.assert_close(x1.grad, x2.grad)
+
+
+def test_ten_sequence_lengths_capture_at_most_twice_and_new_dtype_recaptures() -> None:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=50, block_size=64, n_layer=1, n_head=2, d_model=16)
+    inner = TinyGPT(config)
+    eager = copy.deepcopy(inner)
+    wrapped = ORTModule(inner)
+    for length in range(20, 30):
+        idx = torch.randint(0, 50, (2, length))
+        loss = wrapped(idx, idx)[1]
+        torch.testing.assert_close(loss, eager(idx, idx)[1])
+        loss.backward()
+    assert ort_graph_count(wrapped) == 2
+    idx = torch.randint(0, 50, (3, 25), dtype=torch.int32)
+    torch.testing.assert_close(wrapped(idx, idx.long())[1], eager(idx, idx.long())[1])
+    assert ort_graph_count(wrapped) == 3
+
+
+def test_batch_size_change_reuses_the_dynamic_graph() -> None:
+    wrapped = ORTModule(_mlp())
+    for rows in (4, 6, 9, 13):
+        F.mse_loss(wrapped(torch.randn(rows, 8)), torch.zeros(rows, 4)).backward()
+    assert ort_graph_count(wrapped) == 2
