@@ -1,0 +1,273 @@
+"""Mixed-precision training around any torch optimizer: fp32 master weights and dynamic loss scaling.
+
+The model keeps its fp16/bf16 parameters (fast forward/backward); the wrapped optimizer sees fp32 master
+copies of them instead, so small updates are not lost to fp16 rounding. Each step:
+
+1. ``backward(loss)`` multiplies the loss by the loss scale, so small fp16 gradients do not flush to 0;
+2. the model gradients are copied into fp32 master gradients and divided by the scale (multi-tensor ops);
+3. one multi-tensor non-finite check (one host synchronisation) decides whether the step overflowed:
+   if so the step is skipped and the scale backs off, otherwise the wrapped optimizer steps on the master
+   weights and they are copied back into the model parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ortrain.optim._multi_tensor_checks import bucket_by_device_and_dtype, nonfinite_flag
+
+logger = logging.getLogger("ortrain.optim.mixed_precision")
+
+__all__ = ["DynamicLossScaler", "MixedPrecisionOptimizer"]
+
+LOW_PRECISION_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class DynamicLossScaler:
+    """Loss scale that halves (``backoff_factor``) on overflow and grows after ``growth_interval`` good steps.
+
+    With ``dynamic=False`` the scale stays at ``init_scale`` and overflowing steps are still skipped.
+    """
+
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        min_scale: float = 1.0,
+        max_scale: float = 2.0**24,
+        dynamic: bool = True,
+    ) -> None:
+        if init_scale <= 0:
+            raise ValueError(f"init_scale must be positive, got {init_scale}")
+        if growth_factor <= 1.0:
+            raise ValueError(f"growth_factor must be > 1, got {growth_factor}")
+        if not 0.0 < backoff_factor < 1.0:
+            raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor}")
+        if growth_interval < 1:
+            raise ValueError(f"growth_interval must be >= 1, got {growth_interval}")
+        self.scale = float(init_scale)
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self.min_scale = float(min_scale)
+        self.max_scale = float(max_scale)
+        self.dynamic = dynamic
+        self.good_steps = 0
+
+    def update(self, overflow: bool) -> None:
+        if not self.dynamic:
+            return
+        if overflow:
+            self.scale = max(self.min_scale, self.scale * self.backoff_factor)
+            self.good_steps = 0
+            return
+        self.good_steps += 1
+        if self.good_steps >= self.growth_interval:
+            self.scale = min(self.max_scale, self.scale * self.growth_factor)
+            self.good_steps = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "scale": self.scale,
+            "growth_factor": self.growth_factor,
+            "backoff_factor": self.backoff_factor,
+            "growth_interval": self.growth_interval,
+            "min_scale": self.min_scale,
+            "max_scale": self.max_scale,
+            "dynamic": self.dynamic,
+            "good_steps": self.good_steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+class MixedPrecisionOptimizer:
+    """Wraps a torch optimizer built over fp16/bf16 parameters; see the module docstring.
+
+    Typical loop::
+
+        optimizer = MixedPrecisionOptimizer(torch.optim.AdamW(model.parameters()))
+        optimizer.zero_grad()
+        optimizer.backward(loss)
+        optimizer.clip_master_grads(1.0)  # optional
+        optimizer.step()                  # skipped (returns None) if the gradients overflowed
+
+    The wrapped optimizer's ``param_groups`` now hold the fp32 masters (fp32 model parameters are their own
+    masters); attach learning-rate schedulers to ``wrapper.optimizer``.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        dynamic_loss_scale: bool = True,
+        min_scale: float = 1.0,
+        max_scale: float = 2.0**24,
+    ) -> None:
+        self.optimizer = optimizer
+        self.loss_scaler = DynamicLossScaler(
+            init_scale=init_scale,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=growth_interval,
+            min_scale=min_scale,
+            max_scale=max_scale,
+            dynamic=dynamic_loss_scale,
+        )
+        # Low-precision model parameters and their fp32 masters, in the same order.
+        self.model_params: list[Tensor] = []
+        self.master_params: list[Tensor] = []
+        # fp32 model parameters, updated in place by the wrapped optimizer.
+        self.fp32_params: list[Tensor] = []
+        for group in optimizer.param_groups:
+            for i, p in enumerate(group["params"]):
+                if p.dtype not in LOW_PRECISION_DTYPES:
+                    self.fp32_params.append(p)
+                    continue
+                master = p.detach().clone().float().requires_grad_(p.requires_grad)
+                group["params"][i] = master
+                # State created before wrapping moves to the master, in fp32.
+                if p in optimizer.state:
+                    optimizer.state[master] = {
+                        k: v.float() if isinstance(v, Tensor) and v.is_floating_point() else v
+                        for k, v in optimizer.state.pop(p).items()
+                    }
+                self.model_params.append(p)
+                self.master_params.append(master)
+        self._unscaled = False
+        self._overflow = False
+        self.last_step_skipped = False
+
+    # ---- torch.optim.Optimizer surface ------------------------------------------------------------
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @property
+    def loss_scale(self) -> float:
+        return self.loss_scaler.scale
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.master_params:
+            p.grad = None  # master gradients are rebuilt from the model gradients every step
+        for p in self.model_params + self.fp32_params:
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                p.grad.detach_()
+                p.grad.zero_()
+        self._unscaled = False
+
+    def backward(self, loss: Tensor, **kwargs: Any) -> None:
+        """``(loss · scale).backward()``; the scaling is undone on the fp32 master gradients."""
+        self._unscaled = False
+        (loss.float() * self.loss_scaler.scale).backward(**kwargs)
+
+    def _unscale(self) -> None:
+        """Model gradients → unscaled fp32 master gradients, and the overflow verdict (one sync)."""
+        if self._unscaled:
+            return
+        inv_scale = 1.0 / self.loss_scaler.scale
+        copies: dict[tuple[torch.device, torch.dtype], tuple[list[Tensor], list[Tensor]]] = {}
+        master_grads: list[Tensor] = []
+        for master, p in zip(self.master_params, self.model_params, strict=True):
+            if p.grad is None:
+                continue
+            master.grad = torch.empty_like(master)
+            master_grads.append(master.grad)
+            dst, src = copies.setdefault((p.grad.device, p.grad.dtype), ([], []))
+            dst.append(master.grad)
+            src.append(p.grad)
+        for dst, src in copies.values():
+            torch._foreach_copy_(dst, src)  # upcast to fp32
+        fp32_grads = [p.grad for p in self.fp32_params if p.grad is not None]
+        for grads in bucket_by_device_and_dtype(master_grads + fp32_grads).values():
+            torch._foreach_mul_(grads, inv_scale)
+        self._overflow = bool(nonfinite_flag(master_grads + fp32_grads))
+        self._unscaled = True
+
+    def clip_master_grads(self, max_norm: float, norm_type: float = 2.0) -> float:
+        """Clip the unscaled fp32 gradients to ``max_norm``; returns their total norm (inf on overflow)."""
+        self._unscale()
+        if self._overflow:
+            return float("inf")
+        params = [p for p in self.master_params + self.fp32_params if p.grad is not None]
+        if not params:
+            return 0.0
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type, foreach=True))
+
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        """Steps the wrapped optimizer on the masters unless the gradients overflowed.
+
+        A closure must compute the loss and call ``self.backward(loss)`` itself.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._unscale()
+        overflow = self._overflow
+        self._unscaled = False
+        self.last_step_skipped = overflow
+        scale = self.loss_scaler.scale
+        self.loss_scaler.update(overflow)
+        if overflow:
+            logger.info(
+                "gradient overflow at loss scale %g: step skipped, scale now %g", scale, self.loss_scale
+            )
+            for p in self.master_params:
+                p.grad = None
+            return None
+        self.optimizer.step()
+        self._copy_masters_to_model()
+        return loss
+
+    @torch.no_grad()
+    def _copy_masters_to_model(self) -> None:
+        buckets: dict[tuple[torch.device, torch.dtype], tuple[list[Tensor], list[Tensor]]] = {}
+        for model_p, master in zip(self.model_params, self.master_params, strict=True):
+            dst, src = buckets.setdefault((model_p.device, model_p.dtype), ([], []))
+            dst.append(model_p)
+            src.append(master)
+        for dst, src in buckets.values():
+            torch._foreach_copy_(dst, src)
+
+    # ---- checkpoints --------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        # The masters are saved too: the fp16 model weights alone lose the low bits of each weight.
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "loss_scaler": self.loss_scaler.state_dict(),
+            "master_params": [m.detach().clone() for m in self.master_params],
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        self.loss_scaler.load_state_dict(state_dict["loss_scaler"])
+        saved = state_dict["master_params"]
+        if len(saved) != len(self.master_params):
+            raise ValueError(
+                f"state_dict has {len(saved)} master parameters, this optimizer has {len(self.master_params)}"
+            )
+        with torch.no_grad():
+            for master, value in zip(self.master_params, saved, strict=True):
+                master.copy_(value)
+        self._copy_masters_to_model()

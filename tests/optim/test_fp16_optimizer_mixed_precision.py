@@ -1,0 +1,176 @@
+"""FP16_Optimizer on plain torch optimizers: the fp32-master, dynamic-loss-scale wrapper."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+
+from ortrain.optim import FusedAdam
+from ortrain.optim._multi_tensor_checks import multi_tensor_norm, nonfinite_flag
+from ortrain.optim.fp16_optimizer import FP16_Optimizer
+from ortrain.optim.mixed_precision import DynamicLossScaler, MixedPrecisionOptimizer
+
+
+def _model(dtype: torch.dtype) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    return model.to(dtype)
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(256, 16, generator=gen)
+    y = torch.sin(x[:, :4].sum(1, keepdim=True))
+    return x, y
+
+
+def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    dtype = next(model.parameters()).dtype
+    return torch.nn.functional.mse_loss(model(x.to(dtype)).float(), y)
+
+
+@pytest.mark.parametrize("inner", ["adamw", "fused_adam"])
+def test_fp16_model_reaches_fp32_twin_loss(inner: str) -> None:
+    """Same init, data and schedule; after 150 steps the fp16 model's loss is within 5% of the fp32 one's."""
+    x, y = _data()
+    losses = {}
+    for dtype in (torch.float32, torch.float16):
+        model = _model(dtype)
+        if inner == "adamw":
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        else:
+            opt = FusedAdam(model.parameters(), lr=1e-2)
+        if dtype == torch.float16:
+            opt = FP16_Optimizer(opt, init_scale=2.0**12, growth_interval=50)
+            assert isinstance(opt, MixedPrecisionOptimizer)
+        for _ in range(150):
+            opt.zero_grad()
+            loss = _loss(model, x, y)
+            if dtype == torch.float16:
+                opt.backward(loss)
+            else:
+                loss.backward()
+            opt.step()
+        with torch.no_grad():
+            losses[dtype] = _loss(model, x, y).item()
+    initial = _loss(_model(torch.float32), x, y).item()
+    assert losses[torch.float32] < 0.2 * initial  # the task is actually learned
+    assert abs(losses[torch.float16] - losses[torch.float32]) <= 0.05 * losses[torch.float32]
+
+
+def test_overflow_step_is_skipped_and_scale_backs_off(caplog: pytest.LogCaptureFixture) -> None:
+    x, y = _data()
+    model = _model(torch.float16)
+    opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), init_scale=2.0**10, growth_interval=2)
+    before = [p.detach().clone() for p in model.parameters()]
+    masters_before = [m.detach().clone() for m in opt.master_params]
+
+    opt.zero_grad()
+    opt.backward(_loss(model, x, y))
+    next(model.parameters()).grad[0, 0] = float("inf")  # an fp16 gradient overflowed
+    with caplog.at_level(logging.INFO, logger="ortrain.optim.mixed_precision"):
+        assert opt.step() is None
+    assert opt.last_step_skipped
+    assert opt.loss_scale == 2.0**9
+    assert "step skipped" in caplog.text
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p.detach(), b)
+    for m, b in zip(opt.master_params, masters_before, strict=True):
+        assert torch.equal(m.detach(), b)
+
+    # Two good steps grow the scale back (growth_interval=2) and do update the weights.
+    for _ in range(2):
+        opt.zero_grad()
+        opt.backward(_loss(model, x, y))
+        opt.step()
+        assert not opt.last_step_skipped
+    assert opt.loss_scale == 2.0**10
+    assert not torch.equal(next(model.parameters()).detach(), before[0])
+
+
+def test_huge_loss_scale_overflows_in_fp16_backward() -> None:
+    """A real fp16 overflow: scaled gradients exceed fp16's 65504 and turn to inf."""
+    x, y = _data()
+    model = _model(torch.float16)
+    opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), init_scale=2.0**24)
+    opt.zero_grad()
+    opt.backward(_loss(model, x, y) * 1e3)
+    assert opt.step() is None
+    assert opt.loss_scale == 2.0**23
+
+
+def test_master_grads_are_unscaled_and_clipped() -> None:
+    x, y = _data()
+    model = _model(torch.float16)
+    twin = _model(torch.float32)
+    opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), init_scale=2.0**8)
+    opt.zero_grad()
+    opt.backward(_loss(model, x, y))
+    _loss(twin, x, y).backward()
+    norm = opt.clip_master_grads(0.05)
+    ref_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in twin.parameters()])).item()
+    assert norm == pytest.approx(ref_norm, rel=2e-2)  # fp16 forward/backward vs fp32
+    clipped = torch.linalg.vector_norm(torch.stack([m.grad.norm() for m in opt.master_params])).item()
+    assert clipped == pytest.approx(min(0.05, ref_norm), rel=1e-4)
+    assert all(m.grad.dtype == torch.float32 for m in opt.master_params)
+
+
+def test_state_dict_resume_is_bit_exact() -> None:
+    x, y = _data()
+
+    def train(model: torch.nn.Module, opt: MixedPrecisionOptimizer, steps: int) -> None:
+        for _ in range(steps):
+            opt.zero_grad()
+            opt.backward(_loss(model, x, y))
+            opt.step()
+
+    model = _model(torch.float16)
+    opt = FP16_Optimizer(torch.optim.Adam(model.parameters(), lr=1e-2), growth_interval=3)
+    train(model, opt, 4)
+    saved_model = copy.deepcopy(model.state_dict())
+    saved_opt = copy.deepcopy(opt.state_dict())
+    train(model, opt, 4)
+
+    model2 = _model(torch.float16)
+    model2.load_state_dict(saved_model)
+    opt2 = FP16_Optimizer(torch.optim.Adam(model2.parameters(), lr=1e-2), growth_interval=3)
+    opt2.load_state_dict(saved_opt)
+    train(model2, opt2, 4)
+    for a, b in zip(model.parameters(), model2.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert opt.loss_scale == opt2.loss_scale
+
+
+def test_fp32_only_optimizer_is_returned_unchanged(caplog: pytest.LogCaptureFixture) -> None:
+    opt = torch.optim.SGD(_model(torch.float32).parameters(), lr=0.1)
+    with caplog.at_level(logging.WARNING, logger="ortrain.optim.fp16_optimizer"):
+        assert FP16_Optimizer(opt) is opt
+    assert "no fp16/bf16 parameters" in caplog.text
+
+
+def test_loss_scaler_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="backoff_factor"):
+        DynamicLossScaler(backoff_factor=1.5)
+    with pytest.raises(ValueError, match="growth_factor"):
+        DynamicLossScaler(growth_factor=1.0)
+
+
+def test_multi_tensor_checks_match_per_tensor_reference() -> None:
+    gen = torch.Generator().manual_seed(0)
+    tensors = [
+        torch.randn(n, generator=gen).to(dt)
+        for n, dt in [(5, torch.float32), (0, torch.float16), (33, torch.float16), (7, torch.bfloat16)]
+    ]
+    assert not bool(nonfinite_flag(tensors))
+    ref = torch.linalg.vector_norm(torch.cat([t.float() for t in tensors]))
+    torch.testing.assert_close(multi_tensor_norm(tensors), ref)
+    ref_inf = torch.cat([t.float() for t in tensors]).abs().max()
+    torch.testing.assert_close(multi_tensor_norm(tensors, float("inf")), ref_inf)
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        broken = [t.clone() for t in tensors]
+        broken[2][3] = bad
+        assert bool(nonfinite_flag([*broken, None]))
+    assert not bool(nonfinite_flag([]))
