@@ -13,19 +13,17 @@ from torch import nn
 
 from ortrain.capture.aot_capture import Capture, GraphSlot, capture
 from ortrain.capture.huggingface import register_hf_cache_types
-from ortrain.export.fx_to_onnx import ExportError, export_graph
 from ortrain.ortmodule.fallback import (
     FallbackManager,
     ORTModuleDeviceException,
     ORTModuleFallbackException,
-    ORTModuleONNXModelException,
     ORTModuleTorchModelException,
 )
 from ortrain.ortmodule.options import DebugOptions, python_log_level, runtime_options
 from ortrain.ortmodule.schema import Spec, flatten, tensor_signature, unflatten
-from ortrain.passes.pipeline import StageSaver, default_passes, run_passes
+from ortrain.passes.pipeline import StageSaver, default_passes
+from ortrain.runtime.graph_executor import build_graph_executor
 from ortrain.runtime.memory import release_freed_memory
-from ortrain.runtime.ort_executor import OrtExecutor
 
 logger = logging.getLogger("ortrain.ortmodule")
 
@@ -257,22 +255,16 @@ class ORTModule(nn.Module):
         slots: list[tuple[str, GraphSlot]] = [("forward", captured.forward)]
         if captured.backward is not None:
             slots.append(("backward", captured.backward))
+        device = inputs[0].device if inputs else torch.device("cpu")
         for name, slot in slots:
-            try:
-                exported = export_graph(slot.graph, opset_version=self._ortrain_options.opset_version)
-            except ExportError as error:
-                raise ORTModuleONNXModelException(
-                    f"the {name} graph could not be exported to ONNX: {error}"
-                ) from error
-            exported.model = run_passes(exported.model, passes, graph=name, saver=saver)
-            try:
-                slot.runner = OrtExecutor(
-                    exported, device=inputs[0].device if inputs else torch.device("cpu")
-                )
-            except Exception as error:
-                raise ORTModuleONNXModelException(
-                    f"ONNX Runtime could not load the {name} graph: {type(error).__name__}: {error}"
-                ) from error
+            slot.runner = build_graph_executor(
+                slot.graph,
+                name=name,
+                opset_version=self._ortrain_options.opset_version,
+                passes=passes,
+                saver=saver,
+                device=device,
+            )
         # Export keeps example tensors alive until collected; give their memory back now.
         gc.collect()
         release_freed_memory()
