@@ -1,0 +1,59 @@
+"""flatten/unflatten round trips and the spec as a cache key."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from ortrain.ortmodule import ORTModuleIOError
+from ortrain.ortmodule.schema import flatten, unflatten
+
+
+class Point(NamedTuple):
+    x: torch.Tensor
+    label: str
+
+
+@dataclasses.dataclass
+class Record:
+    values: list[torch.Tensor]
+    scale: float = 1.0
+
+
+def test_round_trip_keeps_structure_types_and_constants() -> None:
+    a, b, c = torch.ones(1), torch.zeros(2), torch.arange(3)
+    value = (
+        [a, None, 3, 2.5, True, "s", torch.float16],
+        {"p": Point(b, "lbl"), "r": Record([c], 0.5)},
+        OrderedDict(z=a),
+    )
+    tensors, spec = flatten(value)
+    assert [t is x for t, x in zip(tensors, (a, b, c, a), strict=True)] == [True] * 4
+    rebuilt = unflatten(spec, tensors)
+    assert rebuilt[0][1:] == [None, 3, 2.5, True, "s", torch.float16]
+    assert isinstance(rebuilt[1]["p"], Point) and rebuilt[1]["p"].label == "lbl"
+    assert isinstance(rebuilt[1]["r"], Record) and rebuilt[1]["r"].scale == 0.5
+    assert isinstance(rebuilt[2], OrderedDict)
+    assert rebuilt[1]["r"].values[0] is c
+
+
+def test_spec_is_hashable_and_changes_with_constants_not_tensor_values() -> None:
+    _, spec1 = flatten(((torch.ones(2),), {"n": 1}))
+    _, spec2 = flatten(((torch.zeros(5),), {"n": 1}))
+    _, spec3 = flatten(((torch.ones(2),), {"n": 2}))
+    assert hash(spec1) == hash(spec2) and spec1 == spec2
+    assert spec1 != spec3
+    # 1 and True compare equal in Python; as arguments they are different programs.
+    assert flatten((1,))[1] != flatten((True,))[1]
+
+
+def test_unsupported_leaf_is_an_io_error_naming_the_type() -> None:
+    class Opaque:
+        pass
+
+    with pytest.raises(ORTModuleIOError, match="Opaque"):
+        flatten(([Opaque()],))
