@@ -48,7 +48,9 @@ def test_transposed_convolution_is_left_to_pytorch() -> None:
     assert result is NotImplemented
 
 
-@pytest.mark.parametrize(("size", "out"), list(itertools.product([(8, 8), (7, 10)], [(1, 1), (2, 4), (3, 3)])))
+@pytest.mark.parametrize(
+    ("size", "out"), list(itertools.product([(8, 8), (7, 10)], [(1, 1), (2, 4), (3, 3)]))
+)
 def test_adaptive_avg_pool2d_backward_matches_native(size: tuple[int, int], out: tuple[int, int]) -> None:
     torch.manual_seed(0)
     x = torch.randn(2, 3, *size, dtype=torch.float64)

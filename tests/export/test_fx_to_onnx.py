@@ -41,7 +41,9 @@ def test_executor_reproduces_the_fx_graph() -> None:
     state = dict(module.named_parameters())
     args = [state[name] for name in captured.state_names] + [x]
     want = captured.forward.graph(*args)
-    got = OrtExecutor(export_graph(captured.forward.graph, opset_version=18), device=torch.device("cpu"))(args)
+    got = OrtExecutor(export_graph(captured.forward.graph, opset_version=18), device=torch.device("cpu"))(
+        args
+    )
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b)

@@ -33,7 +33,9 @@ def main(rank: int, world_size: int, port: str, out_path: str) -> None:
             nn.functional.cross_entropy(net(x), y).backward()
             opt.step()
     assert wrapped.module._ortrain_graphs, "ORTModule never ran on ONNX Runtime"
-    diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), eager.module.parameters()))
+    diff = max(
+        (a - b).abs().max().item() for a, b in zip(model.parameters(), eager.module.parameters(), strict=True)
+    )
     with open(out_path, "w") as f:
         f.write(f"{diff}\n")
     dist.destroy_process_group()
