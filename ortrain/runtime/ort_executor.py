@@ -11,7 +11,6 @@ import logging
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import sympy
 import torch
@@ -100,7 +99,3 @@ class OrtExecutor:
                     sizes = {s: args[p].shape[d] for s, (p, d) in self.exported.symbol_sources.items()}
                 results.append(int(source.expr.subs(sizes)))  # type: ignore[union-attr]
         return results
-
-
-def onnx_model_size(model: onnx.ModelProto) -> int:
-    return model.ByteSize()
