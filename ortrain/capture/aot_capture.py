@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,8 +22,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ortrain.capture.checkpointing import CheckpointRegions, partition_with_recompute
 from ortrain.capture.decompositions import decomposition_table
+from ortrain.capture.function_calls import intercept_functions
 from ortrain.capture.huggingface import hf_masks_traceable
+from ortrain.capture.python_ops import release_calls
 
 logger = logging.getLogger("ortrain.capture")
 
@@ -90,12 +94,18 @@ def capture(
     *,
     training: bool,
     dynamic_dims: dict[int, tuple[int, ...]] | None = None,
+    opaque_functions: bool = True,
+    checkpoint_ops: bool = False,
 ) -> Capture:
     """Trace ``module(*inputs)`` (a module over flat tensors returning a tuple of tensors).
 
     ``training`` asks for a forward graph that saves what the backward graph needs; otherwise one
     forward-only graph that saves nothing. ``dynamic_dims`` maps an input position to the sizes
-    that may change between calls.
+    that may change between calls. ``opaque_functions`` (ORTMODULE_ENABLE_CUSTOM_AUTOGRAD) makes
+    each user ``torch.autograd.Function`` call one python op; otherwise Functions are traced
+    through like any other code. ``checkpoint_ops`` (ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT) makes
+    reentrant activation checkpoints python ops too; otherwise they are traced and recomputed in
+    the backward graph.
     """
     slots: dict[str, GraphSlot] = {}
 
@@ -120,18 +130,26 @@ def capture(
         # The math SDPA backend decomposes into ops that have ONNX translations, backward included.
         stack.enter_context(sdpa_kernel(SDPBackend.MATH))
         stack.enter_context(hf_masks_traceable())
+        regions = CheckpointRegions(as_python_ops=checkpoint_ops and opaque_functions)
+        stack.enter_context(regions.patched())
+        call_ids = stack.enter_context(
+            intercept_functions(opaque=opaque_functions, hook=regions.function_hook)
+        )
         joint = aot_autograd.aot_export_joint_with_descriptors(
             stack, module, tuple(example), decompositions=decomposition_table()
         )
         fn = aot_autograd.aot_compile_joint_with_descriptors(
-            joint, fw_compiler=compiler("forward"), bw_compiler=compiler("backward")
+            joint,
+            partition_fn=partition_with_recompute,
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
         )
     state_names = list(joint.params_spec) + list(joint.buffers_spec)
     if "forward" not in slots:
         raise RuntimeError("AOTAutograd produced no forward graph")
     if training and "backward" not in slots:
         logger.debug("no output requires grad: the training capture has no backward graph")
-    return Capture(
+    captured = Capture(
         fn=fn,
         state_names=state_names,
         forward=slots["forward"],
@@ -139,3 +157,6 @@ def capture(
         training=training,
         dynamic_dims=dynamic_dims,
     )
+    # The python ops' records live as long as the graphs that name them.
+    weakref.finalize(captured, release_calls, call_ids)
+    return captured

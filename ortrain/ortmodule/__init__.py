@@ -1,5 +1,6 @@
 """The user-facing wrapper, at the import path upstream used (``onnxruntime.training.ortmodule``)."""
 
+from ortrain.ortmodule._custom_autograd_function import enable_custom_autograd_support
 from ortrain.ortmodule.fallback import (
     FallbackPolicy,
     ORTModuleDeviceException,
@@ -21,4 +22,5 @@ __all__ = [
     "ORTModuleIOError",
     "ORTModuleONNXModelException",
     "ORTModuleTorchModelException",
+    "enable_custom_autograd_support",
 ]

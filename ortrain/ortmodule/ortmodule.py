@@ -13,6 +13,7 @@ from torch import nn
 
 from ortrain.capture.aot_capture import Capture, GraphSlot, capture
 from ortrain.capture.huggingface import register_hf_cache_types
+from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
 from ortrain.ortmodule.fallback import (
     FallbackManager,
     ORTModuleDeviceException,
@@ -197,11 +198,13 @@ class ORTModule(nn.Module):
                     f"ortrain runs on the CPU execution provider; got a tensor on {tensor.device}"
                 )
         training = self.training and torch.is_grad_enabled()
-        key = (spec, tuple(tensor_signature(t) for t in inputs), self.training, torch.is_grad_enabled())
+        opaque = custom_autograd_enabled(self._ortrain_options.enable_custom_autograd)
+        signature = tuple(tensor_signature(t) for t in inputs)
+        key = (spec, signature, self.training, torch.is_grad_enabled(), opaque)
         entries: list[_CompiledEntry] = self._ortrain_graphs.setdefault(key, [])
         entry = next((e for e in entries if e.matches(inputs)), None)
         if entry is None:
-            entry = self._compile(spec, inputs, entries, training=training)
+            entry = self._compile(spec, inputs, entries, training=training, opaque=opaque)
             entries.append(entry)
         state_tensors = [state[name] for name in entry.capture.state_names]
         outputs = entry.capture(state_tensors, inputs)
@@ -220,10 +223,16 @@ class ORTModule(nn.Module):
         return {i: tuple(sorted(d)) for i, d in dims.items()}
 
     def _compile(
-        self, spec: Spec, inputs: list[torch.Tensor], entries: list[_CompiledEntry], *, training: bool
+        self,
+        spec: Spec,
+        inputs: list[torch.Tensor],
+        entries: list[_CompiledEntry],
+        *,
+        training: bool,
+        opaque: bool,
     ) -> _CompiledEntry:
         try:
-            return self._capture_and_export(spec, inputs, entries, training=training)
+            return self._capture_and_export(spec, inputs, entries, training=training, opaque=opaque)
         except Exception:
             # A failure may be the user's (a wrong shape or dtype): then PyTorch's own error is the
             # one to show. Only when eager PyTorch accepts the inputs is it ortrain's failure.
@@ -231,7 +240,13 @@ class ORTModule(nn.Module):
             raise
 
     def _capture_and_export(
-        self, spec: Spec, inputs: list[torch.Tensor], entries: list[_CompiledEntry], *, training: bool
+        self,
+        spec: Spec,
+        inputs: list[torch.Tensor],
+        entries: list[_CompiledEntry],
+        *,
+        training: bool,
+        opaque: bool,
     ) -> _CompiledEntry:
         flat_module = _FlatCall(self._ortrain_module, spec)
         dynamic = self._dynamic_dims(inputs, entries)
@@ -242,7 +257,14 @@ class ORTModule(nn.Module):
             f" with dynamic sizes {dynamic}" if dynamic else "",
         )
         try:
-            captured = capture(flat_module, inputs, training=training, dynamic_dims=dynamic)
+            captured = capture(
+                flat_module,
+                inputs,
+                training=training,
+                dynamic_dims=dynamic,
+                opaque_functions=opaque,
+                checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
+            )
         except Exception as error:
             raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
         if flat_module.output_spec is None:

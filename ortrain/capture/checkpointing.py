@@ -1,0 +1,129 @@
+"""Activation checkpointing (``torch.utils.checkpoint``) while capturing.
+
+Default: the checkpointed function is traced into the graphs like any other code, its nodes are
+annotated with a region number, and the partitioner is told to recompute them in the backward
+graph (``node.meta["recompute"]``, which AOTAutograd's default partitioner honours). So the
+computation runs in ONNX Runtime and only the region's inputs cross from forward to backward,
+which is the memory saving checkpointing is for.
+
+With ``ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT=1`` (and opaque Functions on), reentrant checkpoints
+(``use_reentrant=True``: ``CheckpointFunction``) become python ops run by PyTorch, as upstream
+did. Non-reentrant checkpoints are always traced: they are not a ``Function`` there is to run.
+
+Random ops (dropout) and python ops inside a region are saved rather than recomputed: recomputing
+them would draw new random numbers or run a user's Function twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.fx.traceback as fx_traceback
+import torch.utils.checkpoint as torch_checkpoint
+from torch._functorch.partitioners import default_partition
+from torch.utils.checkpoint import CheckpointPolicy
+
+from ortrain.capture.function_calls import apply_as_python_op
+from ortrain.capture.python_ops import PYTHON_OPS
+
+logger = logging.getLogger("ortrain.capture")
+
+REGION_KEY = "ortrain_checkpoint_region"
+ALLOW_VARIABLE = "ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT"
+
+
+class UnsupportedCheckpointError(RuntimeError):
+    """A form of checkpointing the traced default cannot reproduce."""
+
+
+class CheckpointRegions:
+    """Intercepts checkpoint calls during one capture and numbers their regions."""
+
+    def __init__(self, *, as_python_ops: bool) -> None:
+        self.as_python_ops = as_python_ops
+        self._ids = itertools.count()
+        self.count = 0
+
+    @contextlib.contextmanager
+    def region(self) -> Iterator[None]:
+        self.count += 1
+        with fx_traceback.annotate({REGION_KEY: next(self._ids)}):
+            yield
+
+    def function_hook(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """For ``intercept_functions``: claims reentrant checkpoints, lets every other call through."""
+        if cls is not torch_checkpoint.CheckpointFunction:
+            return NotImplemented
+        if self.as_python_ops:
+            return apply_as_python_op(cls, args, kwargs)
+        function, _preserve_rng_state, *inputs = args
+        # Reentrant checkpoint gives no gradients when no input requires grad (eager warns so):
+        # keep that behaviour rather than silently differ from eager.
+        needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+        with self.region(), contextlib.nullcontext() if needs_grad else torch.no_grad():
+            return function(*inputs)
+
+    def _non_reentrant(
+        self,
+        fn: Callable[..., Any],
+        preserve_rng_state: bool = True,
+        context_fn: Callable[[], Any] = torch_checkpoint.noop_context_fn,
+        determinism_check: str = "default",
+        debug: bool = False,
+        early_stop: bool = True,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Iterator[None]:
+        if context_fn is not torch_checkpoint.noop_context_fn:
+            raise UnsupportedCheckpointError(
+                "torch.utils.checkpoint with a context_fn (selective checkpointing) cannot be traced "
+                f"for recomputation; use use_reentrant=True with {ALLOW_VARIABLE}=1 to run the "
+                "checkpointed function in PyTorch"
+            )
+        with self.region():
+            yield
+
+    @contextlib.contextmanager
+    def patched(self) -> Iterator[None]:
+        original = torch_checkpoint._checkpoint_without_reentrant_generator
+        torch_checkpoint._checkpoint_without_reentrant_generator = self._non_reentrant  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            torch_checkpoint._checkpoint_without_reentrant_generator = original
+
+
+def _recomputable(node: torch.fx.Node) -> bool:
+    if node.op != "call_function" or node.target in PYTHON_OPS:
+        return False
+    tags = getattr(node.target, "tags", ())
+    return torch.Tag.nondeterministic_seeded not in tags
+
+
+def tag_regions_for_recompute(graph: torch.fx.Graph) -> int:
+    """Mark the forward nodes of checkpoint regions for recomputation; returns how many."""
+    tagged = 0
+    for node in graph.nodes:
+        custom = node.meta.get("custom") or {}
+        if REGION_KEY not in custom or node.meta.get("partitioner_tag") != "is_forward":
+            continue
+        if _recomputable(node):
+            node.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+            tagged += 1
+        else:
+            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+        node.meta["ac_graph_id"] = custom[REGION_KEY]
+    return tagged
+
+
+def partition_with_recompute(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+    """AOTAutograd's default partition, recomputing the checkpointed nodes in the backward graph."""
+    tagged = tag_regions_for_recompute(joint.graph)
+    if tagged:
+        logger.debug("recomputing %d checkpointed nodes in the backward graph", tagged)
+    return default_partition(joint, joint_inputs, **kwargs)

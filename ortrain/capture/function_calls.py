@@ -1,0 +1,132 @@
+"""Turn each user ``torch.autograd.Function`` call made while capturing into one ``python_op`` node.
+
+``torch.autograd.Function.apply`` is patched for the duration of a capture only. A call of a
+user Function with tensor arguments is registered (see :mod:`ortrain.capture.python_ops`) and
+replaced by the operator; AOTAutograd then differentiates the operator through its registered
+formula, so the backward graph gets one ``python_op_grad`` node per call.
+
+Functions that belong to PyTorch itself (AOTAutograd's own runtime Function, for one) are left
+alone: they are machinery, not model code. ``torch.utils.checkpoint``'s ``CheckpointFunction`` is
+decided by :mod:`ortrain.capture.checkpointing`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.autograd.function import Function
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+from ortrain.capture.python_ops import (
+    FunctionCall,
+    UnsupportedFunctionError,
+    interception_enabled,
+    learn_outputs,
+    python_op,
+    qualified_name,
+    register_call,
+)
+
+logger = logging.getLogger("ortrain.capture")
+
+# A hook that may claim a call first: returns a result, or NotImplemented to let it through.
+CallHook = Callable[[type[Function], tuple[Any, ...], dict[str, Any]], Any]
+
+
+def _is_torch_internal(cls: type) -> bool:
+    return cls.__module__ == "torch" or cls.__module__.startswith("torch.")
+
+
+def _has_nested_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_has_nested_tensor(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_nested_tensor(v) for v in value.values())
+    return False
+
+
+def apply_as_python_op(cls: type[Function], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Record one call of ``cls`` and emit it as an ``ortrain::python_op`` node."""
+    name = qualified_name(cls)
+    for position, arg in enumerate(args):
+        if not isinstance(arg, torch.Tensor) and _has_nested_tensor(arg):
+            raise UnsupportedFunctionError(
+                f"{name}: argument {position} holds tensors inside a {type(arg).__name__}; ortrain passes "
+                "tensors to an opaque Function only as direct arguments"
+            )
+    if any(_has_nested_tensor(v) for v in kwargs.values()):
+        raise UnsupportedFunctionError(f"{name}: tensors passed as keyword arguments are not supported")
+    positions = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+    tensors = [args[i] for i in positions]
+    needs_grad = tuple(t.requires_grad for t in tensors)
+    call = FunctionCall(
+        cls=cls,
+        args=tuple(None if i in positions else a for i, a in enumerate(args)),
+        kwargs=dict(kwargs),
+        tensor_positions=positions,
+        needs_grad=needs_grad,
+        keep_ctx=torch.is_grad_enabled() and any(needs_grad),
+    )
+    # Learn the outputs by running the forward on the traced tensors without recording it: its
+    # code sees the same (functional, fake) tensors the model's code sees, closures included.
+    with disable_proxy_modes_tracing(), torch.no_grad():
+        learn_outputs(call, tensors)
+    call_id = register_call(call)
+    _calls_made.append(call_id)
+    outputs = list(python_op(tensors, call_id))
+    if call.keep_ctx:
+        outputs.pop()  # the handle: only the backward uses it
+    # A mark_dirty input was updated in place in eager mode and returned as the output: do the same
+    # here, functionally, so later reads of the input see the new value and gradients flow through.
+    for out_index, in_index in call.dirty.items():
+        target = tensors[in_index]
+        target.copy_(outputs[out_index])
+        outputs[out_index] = target
+    produced = iter(outputs)
+    results = [next(produced) if kind == "tensor" else None for kind in call.output_kinds]
+    logger.debug("python op %d: %s", call_id, name)
+    return tuple(results) if call.returns_tuple else results[0]
+
+
+_calls_made: list[int] = []
+
+
+@contextlib.contextmanager
+def intercept_functions(*, opaque: bool, hook: CallHook | None = None) -> Iterator[list[int]]:
+    """Patch ``Function.apply`` while capturing; yields the list of call ids registered meanwhile.
+
+    ``opaque`` turns user Functions into python ops (ORTMODULE_ENABLE_CUSTOM_AUTOGRAD=1); ``hook``
+    (checkpointing) sees every call first, torch's own Functions included.
+    """
+    original = Function.__dict__["apply"]
+    original_apply = original.__func__
+    first = len(_calls_made)
+    # AOTAutograd keeps a reference to ``apply`` as it was while capturing; once the capture is
+    # over, that reference must behave exactly like the original.
+    active = [True]
+
+    def apply(cls: type[Function], *args: Any, **kwargs: Any) -> Any:
+        if active[0] and interception_enabled():
+            if hook is not None:
+                result = hook(cls, args, kwargs)
+                if result is not NotImplemented:
+                    return result
+            if opaque and not _is_torch_internal(cls) and _has_nested_tensor(args):
+                return apply_as_python_op(cls, args, kwargs)
+        return original_apply(cls, *args, **kwargs)
+
+    made: list[int] = []
+    Function.apply = classmethod(apply)  # type: ignore[method-assign, assignment]
+    try:
+        yield made
+    finally:
+        active[0] = False
+        Function.apply = original  # type: ignore[method-assign]
+        made.extend(_calls_made[first:])
+        del _calls_made[first:]

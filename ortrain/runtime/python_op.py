@@ -1,0 +1,121 @@
+"""Run-time kernels of ``ortrain::python_op`` / ``ortrain::python_op_grad``: the Function in PyTorch.
+
+The forward kernel calls the Function's own ``apply`` under ``torch.enable_grad()`` on detached
+inputs (the same tensors, by pointer) that require grad exactly as they did when traced. That
+builds a real autograd graph with a real ``ctx``, which the zero-size handle tensor carries to the
+backward. The backward kernel runs ``torch.autograd.backward`` on that graph, so everything the
+ctx API promises (``saved_tensors``, ``needs_input_grad``, ``once_differentiable``,
+``set_materialize_grads``, ``mark_non_differentiable``, ``mark_dirty``) behaves as in eager mode,
+and a Function whose backward itself runs autograd (reentrant checkpointing) works too.
+
+Conventions:
+- An input gradient the Function leaves as ``None`` comes back as zeros (the operator's outputs
+  are tensors); adding zeros is what ``None`` means to the caller.
+- A graph kept for backward is freed after one backward, as eager's ``retain_graph=False``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ortrain.capture.python_ops import FunctionCall, install_kernels, lookup_call
+
+logger = logging.getLogger("ortrain.runtime")
+
+_GRAPH_ATTRIBUTE = "_ortrain_autograd_graph"
+
+
+@dataclass
+class _KeptGraph:
+    """What the backward needs: the leaves the forward started from and the outputs it made."""
+
+    leaves: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+
+
+def _shares_memory(tensor: torch.Tensor, others: list[torch.Tensor]) -> bool:
+    storage = tensor.untyped_storage().data_ptr()
+    return storage != 0 and any(o.untyped_storage().data_ptr() == storage for o in others)
+
+
+def _tensor_outputs(call: FunctionCall, result: Any) -> list[torch.Tensor]:
+    outputs = list(result) if isinstance(result, tuple) else [result]
+    kinds = ["none" if o is None else "tensor" if isinstance(o, torch.Tensor) else "other" for o in outputs]
+    if kinds != call.output_kinds:
+        raise RuntimeError(
+            f"{call.func_name}: the forward returned {kinds} at run time but {call.output_kinds} when "
+            "captured; ortrain needs a Function's outputs to keep their structure"
+        )
+    return [o for o in outputs if isinstance(o, torch.Tensor)]
+
+
+def run_forward(call: FunctionCall, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The Function's forward; with ``call.keep_ctx``, the last output is the handle."""
+    dirty_inputs = set(call.dirty.values())
+    if call.keep_ctx:
+        leaves = [t.detach().requires_grad_(need) for t, need in zip(inputs, call.needs_grad, strict=True)]
+        with torch.enable_grad():
+            # mark_dirty needs a non-leaf to update in place; the clone also keeps the op functional.
+            args = [leaf.clone() if i in dirty_inputs else leaf for i, leaf in enumerate(leaves)]
+            result = call.cls.apply(*call.bind(args), **call.kwargs)
+    else:
+        args = [t.clone() if i in dirty_inputs else t for i, t in enumerate(inputs)]
+        result = call.cls.apply(*call.bind(args), **call.kwargs)
+    outputs = _tensor_outputs(call, result)
+    # The graph around the op is functional: an output may not alias an input.
+    returned = [o.detach().clone() if _shares_memory(o, inputs) else o.detach() for o in outputs]
+    if not call.keep_ctx:
+        return returned
+    handle = torch.empty((0,), dtype=torch.int64, device=inputs[0].device if inputs else "cpu")
+    setattr(handle, _GRAPH_ATTRIBUTE, _KeptGraph(leaves, outputs))
+    return [*returned, handle]
+
+
+def run_backward(
+    call: FunctionCall, handle: torch.Tensor, grad_outputs: list[torch.Tensor | None]
+) -> list[torch.Tensor]:
+    """The Function's backward, on the graph the handle carries; one gradient per input needing it."""
+    kept: _KeptGraph | None = getattr(handle, _GRAPH_ATTRIBUTE, None)
+    if kept is None:
+        raise RuntimeError(
+            f"{call.func_name}: its forward graph was already used by a backward; ortrain runs each "
+            "opaque Function's backward once per forward (retain_graph is not supported)"
+        )
+    delattr(handle, _GRAPH_ATTRIBUTE)
+    leaves = [leaf for leaf, need in zip(kept.leaves, call.needs_grad, strict=True) if need]
+    pairs = [
+        (out, grad)
+        for out, grad in zip(kept.outputs, grad_outputs, strict=True)
+        if grad is not None and out.requires_grad
+    ]
+    if pairs:
+        # backward, not grad: reentrant checkpointing refuses torch.autograd.grad, and parameters
+        # that a Function's backward reaches on its own receive their gradients as in eager mode.
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    present = [g for g in grad_outputs if g is not None]
+    grads = []
+    for leaf in leaves:
+        grad = leaf.grad
+        if grad is None:
+            grad = torch.zeros_like(leaf)
+        elif _shares_memory(grad, present):
+            grad = grad.clone()
+        grads.append(grad)
+    return grads
+
+
+def _python_op_kernel(inputs: list[torch.Tensor], call_id: int) -> list[torch.Tensor]:
+    return run_forward(lookup_call(call_id), inputs)
+
+
+def _python_op_grad_kernel(
+    handle: torch.Tensor, grad_outputs: list[torch.Tensor | None], call_id: int, sizes: list[int]
+) -> list[torch.Tensor]:
+    return run_backward(lookup_call(call_id), handle, grad_outputs)
+
+
+install_kernels(_python_op_kernel, _python_op_grad_kernel)

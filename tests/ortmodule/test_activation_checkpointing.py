@@ -1,0 +1,101 @@
+"""Activation checkpointing (``torch.utils.checkpoint``) under ORTModule.
+
+By default a checkpointed region is traced into the graphs and recomputed in the backward graph,
+so the saving in memory survives; with ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT=1 reentrant regions
+run in PyTorch as python ops, as upstream did.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _parity import assert_same_state, train_side_by_side
+from test_custom_autograd_function import python_op_counts
+from torch import nn
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential, create_selective_checkpoint_contexts
+
+from ortrain.ortmodule import ORTModule, ORTModuleTorchModelException
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(16, 64)
+        self.down = nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.tanh(self.up(x)).sin()) + x
+
+
+class Net(nn.Module):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.inp = nn.Linear(16, 16)
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        if self.mode == "sequential":
+            return checkpoint_sequential(self.blocks, 3, x, use_reentrant=False).square().mean()
+        for block in self.blocks:
+            if self.mode == "none":
+                x = block(x)
+            else:
+                x = checkpoint(block, x, use_reentrant=self.mode == "reentrant")
+        return x.square().mean()
+
+
+def bytes_saved_for_backward(model: ORTModule) -> int:
+    """What the forward graph hands to the backward graph: every backward input but the gradients."""
+    (entries,) = model._ortrain_graphs.values()
+    backward = entries[0].capture.backward.graph
+    total = 0
+    for node in backward.graph.nodes:
+        value = node.meta.get("val")
+        is_saved = node.op == "placeholder" and not node.name.startswith("tangents")
+        if is_saved and isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+    return total
+
+
+def _train(mode: str) -> ORTModule:
+    torch.manual_seed(0)
+    batches = [torch.randn(32, 16) for _ in range(2)]
+    losses_ort, losses_eager, eager, wrapped = train_side_by_side(Net(mode), batches, lambda m, b: m(b))
+    torch.testing.assert_close(losses_ort, losses_eager, rtol=1e-5, atol=1e-6)
+    assert_same_state(eager, wrapped, atol=1e-5)
+    return wrapped
+
+
+def test_checkpointed_regions_are_recomputed_in_the_backward_graph() -> None:
+    baseline = bytes_saved_for_backward(_train("none"))
+    for mode in ("reentrant", "non_reentrant", "sequential"):
+        wrapped = _train(mode)
+        saved = bytes_saved_for_backward(wrapped)
+        # Only each block's input (and the weights) cross; the 32x64 activations are recomputed.
+        # checkpoint_sequential leaves its last segment uncheckpointed, by design.
+        limit = 0.6 if mode == "sequential" else 0.4
+        assert saved < limit * baseline, (mode, saved, baseline)
+        assert python_op_counts(wrapped) == [(0, 0)], mode  # all of it runs in ONNX Runtime
+
+
+def test_allow_autograd_checkpoint_runs_reentrant_regions_as_python_ops(monkeypatch) -> None:
+    monkeypatch.setenv("ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT", "1")
+    wrapped = _train("reentrant")
+    assert python_op_counts(wrapped) == [(3, 3)]
+
+
+def test_selective_checkpointing_is_refused_naming_the_variable() -> None:
+    def policy(ctx, op, *args, **kwargs):
+        return torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
+
+    class Selective(Net):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            def context():
+                return create_selective_checkpoint_contexts(policy)
+
+            return checkpoint(self.blocks[0], self.inp(x), use_reentrant=False, context_fn=context).sum()
+
+    with pytest.raises(ORTModuleTorchModelException, match="ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT"):
+        ORTModule(Selective("none"))(torch.randn(4, 16))
