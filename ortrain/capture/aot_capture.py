@@ -22,10 +22,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ortrain.capture.checkpointing import CheckpointRegions, partition_with_recompute
+from ortrain.capture.checkpointing import CheckpointRegions
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.function_calls import intercept_functions
 from ortrain.capture.huggingface import hf_masks_traceable
+from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import release_calls
 
 logger = logging.getLogger("ortrain.capture")
@@ -140,7 +141,7 @@ def capture(
         )
         fn = aot_autograd.aot_compile_joint_with_descriptors(
             joint,
-            partition_fn=partition_with_recompute,
+            partition_fn=partition,
             fw_compiler=compiler("forward"),
             bw_compiler=compiler("backward"),
         )

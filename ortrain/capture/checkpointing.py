@@ -25,7 +25,6 @@ from typing import Any
 import torch
 import torch.fx.traceback as fx_traceback
 import torch.utils.checkpoint as torch_checkpoint
-from torch._functorch.partitioners import default_partition
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ortrain.capture.function_calls import apply_as_python_op
@@ -119,11 +118,3 @@ def tag_regions_for_recompute(graph: torch.fx.Graph) -> int:
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
         node.meta["ac_graph_id"] = custom[REGION_KEY]
     return tagged
-
-
-def partition_with_recompute(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
-    """AOTAutograd's default partition, recomputing the checkpointed nodes in the backward graph."""
-    tagged = tag_regions_for_recompute(joint.graph)
-    if tagged:
-        logger.debug("recomputing %d checkpointed nodes in the backward graph", tagged)
-    return default_partition(joint, joint_inputs, **kwargs)

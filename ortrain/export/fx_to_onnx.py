@@ -32,9 +32,41 @@ _HINT_CANDIDATES = [17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 
 class OutputSource:
     """Where one graph output comes from at run time."""
 
-    kind: Literal["onnx", "input", "same", "none", "size"]
+    kind: Literal["onnx", "input", "same", "none", "size", "view"]
     index: int = -1  # onnx output / graph input / earlier output, by kind
     expr: sympy.Expr | None = None  # for "size": a formula over input sizes
+    # For "view": a reshape of an ONNX output (from_input=False) or of a graph input, to ``shape``.
+    from_input: bool = False
+    shape: tuple[sympy.Expr, ...] = ()
+
+
+# Ops that only relabel the shape of their first argument, keeping the element order. An output
+# made by them is returned as a PyTorch view of its base: as an ONNX output it would be a copy.
+_RESHAPES = frozenset(
+    {
+        torch.ops.aten.view.default,
+        torch.ops.aten._unsafe_view.default,
+        torch.ops.aten.reshape.default,
+        torch.ops.aten.unsqueeze.default,
+        torch.ops.aten.squeeze.default,
+        torch.ops.aten.squeeze.dim,
+        torch.ops.aten.squeeze.dims,
+        torch.ops.aten.alias.default,
+        torch.ops.aten.detach.default,
+    }
+)
+
+
+def _reshape_base(node: torch.fx.Node, sources: dict[sympy.Symbol, tuple[int, int]]) -> torch.fx.Node | None:
+    """The tensor ``node`` reshapes (through a chain of reshapes), if its size can be rebuilt."""
+    base = node
+    while base.op == "call_function" and base.target in _RESHAPES and isinstance(base.args[0], torch.fx.Node):
+        base = base.args[0]
+    if base is node or not isinstance(base.meta.get("val"), torch.Tensor):
+        return None
+    if any(sym not in sources for size in node.meta["val"].shape for sym in _expr(size).free_symbols):
+        return None
+    return base
 
 
 @dataclass
@@ -147,23 +179,40 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
     sources_by_node = {n: i for i, n in enumerate(placeholders)}
     outputs: list[OutputSource] = []
     onnx_nodes: list[torch.fx.Node] = []
+    onnx_index: dict[torch.fx.Node, int] = {}
     first_seen: dict[torch.fx.Node, int] = {}
+
+    def onnx_output(node: torch.fx.Node) -> int:
+        if node not in onnx_index:
+            onnx_index[node] = len(onnx_nodes)
+            onnx_nodes.append(node)
+        return onnx_index[node]
+
     for position, out in enumerate(raw_outputs):
         if out is None:
             outputs.append(OutputSource("none"))
-        elif not isinstance(out, torch.fx.Node):
+            continue
+        if not isinstance(out, torch.fx.Node):
             raise ExportError(f"graph output {position} is a constant {out!r}, which ortrain does not expect")
-        elif isinstance(out.meta.get("val"), torch.SymInt):
+        if isinstance(out.meta.get("val"), torch.SymInt):
             outputs.append(OutputSource("size", expr=_expr(out.meta["val"])))
-        elif out in first_seen:
+            continue
+        if out in first_seen:
             outputs.append(OutputSource("same", index=first_seen[out]))
-        elif out.op == "placeholder":
-            first_seen[out] = position
+            continue
+        first_seen[out] = position
+        base = _reshape_base(out, sources)
+        if out.op == "placeholder":
             outputs.append(OutputSource("input", index=sources_by_node[out]))
+        elif base is not None:
+            shape = tuple(_expr(size) for size in out.meta["val"].shape)
+            if base.op == "placeholder":
+                source = OutputSource("view", index=sources_by_node[base], from_input=True, shape=shape)
+                outputs.append(source)
+            else:
+                outputs.append(OutputSource("view", index=onnx_output(base), shape=shape))
         else:
-            first_seen[out] = position
-            outputs.append(OutputSource("onnx", index=len(onnx_nodes)))
-            onnx_nodes.append(out)
+            outputs.append(OutputSource("onnx", index=onnx_output(out)))
     output_node.args = (tuple(onnx_nodes),)
     for node in placeholders:
         if isinstance(node.meta.get("val"), torch.SymInt):

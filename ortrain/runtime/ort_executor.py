@@ -8,6 +8,7 @@ saved activations stay in ONNX Runtime's memory until the backward graph has use
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,15 @@ class OrtExecutor:
         if device.type != "cpu":
             raise ValueError(f"the ONNX Runtime executor runs on the CPU, not {device}")
         self.exported = exported
+        self._sizes = [
+            self._size_formula(s.shape if s.kind == "view" else (s.expr,))
+            if s.kind in ("view", "size")
+            else None
+            for s in exported.outputs
+        ]
+        self._needs_sizes = any(
+            s.kind == "size" or any(e.free_symbols for e in s.shape) for s in exported.outputs
+        )
         self.session: ort.InferenceSession | None = None
         if exported.model.graph.node or exported.model.graph.output:
             self.session = ort.InferenceSession(
@@ -81,11 +91,22 @@ class OrtExecutor:
         self.session.run_with_iobinding(binding)
         return [torch.from_dlpack(value._ortvalue) for value in binding.get_outputs()]
 
+    def _size_formula(self, exprs: tuple[sympy.Expr, ...]) -> Callable[[list[int]], list[int]]:
+        """Sizes as a function of the symbol values; constant sizes cost nothing per call."""
+        if not any(e.free_symbols for e in exprs):
+            constant = [int(e) for e in exprs]
+            return lambda _values: constant
+        formula = sympy.lambdify(list(self.exported.symbol_sources), list(exprs), modules="math")
+        return lambda values: [int(v) for v in formula(*values)]
+
+    def _symbol_values(self, args: list[Any]) -> list[int]:
+        return [args[p].shape[d] for p, d in self.exported.symbol_sources.values()]
+
     def __call__(self, args: list[Any]) -> list[Any]:
         produced = self._run_session(args) if self.session is not None else []
         results: list[Any] = []
-        sizes: dict[sympy.Symbol, int] | None = None
-        for source in self.exported.outputs:
+        values = self._symbol_values(args) if self._needs_sizes else []
+        for source, sizes in zip(self.exported.outputs, self._sizes, strict=True):
             if source.kind == "onnx":
                 results.append(produced[source.index])
             elif source.kind == "input":
@@ -94,8 +115,10 @@ class OrtExecutor:
                 results.append(results[source.index])
             elif source.kind == "none":
                 results.append(None)
+            elif source.kind == "view":
+                base = args[source.index] if source.from_input else produced[source.index]
+                # reshape, not view: a graph input may be non-contiguous (then this copies).
+                results.append(base.reshape(sizes(values)))  # type: ignore[misc]
             else:
-                if sizes is None:
-                    sizes = {s: args[p].shape[d] for s, (p, d) in self.exported.symbol_sources.items()}
-                results.append(int(source.expr.subs(sizes)))  # type: ignore[union-attr]
+                results.append(sizes(values)[0])  # type: ignore[misc]
         return results

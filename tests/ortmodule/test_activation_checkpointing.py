@@ -47,13 +47,17 @@ class Net(nn.Module):
 
 
 def bytes_saved_for_backward(model: ORTModule) -> int:
-    """What the forward graph hands to the backward graph: every backward input but the gradients."""
+    """Activations the forward graph hands to the backward graph.
+
+    Every backward input except the output gradients (``tangents``) and the forward's own inputs
+    (``primals``: parameters and the batch), which the backward reads in place, not as copies.
+    """
     (entries,) = model._ortrain_graphs.values()
     backward = entries[0].capture.backward.graph
     total = 0
     for node in backward.graph.nodes:
         value = node.meta.get("val")
-        is_saved = node.op == "placeholder" and not node.name.startswith("tangents")
+        is_saved = node.op == "placeholder" and not node.name.startswith(("tangents", "primals"))
         if is_saved and isinstance(value, torch.Tensor):
             total += value.numel() * value.element_size()
     return total
@@ -75,7 +79,7 @@ def test_checkpointed_regions_are_recomputed_in_the_backward_graph() -> None:
         saved = bytes_saved_for_backward(wrapped)
         # Only each block's input (and the weights) cross; the 32x64 activations are recomputed.
         # checkpoint_sequential leaves its last segment uncheckpointed, by design.
-        limit = 0.6 if mode == "sequential" else 0.4
+        limit = 0.5 if mode == "sequential" else 0.2
         assert saved < limit * baseline, (mode, saved, baseline)
         assert python_op_counts(wrapped) == [(0, 0)], mode  # all of it runs in ONNX Runtime
 

@@ -1,0 +1,68 @@
+"""Split the joint graph into forward and backward: what crosses between them, and what is recomputed.
+
+AOTAutograd's default partition saves every forward value the backward reads. Two kinds of value
+are cheaper to rebuild in the backward graph than to pass across:
+
+- Reshapes and transposes (``t``, ``view``, ``permute``, ...). Saved as forward outputs, ONNX
+  Runtime must materialize each one as a copy; recomputed in the backward graph they cost nothing,
+  and a transposed weight folds into the backward ``MatMul`` (measured on the tiny GPT: the
+  forward's Transpose/Reshape/Identity kernels, ≈ 20 ms of 150, disappear).
+- Checkpointed regions (see :mod:`ortrain.capture.checkpointing`), which is what checkpointing asks.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch._functorch.partitioners import default_partition
+from torch.utils.checkpoint import CheckpointPolicy
+
+from ortrain.capture.checkpointing import tag_regions_for_recompute
+
+logger = logging.getLogger("ortrain.capture")
+
+aten = torch.ops.aten
+
+# Ops whose output holds the same elements as their input (or fewer distinct ones, for expand):
+# recomputing them never makes the backward keep a larger tensor alive.
+_RELAYOUTS = frozenset(
+    {
+        aten.t.default,
+        aten.transpose.int,
+        aten.permute.default,
+        aten.view.default,
+        aten._unsafe_view.default,
+        aten.reshape.default,
+        aten.unsqueeze.default,
+        aten.squeeze.default,
+        aten.squeeze.dim,
+        aten.squeeze.dims,
+        aten.expand.default,
+        aten.alias.default,
+        aten.detach.default,
+    }
+)
+
+
+def tag_relayouts_for_recompute(graph: torch.fx.Graph) -> int:
+    """Ask the partitioner to rebuild forward reshapes/transposes in the backward; returns how many."""
+    tagged = 0
+    for node in graph.nodes:
+        if (
+            node.op == "call_function"
+            and node.target in _RELAYOUTS
+            and node.meta.get("partitioner_tag") == "is_forward"
+            and "recompute" not in node.meta
+        ):
+            node.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+            tagged += 1
+    return tagged
+
+
+def partition(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+    regions = tag_regions_for_recompute(joint.graph)
+    relayouts = tag_relayouts_for_recompute(joint.graph)
+    logger.debug("recomputing %d checkpointed nodes and %d reshapes in the backward", regions, relayouts)
+    return default_partition(joint, joint_inputs, **kwargs)
