@@ -122,3 +122,8 @@ def runtime_options() -> RuntimeOptions:
         enable_compute_optimizer=_env_flag("ORTMODULE_ENABLE_COMPUTE_OPTIMIZER", True),
         cache_dir=Path(cache_raw) if cache_raw else None,
     )
+
+
+def openmp_wait_policy() -> str:
+    """``OMP_WAIT_POLICY`` as PyTorch's OpenMP runtime read it when the process started."""
+    return os.environ.get("OMP_WAIT_POLICY", "").strip().upper()

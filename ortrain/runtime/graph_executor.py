@@ -9,6 +9,7 @@ each python op is a ``PythonOp``/``PythonOpGrad`` node named by its Function.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -20,6 +21,7 @@ from ortrain.capture.python_ops import lookup_call
 from ortrain.export.fx_to_onnx import ExportedGraph, ExportError, export_graph
 from ortrain.export.python_op_view import PythonOpNode, ViewSegment, python_op_view
 from ortrain.ortmodule.fallback import ORTModuleONNXModelException
+from ortrain.ortmodule.options import openmp_wait_policy
 from ortrain.passes.pipeline import Pass, StageSaver, run_passes
 from ortrain.runtime.ort_executor import OrtExecutor
 from ortrain.runtime.partitioner import OnnxSegment, Plan, PythonOpStep, Slot, contains_python_ops, partition
@@ -43,6 +45,7 @@ def build_graph_executor(
         exported.model = run_passes(exported.model, passes, graph=name, saver=saver)
         return _load(exported, what=f"the {name} graph", device=device)
     plan = partition(graph)
+    _advise_passive_openmp()
     runners: list[OrtExecutor | None] = []
     before: list[ViewSegment | PythonOpNode] = []
     after: list[ViewSegment | PythonOpNode] = []
@@ -79,6 +82,18 @@ def build_graph_executor(
             )
             saver.save(view, name, stage)
     return SegmentedExecutor(plan, runners)
+
+
+@functools.cache
+def _advise_passive_openmp() -> None:
+    if openmp_wait_policy() != "PASSIVE":
+        # Measured on the tiny GPT with a custom GELU: 1.12x the built-in GELU's step time
+        # with the default policy, 0.98x with PASSIVE.
+        logger.warning(
+            "this model runs PyTorch Functions between ONNX Runtime segments; start Python with "
+            "OMP_WAIT_POLICY=PASSIVE so that PyTorch's spinning OpenMP threads do not slow ONNX "
+            "Runtime's kernels down"
+        )
 
 
 def _export(graph: torch.fx.GraphModule, *, what: str, opset_version: int) -> ExportedGraph:
