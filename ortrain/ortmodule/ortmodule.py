@@ -126,6 +126,22 @@ class ORTModule(nn.Module):
         self._ortrain_graphs.clear()
         object.__setattr__(self, "_ortrain_state", None)
 
+    # Registering goes to the wrapped module too: on the wrapper, the new state would be invisible
+    # to the model's forward and to its state_dict.
+    def register_buffer(self, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
+        self._ortrain_module.register_buffer(name, tensor, persistent)
+        self._invalidate()
+
+    def register_parameter(self, name: str, param: nn.Parameter | None) -> None:
+        self._ortrain_module.register_parameter(name, param)
+        self._invalidate()
+
+    def add_module(self, name: str, module: nn.Module | None) -> None:
+        self._ortrain_module.add_module(name, module)
+        self._invalidate()
+
+    register_module = add_module
+
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):  # type: ignore[override]
         return self._ortrain_module.named_parameters(prefix, recurse, remove_duplicate)
 

@@ -40,6 +40,28 @@ def test_state_is_the_wrapped_modules_own() -> None:
     assert torch.equal(plain[0].weight, other[0].weight)
 
 
+def test_registering_state_reaches_the_wrapped_module_and_recaptures() -> None:
+    class Shifted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.linear(x)
+            return out + self.shift if hasattr(self, "shift") else out
+
+    inner = Shifted()
+    wrapped = ORTModule(inner)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(wrapped(x), inner.linear(x))
+    wrapped.register_buffer("shift", torch.full((3,), 5.0))
+    assert "shift" in inner.state_dict() and "shift" in wrapped.state_dict()
+    torch.testing.assert_close(wrapped(x), inner.linear(x) + 5.0)
+    wrapped.register_parameter("extra", nn.Parameter(torch.zeros(1)))
+    wrapped.add_module("head", nn.Linear(3, 1))
+    assert {"extra", "head.weight"} <= {n for n, _ in inner.named_parameters()}
+
+
 def test_data_parallel_is_refused_with_advice() -> None:
     with pytest.raises(TypeError, match="DistributedDataParallel"):
         ORTModule(nn.DataParallel(nn.Linear(2, 2)))
