@@ -1,0 +1,27 @@
+"""The README's demo and the ``ortrain`` command, small enough for CI."""
+
+from __future__ import annotations
+
+import pytest
+
+from ortrain.cli import main
+from ortrain.demo import DemoSettings, load_corpus, run_demo
+
+
+def test_corpus_ships_with_the_package() -> None:
+    assert len(load_corpus()) > 4000
+
+
+def test_demo_trains_the_loss_down_and_reports_both_step_times() -> None:
+    lines: list[str] = []
+    settings = DemoSettings(steps=40, batch_size=8, block_size=32, d_model=32, n_layer=1, timing_steps=3)
+    result = run_demo(settings, report=lines.append)
+    assert result.last_loss < result.first_loss - 0.3
+    assert result.ort_step_ms > 0 and result.eager_step_ms > 0
+    assert any("ortrain/eager" in line for line in lines)
+
+
+def test_doctor_prints_versions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "onnxruntime" in out and "CPUExecutionProvider" in out
