@@ -18,6 +18,7 @@ from ortrain.ortmodule.fallback import (
     FallbackManager,
     ORTModuleDeviceException,
     ORTModuleFallbackException,
+    ORTModuleONNXModelException,
     ORTModuleTorchModelException,
 )
 from ortrain.ortmodule.options import DebugOptions, python_log_level, runtime_options
@@ -223,7 +224,15 @@ class ORTModule(nn.Module):
             entry = self._compile(spec, inputs, entries, training=training, opaque=opaque)
             entries.append(entry)
         state_tensors = [state[name] for name in entry.capture.state_names]
-        outputs = entry.capture(state_tensors, inputs)
+        try:
+            outputs = entry.capture(state_tensors, inputs)
+        except Exception as error:
+            # Sizes a dynamic graph assumed equal may differ in this call, say. PyTorch's own
+            # error is the one to show if PyTorch rejects the inputs too.
+            self._raise_if_user_error(spec, inputs)
+            raise ORTModuleONNXModelException(
+                f"ONNX Runtime failed to run the forward graph: {type(error).__name__}: {error}"
+            ) from error
         return unflatten(entry.output_spec, list(outputs))
 
     def _dynamic_dims(

@@ -137,9 +137,45 @@ def test_wrong_device_is_a_device_error_or_a_fallback(monkeypatch) -> None:
     assert out.device.type == "meta" and out.shape == (3, 2)
 
 
-def test_embedding_index_out_of_range_raises_instead_of_reading_garbage() -> None:
+def test_embedding_index_out_of_range_raises_pytorchs_error() -> None:
     wrapped = ORTModule(nn.Embedding(10, 4))
     wrapped(torch.tensor([1, 2]))
     assert ort_graph_count(wrapped) == 1
-    with pytest.raises(Exception, match=r"(?i)index|indices|out of"):
+    with pytest.raises(IndexError, match="index out of range"):
         wrapped(torch.tensor([1, 12]))
+
+
+class _AddsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) + y
+
+
+def test_sizes_a_dynamic_graph_assumed_equal_raise_pytorchs_error_when_they_differ() -> None:
+    wrapped = ORTModule(_AddsInput())
+    for rows in (2, 3, 5):
+        wrapped(torch.randn(rows, 4), torch.randn(rows, 3)).sum().backward()
+    assert ort_graph_count(wrapped) == 2
+    with pytest.raises(RuntimeError, match="must match the size"):
+        wrapped(torch.randn(4, 4), torch.randn(6, 3))
+
+
+def test_a_run_time_failure_that_pytorch_accepts_falls_back(monkeypatch, caplog) -> None:
+    from ortrain.runtime.ort_executor import OrtExecutor
+
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_ONNX_MODEL")
+    inner = nn.Linear(4, 3)
+    wrapped = ORTModule(inner)
+    x = torch.randn(2, 4)
+    wrapped(x)
+
+    def broken(self, args):
+        raise RuntimeError("simulated ONNX Runtime failure")
+
+    monkeypatch.setattr(OrtExecutor, "__call__", broken)
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        torch.testing.assert_close(wrapped(x), inner(x))
+    assert "simulated ONNX Runtime failure" in caplog.text
