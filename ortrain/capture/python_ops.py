@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,8 @@ class FunctionCall:
     grad_devices: list[torch.device] = field(default_factory=list)
     grad_ranks: list[int] = field(default_factory=list)
     output_meta: list[tuple[torch.Size, torch.dtype, torch.device]] = field(default_factory=list)
+    # Tensor inputs that need grad but whose gradient the Function's backward leaves as None.
+    none_grads: frozenset[int] = frozenset()
 
     @property
     def func_name(self) -> str:
@@ -123,7 +126,11 @@ class RecordingCtx:
         self._ortrain_non_differentiable: tuple[torch.Tensor, ...] = ()
 
     def save_for_backward(self, *tensors: Any) -> None:
-        pass
+        self._ortrain_saved = tensors
+
+    @property
+    def saved_tensors(self) -> tuple[Any, ...]:
+        return getattr(self, "_ortrain_saved", ())
 
     def save_for_forward(self, *tensors: Any) -> None:
         pass
@@ -201,6 +208,35 @@ def _learn_outputs(call: FunctionCall, inputs: list[torch.Tensor]) -> None:
     call.grad_devices = [t.device for t in grad_inputs]
     call.grad_ranks = [t.dim() for t in grad_inputs]
     call.output_meta = [(t.shape, t.dtype, t.device) for t in tensors]
+    call.none_grads = _grads_left_none(call, ctx, outputs)
+
+
+def _grads_left_none(call: FunctionCall, ctx: RecordingCtx, outputs: list[Any]) -> frozenset[int]:
+    """Run the backward on fake tensors to learn which inputs it gives no gradient.
+
+    Such an input's gradient is then None, as in eager mode, rather than zeros: a parameter reached
+    only that way keeps ``.grad is None``, which optimizers treat differently from zeros (no weight
+    decay, no momentum). Where the fake run fails, gradients stay zeros, which sum the same.
+    """
+    if not any(call.needs_grad):
+        return frozenset()
+    grads = [torch.ones_like(o) if isinstance(o, torch.Tensor) else None for o in outputs]
+    try:
+        # Quietly: a backward that cannot run on fake tensors is expected, and handled below.
+        with no_interception(), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = call.cls.backward(ctx, *grads)
+    except Exception as error:
+        logger.debug(
+            "%s: backward on fake tensors failed (%s); None gradients become zeros", call.func_name, error
+        )
+        return frozenset()
+    result = result if isinstance(result, tuple) else (result,)
+    return frozenset(
+        k
+        for k, (position, need) in enumerate(zip(call.tensor_positions, call.needs_grad, strict=True))
+        if need and (position >= len(result) or result[position] is None)
+    )
 
 
 @torch.library.register_fake("ortrain::python_op", lib=LIBRARY)
@@ -249,7 +285,9 @@ def _backward(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[list[torch.Te
         return [None] * len(ctx.needs), None
     (handle,) = ctx.saved_tensors
     computed = iter(python_op_grad(handle, grad_outputs, ctx.call_id, ctx.sizes))
-    return [next(computed) if need else None for need in ctx.needs], None
+    none_grads = lookup_call(ctx.call_id).none_grads
+    grads_in = [next(computed) if need else None for need in ctx.needs]
+    return [None if k in none_grads else g for k, g in enumerate(grads_in)], None
 
 
 torch.library.register_autograd("ortrain::python_op", _backward, setup_context=_setup_context, lib=LIBRARY)

@@ -9,8 +9,9 @@ ctx API promises (``saved_tensors``, ``needs_input_grad``, ``once_differentiable
 and a Function whose backward itself runs autograd (reentrant checkpointing) works too.
 
 Conventions:
-- An input gradient the Function leaves as ``None`` comes back as zeros (the operator's outputs
-  are tensors); adding zeros is what ``None`` means to the caller.
+- An input gradient the Function leaves as ``None`` comes back as zeros from the kernel (the
+  operator's outputs are tensors); where the capture saw the backward leave it None, the autograd
+  formula turns it back into None (see ``_grads_left_none``), and a run-time gradient there raises.
 - A graph kept for backward is freed after one backward, as eager's ``retain_graph=False``.
 """
 
@@ -96,6 +97,14 @@ def run_backward(
         # backward, not grad: reentrant checkpointing refuses torch.autograd.grad, and parameters
         # that a Function's backward reaches on its own receive their gradients as in eager mode.
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    for k in call.none_grads:
+        if kept.leaves[k].grad is not None:
+            # The capture dropped this gradient because the backward gave None then: never lose it.
+            raise RuntimeError(
+                f"{call.func_name}: its backward returned a gradient for input {k} at run time but "
+                "None when ortrain captured it; set ORTMODULE_ENABLE_CUSTOM_AUTOGRAD=0 or make the "
+                "choice depend on ctx.needs_input_grad only"
+            )
     present = [g for g in grad_outputs if g is not None]
     grads = []
     for leaf in leaves:
