@@ -220,15 +220,20 @@ class ORTModule(nn.Module):
         key = (spec, signature, self.training, torch.is_grad_enabled(), opaque)
         entries: list[_CompiledEntry] = self._ortrain_graphs.setdefault(key, [])
         entry = next((e for e in entries if e.matches(inputs)), None)
+        # A failure may be the user's (a wrong shape or dtype, or two sizes a dynamic graph saw
+        # equal that now differ): then PyTorch's own error is the one to show. Only when eager
+        # PyTorch accepts the inputs is it ortrain's failure, for the fallback policy to judge.
         if entry is None:
-            entry = self._compile(spec, inputs, entries, training=training, opaque=opaque)
+            try:
+                entry = self._compile(spec, inputs, entries, training=training, opaque=opaque)
+            except Exception:
+                self._raise_if_user_error(spec, inputs)
+                raise
             entries.append(entry)
         state_tensors = [state[name] for name in entry.capture.state_names]
         try:
             outputs = entry.capture(state_tensors, inputs)
         except Exception as error:
-            # Sizes a dynamic graph assumed equal may differ in this call, say. PyTorch's own
-            # error is the one to show if PyTorch rejects the inputs too.
             self._raise_if_user_error(spec, inputs)
             raise ORTModuleONNXModelException(
                 f"ONNX Runtime failed to run the forward graph: {type(error).__name__}: {error}"
@@ -248,23 +253,6 @@ class ORTModule(nn.Module):
         return {i: tuple(sorted(d)) for i, d in dims.items()}
 
     def _compile(
-        self,
-        spec: Spec,
-        inputs: list[torch.Tensor],
-        entries: list[_CompiledEntry],
-        *,
-        training: bool,
-        opaque: bool,
-    ) -> _CompiledEntry:
-        try:
-            return self._capture_and_export(spec, inputs, entries, training=training, opaque=opaque)
-        except Exception:
-            # A failure may be the user's (a wrong shape or dtype): then PyTorch's own error is the
-            # one to show. Only when eager PyTorch accepts the inputs is it ortrain's failure.
-            self._raise_if_user_error(spec, inputs)
-            raise
-
-    def _capture_and_export(
         self,
         spec: Spec,
         inputs: list[torch.Tensor],
