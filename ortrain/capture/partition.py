@@ -20,30 +20,9 @@ from torch._functorch.partitioners import default_partition
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ortrain.capture.checkpointing import tag_regions_for_recompute
+from ortrain.capture.view_ops import RELAYOUTS
 
 logger = logging.getLogger("ortrain.capture")
-
-aten = torch.ops.aten
-
-# Ops whose output holds the same elements as their input (or fewer distinct ones, for expand):
-# recomputing them never makes the backward keep a larger tensor alive.
-_RELAYOUTS = frozenset(
-    {
-        aten.t.default,
-        aten.transpose.int,
-        aten.permute.default,
-        aten.view.default,
-        aten._unsafe_view.default,
-        aten.reshape.default,
-        aten.unsqueeze.default,
-        aten.squeeze.default,
-        aten.squeeze.dim,
-        aten.squeeze.dims,
-        aten.expand.default,
-        aten.alias.default,
-        aten.detach.default,
-    }
-)
 
 
 def tag_relayouts_for_recompute(graph: torch.fx.Graph) -> int:
@@ -52,7 +31,7 @@ def tag_relayouts_for_recompute(graph: torch.fx.Graph) -> int:
     for node in graph.nodes:
         if (
             node.op == "call_function"
-            and node.target in _RELAYOUTS
+            and node.target in RELAYOUTS
             and node.meta.get("partitioner_tag") == "is_forward"
             and "recompute" not in node.meta
         ):

@@ -23,6 +23,8 @@ import sympy
 import torch
 from torch.export import Dim
 
+from ortrain.capture.view_ops import RESHAPES
+
 logger = logging.getLogger("ortrain.export")
 
 _HINT_CANDIDATES = [17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97]
@@ -40,27 +42,13 @@ class OutputSource:
     shape: tuple[sympy.Expr, ...] = ()
 
 
-# Ops that only relabel the shape of their first argument, keeping the element order. An output
-# made by them is returned as a PyTorch view of its base: as an ONNX output it would be a copy.
-_RESHAPES = frozenset(
-    {
-        torch.ops.aten.view.default,
-        torch.ops.aten._unsafe_view.default,
-        torch.ops.aten.reshape.default,
-        torch.ops.aten.unsqueeze.default,
-        torch.ops.aten.squeeze.default,
-        torch.ops.aten.squeeze.dim,
-        torch.ops.aten.squeeze.dims,
-        torch.ops.aten.alias.default,
-        torch.ops.aten.detach.default,
-    }
-)
-
-
 def _reshape_base(node: torch.fx.Node, sources: dict[sympy.Symbol, tuple[int, int]]) -> torch.fx.Node | None:
-    """The tensor ``node`` reshapes (through a chain of reshapes), if its size can be rebuilt."""
+    """The tensor ``node`` reshapes (through a chain of reshapes), if its size can be rebuilt.
+
+    Such an output is returned as a PyTorch view of its base: as an ONNX output it would be a copy.
+    """
     base = node
-    while base.op == "call_function" and base.target in _RESHAPES and isinstance(base.args[0], torch.fx.Node):
+    while base.op == "call_function" and base.target in RESHAPES and isinstance(base.args[0], torch.fx.Node):
         base = base.args[0]
     if base is node or not isinstance(base.meta.get("val"), torch.Tensor):
         return None

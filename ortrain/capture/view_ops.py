@@ -1,0 +1,25 @@
+"""ATen ops that only relabel how their first argument's elements are laid out."""
+
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+
+# Same elements in the same order, another shape: a contiguous base can be viewed, never copied.
+RESHAPES = frozenset(
+    {
+        aten.view.default,
+        aten._unsafe_view.default,
+        aten.reshape.default,
+        aten.unsqueeze.default,
+        aten.squeeze.default,
+        aten.squeeze.dim,
+        aten.squeeze.dims,
+        aten.alias.default,
+        aten.detach.default,
+    }
+)
+
+# Reshapes plus reorderings and broadcasts: the output holds no element its input lacks.
+RELAYOUTS = RESHAPES | {aten.t.default, aten.transpose.int, aten.permute.default, aten.expand.default}
