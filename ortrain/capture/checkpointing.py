@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -90,7 +91,14 @@ class CheckpointRegions:
     @contextlib.contextmanager
     def patched(self) -> Iterator[None]:
         original = torch_checkpoint._checkpoint_without_reentrant_generator
-        torch_checkpoint._checkpoint_without_reentrant_generator = self._non_reentrant  # type: ignore[assignment]
+        capturing_thread = threading.get_ident()
+
+        # Process-wide patch, per-thread effect: other threads' checkpoints run as usual.
+        def generator(*args: Any, **kwargs: Any) -> Iterator[None]:
+            chosen = self._non_reentrant if threading.get_ident() == capturing_thread else original
+            return chosen(*args, **kwargs)
+
+        torch_checkpoint._checkpoint_without_reentrant_generator = generator  # type: ignore[assignment]
         try:
             yield
         finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -110,9 +111,11 @@ def intercept_functions(*, opaque: bool, hook: CallHook | None = None) -> Iterat
     # AOTAutograd keeps a reference to ``apply`` as it was while capturing; once the capture is
     # over, that reference must behave exactly like the original.
     active = [True]
+    # The patch is process-wide, the capture is not: other threads' Functions run as themselves.
+    capturing_thread = threading.get_ident()
 
     def apply(cls: type[Function], *args: Any, **kwargs: Any) -> Any:
-        if active[0] and interception_enabled():
+        if active[0] and threading.get_ident() == capturing_thread and interception_enabled():
             if hook is not None:
                 result = hook(cls, args, kwargs)
                 if result is not NotImplemented:

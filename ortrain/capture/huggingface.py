@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 from unittest import mock
 
 logger = logging.getLogger("ortrain.capture")
@@ -21,13 +23,21 @@ def hf_masks_traceable() -> Iterator[None]:
     masking_utils = sys.modules.get("transformers.masking_utils")
     with contextlib.ExitStack() as stack:
         if masking_utils is not None:
-            if hasattr(masking_utils, "is_tracing"):
-                stack.enter_context(mock.patch.object(masking_utils, "is_tracing", lambda *a, **k: True))
-            if hasattr(masking_utils, "is_torchdynamo_exporting"):
-                stack.enter_context(
-                    mock.patch.object(masking_utils, "is_torchdynamo_exporting", lambda: True)
-                )
+            for name in ("is_tracing", "is_torchdynamo_exporting"):
+                if hasattr(masking_utils, name):
+                    patched = _true_on_this_thread(getattr(masking_utils, name))
+                    stack.enter_context(mock.patch.object(masking_utils, name, patched))
         yield
+
+
+def _true_on_this_thread(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``True`` for the capturing thread; other threads, running models eagerly, get the real answer."""
+    capturing_thread = threading.get_ident()
+
+    def answer(*args: Any, **kwargs: Any) -> Any:
+        return True if threading.get_ident() == capturing_thread else original(*args, **kwargs)
+
+    return answer
 
 
 def register_hf_cache_types() -> None:

@@ -96,6 +96,7 @@ class RuntimeOptions:
     allow_autograd_checkpoint: bool
     enable_compute_optimizer: bool
     cache_dir: Path | None
+    graph_cache_size: int = 8
 
 
 def runtime_options() -> RuntimeOptions:
@@ -121,7 +122,21 @@ def runtime_options() -> RuntimeOptions:
         allow_autograd_checkpoint=_env_flag("ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT", False),
         enable_compute_optimizer=_env_flag("ORTMODULE_ENABLE_COMPUTE_OPTIMIZER", True),
         cache_dir=Path(cache_raw) if cache_raw else None,
+        graph_cache_size=_env_int("ORTMODULE_GRAPH_CACHE_SIZE", 8, minimum=1),
     )
+
+
+def _env_int(name: str, default: int, *, minimum: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer; use a whole number >= {minimum}") from None
+    if value < minimum:
+        raise ValueError(f"{name}={value} is too small; use a whole number >= {minimum}")
+    return value
 
 
 def openmp_wait_policy() -> str:

@@ -6,14 +6,16 @@ import gc
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from ortrain.capture.aot_capture import Capture, GraphSlot, capture
+from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.huggingface import register_hf_cache_types
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
+from ortrain.ortmodule.eager_check import run_eagerly_leaving_no_trace
 from ortrain.ortmodule.fallback import (
     FallbackManager,
     ORTModuleDeviceException,
@@ -21,7 +23,10 @@ from ortrain.ortmodule.fallback import (
     ORTModuleONNXModelException,
     ORTModuleTorchModelException,
 )
+from ortrain.ortmodule.graph_cache import GraphCache
+from ortrain.ortmodule.guards import ModelState, binding_order, describe_change, read_state
 from ortrain.ortmodule.options import DebugOptions, python_log_level, runtime_options
+from ortrain.ortmodule.scalars import ScalarLifter, call_leaves
 from ortrain.ortmodule.schema import Spec, flatten, tensor_signature, unflatten
 from ortrain.passes.pipeline import StageSaver, default_passes
 from ortrain.runtime.graph_executor import build_graph_executor
@@ -37,7 +42,7 @@ _OWN_ATTRIBUTES = frozenset(
         "_ortrain_options",
         "_ortrain_graphs",
         "_ortrain_fallback",
-        "_ortrain_state",
+        "_ortrain_scalars",
         "training",
     }
 )
@@ -59,11 +64,24 @@ class _FlatCall(nn.Module):
         return tuple(flat)
 
 
+class GraphKey(NamedTuple):
+    """Everything besides sizes that a captured graph depends on; a step looks its graph up by it."""
+
+    spec: Spec  # input structure and constant arguments
+    inputs: tuple[Any, ...]  # dtype, rank, device, requires_grad of each input tensor
+    training: bool  # the model's own flag (every submodule's is in ``state``)
+    grad_enabled: bool
+    autocast: tuple[Any, ...]
+    opaque_functions: bool
+    state: tuple[Any, ...]  # the model: see ortrain.ortmodule.guards
+
+
 @dataclass
 class _CompiledEntry:
     capture: Capture
     sizes: list[tuple[int | None, ...]]  # per input: fixed size, or None where dynamic
     output_spec: Spec
+    binding: list[int]  # per tensor the graph binds: its position in ModelState.tensors
 
     def matches(self, inputs: list[torch.Tensor]) -> bool:
         for tensor, pattern in zip(inputs, self.sizes, strict=True):
@@ -71,6 +89,14 @@ class _CompiledEntry:
                 if fixed is not None and size != fixed:
                     return False
         return True
+
+
+def _autocast_state() -> tuple[Any, ...]:
+    state: tuple[Any, ...] = ()
+    for device in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(device):
+            state += (device, torch.get_autocast_dtype(device))
+    return state
 
 
 class ORTModule(nn.Module):
@@ -94,9 +120,9 @@ class ORTModule(nn.Module):
         object.__setattr__(self, "_ortrain_module", module)
         object.__setattr__(self, "_ortrain_debug", debug)
         object.__setattr__(self, "_ortrain_options", options)
-        object.__setattr__(self, "_ortrain_graphs", {})
+        object.__setattr__(self, "_ortrain_graphs", GraphCache(options.graph_cache_size))
         object.__setattr__(self, "_ortrain_fallback", FallbackManager(options.fallback_policy))
-        object.__setattr__(self, "_ortrain_state", None)
+        object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
         logging.getLogger("ortrain").setLevel(python_log_level(debug.log_level))
         register_hf_cache_types()
         self.training = module.training
@@ -125,7 +151,28 @@ class ORTModule(nn.Module):
 
     def _invalidate(self) -> None:
         self._ortrain_graphs.clear()
-        object.__setattr__(self, "_ortrain_state", None)
+
+    def reset_graphs(self) -> None:
+        """Drop every captured graph and its sessions; the next call captures again.
+
+        Changes ortrain sees by itself (parameters, submodules, modes, plain attributes, dtypes) do
+        not need this; state kept in other objects (a Hugging Face ``config``) does.
+        """
+        self._invalidate()
+
+    # Copies and pickles carry the model and the options, not the graphs: ONNX Runtime sessions
+    # cannot be copied, and a copy has parameters of its own to capture with.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in ("_ortrain_graphs", "_ortrain_scalars"):
+            state.pop(name, None)
+        state["_ortrain_fallback"] = FallbackManager(self._ortrain_fallback.policy)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        object.__setattr__(self, "_ortrain_graphs", GraphCache(self._ortrain_options.graph_cache_size))
+        object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
 
     # Registering goes to the wrapped module too: on the wrapper, the new state would be invisible
     # to the model's forward and to its state_dict.
@@ -165,10 +212,7 @@ class ORTModule(nn.Module):
         return self._ortrain_module.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:  # type: ignore[override]
-        result = self._ortrain_module.load_state_dict(state_dict, strict=strict, assign=assign)
-        if assign:
-            object.__setattr__(self, "_ortrain_state", None)
-        return result
+        return self._ortrain_module.load_state_dict(state_dict, strict=strict, assign=assign)
 
     def train(self, mode: bool = True) -> ORTModule:
         self._ortrain_module.train(mode)
@@ -177,7 +221,6 @@ class ORTModule(nn.Module):
 
     def _apply(self, fn: Any, recurse: bool = True) -> ORTModule:  # type: ignore[override]
         self._ortrain_module._apply(fn, recurse)
-        object.__setattr__(self, "_ortrain_state", None)
         return self
 
     def extra_repr(self) -> str:
@@ -195,50 +238,78 @@ class ORTModule(nn.Module):
             return self._run_on_ort(args, kwargs)
         except ORTModuleFallbackException as error:
             fallback.handle(error)
+            self._invalidate()  # PyTorch trains this model from now on: free the sessions
             return self._ortrain_module(*args, **kwargs)
 
-    def _state_by_name(self) -> dict[str, torch.Tensor]:
-        state = self._ortrain_state
-        if state is None:
-            module = self._ortrain_module
-            state = {f"module.{n}": p for n, p in module.named_parameters(remove_duplicate=False)}
-            state.update({f"module.{n}": b for n, b in module.named_buffers(remove_duplicate=False)})
-            object.__setattr__(self, "_ortrain_state", state)
-        return state
-
     def _run_on_ort(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        inputs, spec = flatten((args, kwargs))
-        state = self._state_by_name()
-        for tensor in (*inputs, *state.values()):
+        flat_inputs, flat_spec = flatten((args, kwargs))
+        call = self._ortrain_scalars.lift(flat_spec, flat_inputs)
+        state = read_state(self._ortrain_module)
+        for tensor in (*call.inputs, *state.tensors):
             if tensor.device.type != "cpu":
                 raise ORTModuleDeviceException(
                     f"ortrain runs on the CPU execution provider; got a tensor on {tensor.device}"
                 )
-        training = self.training and torch.is_grad_enabled()
-        opaque = custom_autograd_enabled(self._ortrain_options.enable_custom_autograd)
-        signature = tuple(tensor_signature(t) for t in inputs)
-        key = (spec, signature, self.training, torch.is_grad_enabled(), opaque)
-        entries: list[_CompiledEntry] = self._ortrain_graphs.setdefault(key, [])
-        entry = next((e for e in entries if e.matches(inputs)), None)
+        key = GraphKey(
+            spec=call.spec,
+            inputs=tuple(tensor_signature(t) for t in call.inputs),
+            training=self._ortrain_module.training,
+            grad_enabled=torch.is_grad_enabled(),
+            autocast=_autocast_state(),
+            opaque_functions=custom_autograd_enabled(self._ortrain_options.enable_custom_autograd),
+            state=state.key,
+        )
+        cache: GraphCache[_CompiledEntry] = self._ortrain_graphs
+        entry = cache.lookup(key, lambda e: e.matches(call.inputs))
         # A failure may be the user's (a wrong shape or dtype, or two sizes a dynamic graph saw
         # equal that now differ): then PyTorch's own error is the one to show. Only when eager
         # PyTorch accepts the inputs is it ortrain's failure, for the fallback policy to judge.
         if entry is None:
+            reason = self._why_no_graph_fits(key)
+            logger.info("capturing a graph: %s", reason)
             try:
-                entry = self._compile(spec, inputs, entries, training=training, opaque=opaque)
+                entry = self._compile(key, call.inputs, cache.group(key), state)
             except Exception:
-                self._raise_if_user_error(spec, inputs)
+                if call.lifted:
+                    # Perhaps the model needs a changing number as a Python number: bake it in.
+                    self._ortrain_scalars.refuse(call)
+                    return self._run_on_ort(args, kwargs)
+                self._raise_if_user_error(args, kwargs)
                 raise
-            entries.append(entry)
-        state_tensors = [state[name] for name in entry.capture.state_names]
+            cache.add(key, entry, reason)
+        state_tensors = [state.tensors[i] for i in entry.binding]
         try:
-            outputs = entry.capture(state_tensors, inputs)
+            outputs = entry.capture(state_tensors, call.inputs)
         except Exception as error:
-            self._raise_if_user_error(spec, inputs)
+            self._raise_if_user_error(args, kwargs)
             raise ORTModuleONNXModelException(
                 f"ONNX Runtime failed to run the forward graph: {type(error).__name__}: {error}"
             ) from error
         return unflatten(entry.output_spec, list(outputs))
+
+    def _why_no_graph_fits(self, key: GraphKey) -> str:
+        """Name, in the user's terms, what differs from the graph used last (for logs and warnings)."""
+        cache: GraphCache[_CompiledEntry] = self._ortrain_graphs
+        last = cache.last_key
+        if last is None:
+            return "first call"
+        assert isinstance(last, GraphKey)
+        if last == key:
+            return "input sizes changed"
+        if last.state != key.state:
+            return describe_change(self._ortrain_module, last.state, key.state)
+        if last.spec != key.spec:
+            return _describe_input_change(last.spec, key.spec)
+        if last.inputs != key.inputs:
+            places = [place for place, leaf in call_leaves(key.spec) if leaf[0] == "tensor"]
+            for place, before, after in zip(places, last.inputs, key.inputs, strict=True):
+                if before != after:
+                    return f"{place} changed from {_show_signature(before)} to {_show_signature(after)}"
+        if last.grad_enabled != key.grad_enabled:
+            return "gradient mode changed" + (" (torch.no_grad)" if not key.grad_enabled else "")
+        if last.autocast != key.autocast:
+            return f"autocast changed from {last.autocast or 'off'} to {key.autocast or 'off'}"
+        return "custom autograd support was switched " + ("on" if key.opaque_functions else "off")
 
     def _dynamic_dims(
         self, inputs: list[torch.Tensor], entries: list[_CompiledEntry]
@@ -253,15 +324,18 @@ class ORTModule(nn.Module):
         return {i: tuple(sorted(d)) for i, d in dims.items()}
 
     def _compile(
-        self,
-        spec: Spec,
-        inputs: list[torch.Tensor],
-        entries: list[_CompiledEntry],
-        *,
-        training: bool,
-        opaque: bool,
+        self, key: GraphKey, inputs: list[torch.Tensor], entries: list[_CompiledEntry], state: ModelState
     ) -> _CompiledEntry:
-        flat_module = _FlatCall(self._ortrain_module, spec)
+        # Capture patches process-wide state and torch.export is not thread-safe: one at a time.
+        # Tracing may draw random numbers; the user's generator must not see it.
+        with COMPILE_LOCK, torch.random.fork_rng(devices=[]):
+            return self._compile_locked(key, inputs, entries, state)
+
+    def _compile_locked(
+        self, key: GraphKey, inputs: list[torch.Tensor], entries: list[_CompiledEntry], state: ModelState
+    ) -> _CompiledEntry:
+        training = key.training and key.grad_enabled
+        flat_module = _FlatCall(self._ortrain_module, key.spec)
         dynamic = self._dynamic_dims(inputs, entries)
         logger.info(
             "capturing %s graphs for %d inputs%s",
@@ -275,7 +349,7 @@ class ORTModule(nn.Module):
                 inputs,
                 training=training,
                 dynamic_dims=dynamic,
-                opaque_functions=opaque,
+                opaque_functions=key.opaque_functions,
                 checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
             )
         except Exception as error:
@@ -306,19 +380,31 @@ class ORTModule(nn.Module):
         first = len(captured.state_names)
         fw_values = captured.forward.placeholder_values[first:]
         sizes = [tuple(s if isinstance(s, int) else None for s in value.shape) for value in fw_values]
-        return _CompiledEntry(captured, sizes, flat_module.output_spec)
+        binding = binding_order(self._ortrain_module, captured.state_names, prefix="module")
+        return _CompiledEntry(captured, sizes, flat_module.output_spec, binding)
 
-    def _raise_if_user_error(self, spec: Spec, inputs: list[torch.Tensor]) -> None:
-        """If eager PyTorch rejects these inputs too, raise PyTorch's own error: the user's to fix.
+    def _raise_if_user_error(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """If eager PyTorch rejects these inputs too, raise PyTorch's own error: the user's to fix."""
+        run_eagerly_leaving_no_trace(self._ortrain_module, args, kwargs)
 
-        The check runs in eval mode without gradients so that it updates no running statistics.
-        """
-        module = self._ortrain_module
-        args, kwargs = unflatten(spec, inputs)
-        was_training = module.training
-        module.eval()
-        try:
-            with torch.no_grad():
-                module(*args, **kwargs)
-        finally:
-            module.train(was_training)
+
+def _describe_input_change(before: Spec, after: Spec) -> str:
+    old, new = call_leaves(before), call_leaves(after)
+    if [p for p, _ in old] != [p for p, _ in new]:
+        return "the structure of the inputs changed"
+    for (place, a), (_, b) in zip(old, new, strict=True):
+        if a != b:
+            if a[0] == "const" and b[0] == "const":
+                return f"{place} changed from {a[2]!r} to {b[2]!r}"
+            return f"{place} changed from {_show_leaf(a)} to {_show_leaf(b)}"
+    return "the structure of the inputs changed"
+
+
+def _show_leaf(leaf: Spec) -> str:
+    return "a tensor" if leaf[0] == "tensor" else repr(leaf[2])
+
+
+def _show_signature(signature: tuple[Any, ...]) -> str:
+    dtype, rank, device, requires_grad = signature
+    grad = ", requires_grad" if requires_grad else ""
+    return f"{str(dtype).removeprefix('torch.')} of rank {rank} on {device}{grad}"

@@ -109,7 +109,8 @@ def test_train_and_eval_switch_graphs_and_no_grad_saves_nothing() -> None:
         eager.train()
         torch.testing.assert_close(wrapped(x), eager(x))
     torch.testing.assert_close(inner[1].running_mean, eager[1].running_mean)
-    modes = {key[2:4]: entries[0].capture for key, entries in wrapped._ortrain_graphs.items()}
+    graphs = wrapped._ortrain_graphs.items()
+    modes = {(key.training, key.grad_enabled): group[0].capture for key, group in graphs}
     assert modes[(True, True)].backward is not None
     for mode in ((False, True), (True, False)):
         capture = modes[mode]

@@ -1,0 +1,85 @@
+"""The graphs captured for one wrapped model: looked up by key, bounded, least recently used first out.
+
+Every graph holds ONNX Runtime sessions and their memory, so a model whose inputs or state keep
+changing must not collect graphs forever. Past ``capacity`` graphs (``ORTMODULE_GRAPH_CACHE_SIZE``,
+8 by default) the least recently used one is dropped with its sessions, after one warning that
+names what keeps changing.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable, Hashable, Iterator
+from typing import Generic, TypeVar
+
+logger = logging.getLogger("ortrain.ortmodule")
+
+Entry = TypeVar("Entry")
+
+
+class GraphCache(Generic[Entry]):
+    """Groups of entries by key (one key, several size patterns), in least-recently-used order."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"a graph cache holds at least one graph, not {capacity}")
+        self.capacity = capacity
+        self._groups: collections.OrderedDict[Hashable, list[Entry]] = collections.OrderedDict()
+        self._reasons: collections.Counter[str] = collections.Counter()
+        self._warned = False
+        self.last_key: Hashable | None = None
+
+    def lookup(self, key: Hashable, fits: Callable[[Entry], bool]) -> Entry | None:
+        group = self._groups.get(key)
+        if group is None:
+            return None
+        self._groups.move_to_end(key)
+        self.last_key = key
+        return next((entry for entry in group if fits(entry)), None)
+
+    def group(self, key: Hashable) -> list[Entry]:
+        """The entries already captured under ``key`` (other sizes): empty when there are none."""
+        return list(self._groups.get(key, ()))
+
+    def add(self, key: Hashable, entry: Entry, reason: str) -> None:
+        """Keep ``entry``; ``reason`` says why no cached graph fitted (counted for the warning)."""
+        self._groups.setdefault(key, []).append(entry)
+        self._groups.move_to_end(key)
+        self.last_key = key
+        self._reasons[reason] += 1
+        while len(self) > self.capacity:
+            self._evict_oldest()
+
+    def _evict_oldest(self) -> None:
+        oldest_key, group = next(iter(self._groups.items()))
+        group.pop(0)
+        if not group:
+            del self._groups[oldest_key]
+        if not self._warned:
+            self._warned = True
+            changes = "; ".join(f"{reason} ({n}×)" for reason, n in self._reasons.most_common(3))
+            logger.warning(
+                "ORTModule has captured more than %d graphs for this model and now drops the least "
+                "recently used one each time it needs another; capturing again costs seconds a step. "
+                "What keeps changing: %s. Keep it fixed, or set ORTMODULE_GRAPH_CACHE_SIZE to keep "
+                "more graphs.",
+                self.capacity,
+                changes,
+            )
+
+    def clear(self) -> None:
+        self._groups.clear()
+        self.last_key = None
+
+    def items(self) -> Iterator[tuple[Hashable, list[Entry]]]:
+        return iter(list(self._groups.items()))
+
+    def values(self) -> Iterator[list[Entry]]:
+        return iter(list(self._groups.values()))
+
+    def __len__(self) -> int:
+        return sum(len(group) for group in self._groups.values())
+
+    def __bool__(self) -> bool:
+        return bool(self._groups)

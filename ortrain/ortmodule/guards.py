@@ -1,0 +1,170 @@
+"""What a captured graph was built for, read off the model at every step, cheaply.
+
+A graph binds the model's parameters and buffers by position and bakes in everything else its
+forward read: which submodules exist and their code, each one's ``training`` flag and plain
+attributes (``p``, ``eps``, ...), its hooks, each tensor's dtype, device, shape and
+``requires_grad``, and which tensors are the same object (tied weights). One walk over the module
+tree per step (the same pre-order as ``named_modules(remove_duplicate=False)``) produces both the
+tensors to bind and a flat, hashable description of all that: the *state key*. A step whose key
+differs from every cached graph's captures again, and :func:`describe_change` says why.
+
+Replacing a parameter by another of the same dtype, device and shape needs no new graph: the
+tensors are bound afresh at every step, so the new one is what runs.
+
+Not watched: state inside objects that are not modules, tensors or plain values (a Hugging Face
+``config`` object, say); after changing such state, set an attribute through the wrapper or call
+``ORTModule.reset_graphs()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules import module as torch_module
+
+_PLAIN = (bool, int, float, str, type(None))
+
+# Per tensor: dtype, device, shape, requires_grad; or, for a second name of the same tensor, the
+# position of its first name.
+TensorKey = tuple[Any, ...]
+# Per module: identity, plain attributes (``training`` among them), hook ids, parameters, buffers.
+ModuleKey = tuple[int, tuple[tuple[str, Any], ...], tuple[int, ...], tuple[Any, ...], tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """The tensors a graph binds, in walk order, and the key that says what graphs fit them."""
+
+    tensors: list[torch.Tensor]
+    key: tuple[Any, ...]
+
+
+def _hook_ids(m: nn.Module) -> tuple[int, ...]:
+    hooks = (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks, m._backward_pre_hooks)
+    if not any(hooks):
+        return ()
+    return tuple(hid for table in hooks for hid in table)
+
+
+def read_state(root: nn.Module) -> ModelState:
+    """One walk over ``root``'s tree: every parameter and buffer, and the state key."""
+    tensors: list[torch.Tensor] = []
+    first_position: dict[int, int] = {}
+    modules: list[ModuleKey] = []
+
+    def tensor_key(name: str, tensor: torch.Tensor | None) -> TensorKey:
+        if tensor is None:
+            return (name, None)
+        seen = first_position.get(id(tensor))
+        if seen is not None:
+            tensors.append(tensor)
+            return (name, "alias", seen)
+        first_position[id(tensor)] = len(tensors)
+        tensors.append(tensor)
+        return (name, tensor.dtype, tensor.device, tensor.shape, tensor.requires_grad)
+
+    stack: list[nn.Module] = [root]
+    while stack:
+        m = stack.pop()
+        attributes = m.__dict__
+        plain = tuple(
+            (k, v) for k, v in attributes.items() if type(v) in _PLAIN and not k.startswith("_")
+        )
+        params = tuple(tensor_key(n, p) for n, p in attributes["_parameters"].items())
+        buffers = tuple(tensor_key(n, b) for n, b in attributes["_buffers"].items())
+        modules.append((id(m), plain, _hook_ids(m), params, buffers))
+        children = [c for c in attributes["_modules"].values() if c is not None]
+        stack.extend(reversed(children))
+    return ModelState(tensors, (tuple(modules), _global_hook_ids()))
+
+
+def _global_hook_ids() -> tuple[int, ...]:
+    tables = (
+        torch_module._global_forward_hooks,
+        torch_module._global_forward_pre_hooks,
+        torch_module._global_backward_hooks,
+        torch_module._global_backward_pre_hooks,
+    )
+    if not any(tables):
+        return ()
+    return tuple(hid for table in tables for hid in table)
+
+
+def tensor_names(root: nn.Module, prefix: str = "") -> list[str]:
+    """The name of each tensor :func:`read_state` returns, in the same order."""
+    names: list[str] = []
+    for module_name, m in root.named_modules(prefix=prefix, remove_duplicate=False):
+        dot = f"{module_name}." if module_name else ""
+        names += [f"{dot}{n}" for n, p in m._parameters.items() if p is not None]
+        names += [f"{dot}{n}" for n, b in m._buffers.items() if b is not None]
+    return names
+
+
+def binding_order(root: nn.Module, state_names: list[str], prefix: str) -> list[int]:
+    """For each tensor a graph binds (named with ``prefix``), its position in :func:`read_state`'s list."""
+    position = {name: i for i, name in reversed(list(enumerate(tensor_names(root, prefix))))}
+    missing = [n for n in state_names if n not in position]
+    if missing:
+        raise RuntimeError(f"the captured graph binds {missing}, which the model does not have")
+    return [position[n] for n in state_names]
+
+
+def describe_change(root: nn.Module, old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
+    """Say, in the model's own names, the first thing that differs between two state keys."""
+    old_modules, old_hooks = old
+    new_modules, new_hooks = new
+    if old_hooks != new_hooks:
+        return "a global module hook was added or removed"
+    names = [name or "(the model)" for name, _ in root.named_modules(remove_duplicate=False)]
+    if len(old_modules) != len(new_modules):
+        return f"submodules were added or removed ({len(old_modules)} → {len(new_modules)} modules)"
+    for name, before, after in zip(names, old_modules, new_modules, strict=True):
+        if before == after:
+            continue
+        if before[0] != after[0]:
+            return f"submodule {name!r} was replaced"
+        if before[1] != after[1]:
+            return _attribute_change(name, dict(before[1]), dict(after[1]))
+        if before[2] != after[2]:
+            return f"hooks of {name!r} were added or removed"
+        if before[3] != after[3]:
+            return _tensor_change(name, "parameter", before[3], after[3])
+        if before[4] != after[4]:
+            return _tensor_change(name, "buffer", before[4], after[4])
+    return "the model changed"
+
+
+def _attribute_change(module: str, before: dict[str, Any], after: dict[str, Any]) -> str:
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key, "<unset>"), after.get(key, "<unset>")
+        if old != new:
+            if key == "training":
+                return f"submodule {module!r} was switched to {'train' if new else 'eval'} mode"
+            return f"{module}.{key} changed from {old!r} to {new!r}"
+    return f"attributes of {module!r} changed"
+
+
+def _tensor_change(module: str, kind: str, before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+    if [t[0] for t in before] != [t[0] for t in after]:
+        return f"{kind}s of {module!r} were added or removed"
+    fields = ("dtype", "device", "shape", "requires_grad")
+    for b, a in zip(before, after, strict=True):
+        if b == a:
+            continue
+        name = f"{module}.{b[0]}" if module != "(the model)" else b[0]
+        if "alias" in (b[1:2] + a[1:2]) or None in (b[1:2] + a[1:2]):
+            return f"{kind} {name!r} was tied, untied or set to None"
+        for field_name, x, y in zip(fields, b[1:], a[1:], strict=True):
+            if x != y:
+                return f"{field_name} of {kind} {name!r} changed from {_show(x)} to {_show(y)}"
+    return f"{kind}s of {module!r} changed"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, torch.Size):
+        return str(list(value))
+    return str(value)
+

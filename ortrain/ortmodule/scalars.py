@@ -1,0 +1,150 @@
+"""Python numbers that change between calls become graph inputs instead of baked-in constants.
+
+A float argument from a schedule (a temperature, a loss weight) would otherwise capture the model
+again at every new value. The first value is baked in, as sizes are static at first; when a
+second value arrives at the same place, that argument becomes a 0-d tensor input of a new graph
+(``float`` → the default float dtype, ``int`` → int64: the dtypes a Python number takes part in
+type promotion as), and later values reuse that graph. Booleans and strings stay part of the
+graph's key.
+
+The model's Python may need a real number there (``range(n)``, ``math.exp(t)``, a slice bound):
+then the capture with a tensor fails, the argument is refused, and every value of it captures
+again as before (the graph cache bounds how many are kept, and names the argument).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ortrain.ortmodule.schema import Spec
+
+logger = logging.getLogger("ortrain.ortmodule")
+
+_LIFTABLE = (float, int)
+# Container nodes whose children are named by the keys at spec[2]; the others by position.
+_KEYED = ("dict", "model_output", "dataclass")
+
+
+def _is_liftable(leaf: Spec) -> bool:
+    return leaf[0] == "const" and leaf[1] in _LIFTABLE  # exact types: bool is not lifted
+
+
+def call_leaves(spec: Spec) -> list[tuple[str, Spec]]:
+    """Every leaf of a call's spec ``(args, kwargs)`` with its place, in flattening order.
+
+    Places read ``input 0``, ``input 'labels'``, then ``.field``, ``['key']`` or ``[i]`` below.
+    """
+    (_, _, (args, kwargs)) = spec
+    leaves: list[tuple[str, Spec]] = []
+    for position, child in enumerate(args[-1]):
+        leaves += _leaves(child, f"input {position}")
+    for key, child in zip(kwargs[2], kwargs[-1], strict=True):
+        leaves += _leaves(child, f"input {key!r}")
+    return leaves
+
+
+def _leaves(spec: Spec, place: str) -> list[tuple[str, Spec]]:
+    kind = spec[0]
+    if kind in ("tensor", "const"):
+        return [(place, spec)]
+    children = spec[-1]
+    labels = spec[2] if kind in _KEYED else range(len(children))
+    leaves: list[tuple[str, Spec]] = []
+    for label, child in zip(labels, children, strict=True):
+        below = f"{place}.{label}" if kind == "dataclass" else f"{place}[{label!r}]"
+        leaves += _leaves(child, below)
+    return leaves
+
+
+def _rewrite(
+    spec: Spec, tensors: Iterator[torch.Tensor], lift: set[int], out: list[torch.Tensor], count: list[int]
+) -> Spec:
+    """Copy ``spec``, turning the liftable numbers whose index is in ``lift`` into tensor inputs."""
+    kind = spec[0]
+    if kind == "tensor":
+        out.append(next(tensors))
+        return spec
+    if kind == "const":
+        if not _is_liftable(spec):
+            return spec
+        index = count[0]
+        count[0] += 1
+        if index not in lift:
+            return spec
+        dtype = torch.get_default_dtype() if spec[1] is float else torch.int64
+        out.append(torch.tensor(spec[2], dtype=dtype))
+        return ("tensor",)
+    children = tuple(_rewrite(c, tensors, lift, out, count) for c in spec[-1])
+    return (*spec[:-1], children)
+
+
+def _masked(spec: Spec) -> Spec:
+    """The spec with every liftable number's value left out: what its graphs have in common."""
+    if spec[0] == "const":
+        return ("const", spec[1], None) if _is_liftable(spec) else spec
+    if spec[0] == "tensor":
+        return spec
+    return (*spec[:-1], tuple(_masked(c) for c in spec[-1]))
+
+
+@dataclass
+class LiftedCall:
+    """A call's inputs after lifting: the spec and tensors to capture and run with."""
+
+    spec: Spec
+    inputs: list[torch.Tensor]
+    structure: Spec | None = None  # the masked spec, when the call has liftable numbers
+    lifted: frozenset[int] = frozenset()  # which of its numbers (in flattening order) are inputs
+    places: tuple[str, ...] = ()  # where each number is, for messages
+
+
+@dataclass
+class ScalarLifter:
+    """Remembers, per call structure, which numbers changed and which could not be inputs."""
+
+    first_values: dict[Spec, tuple[Any, ...]] = field(default_factory=dict)
+    lifted: dict[Spec, frozenset[int]] = field(default_factory=dict)
+    refused: dict[Spec, frozenset[int]] = field(default_factory=dict)
+
+    def lift(self, spec: Spec, inputs: list[torch.Tensor]) -> LiftedCall:
+        numbers = [(place, leaf[2]) for place, leaf in call_leaves(spec) if _is_liftable(leaf)]
+        if not numbers:
+            return LiftedCall(spec, inputs)
+        structure = _masked(spec)
+        values = tuple(v for _, v in numbers)
+        first = self.first_values.setdefault(structure, values)
+        lifted = self.lifted.get(structure, frozenset())
+        refused = self.refused.get(structure, frozenset())
+        changed = {i for i, (a, b) in enumerate(zip(values, first, strict=True)) if a != b}
+        new = changed - lifted - refused
+        if new:
+            lifted = lifted | new
+            self.lifted[structure] = lifted
+            for i in sorted(new):
+                logger.info(
+                    "%s changed from %r to %r: it becomes an input of the graph instead of a constant",
+                    numbers[i][0],
+                    first[i],
+                    values[i],
+                )
+        places = tuple(place for place, _ in numbers)
+        if not lifted:
+            return LiftedCall(spec, inputs, structure, places=places)
+        out: list[torch.Tensor] = []
+        new_spec = _rewrite(spec, iter(inputs), set(lifted), out, [0])
+        return LiftedCall(new_spec, out, structure, lifted, places)
+
+    def refuse(self, call: LiftedCall) -> None:
+        """The model needs these numbers as Python numbers: bake each value in from now on."""
+        assert call.structure is not None
+        self.refused[call.structure] = self.refused.get(call.structure, frozenset()) | call.lifted
+        self.lifted[call.structure] = frozenset()
+        logger.info(
+            "the model needs %s as Python numbers: each new value captures again",
+            ", ".join(call.places[i] for i in sorted(call.lifted)),
+        )

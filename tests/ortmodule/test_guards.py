@@ -1,0 +1,352 @@
+"""Models that change while they train: every change is seen (new graph) or refused, never trained wrong.
+
+Each scenario trains an ORTModule and an eager copy through the same changes and compares losses
+and parameters after several steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import logging
+import pickle
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+from _parity import assert_same_state
+from torch import nn
+from torch.nn import functional as F
+
+from ortrain import ORTModule
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.drop = nn.Dropout(0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(torch.relu(self.bn(self.fc(x))))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Block()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(self.encoder(x)), y)
+
+
+def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(6, 8, generator=g), torch.randint(0, 3, (6,), generator=g)
+
+
+Change = Callable[[nn.Module], None]
+
+
+def _train_through(model: nn.Module, changes: dict[int, Change], steps: int = 6) -> ORTModule:
+    """Train an ORTModule and an eager copy for ``steps``, applying ``changes[step]`` to both first."""
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    for step in range(steps):
+        if step in changes:
+            changes[step](wrapped)
+            changes[step](eager)
+        x, y = _batch(step)
+        losses = []
+        for m in (wrapped, eager):
+            m.zero_grad(set_to_none=True)
+            loss = m(x, y)
+            loss.backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    if p.grad is not None:
+                        p -= 0.1 * p.grad
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], rel=1e-5), f"step {step}"
+    assert_same_state(wrapped, eager, atol=1e-5)
+    for (name, a), b in zip(wrapped.named_parameters(), eager.parameters(), strict=True):
+        assert (a.grad is None) == (b.grad is None), name
+    return wrapped
+
+
+def test_unfreezing_a_layer_gives_it_gradients() -> None:
+    torch.manual_seed(0)
+    model = Net()
+    model.encoder.fc.requires_grad_(False)
+    wrapped = _train_through(model, {3: lambda m: m.encoder.fc.requires_grad_(True)})
+    assert wrapped.encoder.fc.weight.grad is not None
+
+
+def test_freezing_a_layer_stops_its_gradients() -> None:
+    torch.manual_seed(0)
+    wrapped = _train_through(Net(), {2: lambda m: m.head.requires_grad_(False)})
+    assert wrapped.head.weight.grad is None
+
+
+def test_a_parameter_replaced_deep_in_the_tree_is_the_one_trained() -> None:
+    torch.manual_seed(0)
+    new_weight = torch.randn(8, 8)
+
+    def replace(m: nn.Module) -> None:
+        m.encoder.fc.weight = nn.Parameter(new_weight.clone())
+
+    wrapped = _train_through(Net(), {2: replace})
+    assert wrapped.encoder.fc.weight.grad is not None
+
+
+def test_a_replaced_submodule_is_captured_again() -> None:
+    torch.manual_seed(0)
+    head = nn.Sequential(nn.Linear(8, 5), nn.Tanh(), nn.Linear(5, 3))
+
+    def swap(m: nn.Module) -> None:
+        m.head = copy.deepcopy(head)
+
+    _train_through(Net(), {2: swap})
+
+
+def test_a_submodule_switched_to_eval_mode(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")  # ORTModule sets the "ortrain" logger's level
+    torch.manual_seed(0)
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        wrapped = _train_through(Net(), {2: lambda m: m.encoder.bn.eval(), 4: lambda m: m.encoder.bn.train()})
+    assert "submodule 'encoder.bn' was switched to eval mode" in caplog.text
+    assert len(wrapped._ortrain_graphs) == 2  # back in train mode, the first graph is used again
+
+
+def test_a_changed_plain_attribute_below_the_top_level() -> None:
+    torch.manual_seed(0)
+
+    def set_p(m: nn.Module) -> None:
+        m.encoder.bn.eps = 0.5
+        m.encoder.bn.momentum = 0.5
+
+    _train_through(Net(), {2: set_p})
+
+
+def test_a_forward_hook_added_after_capture_runs() -> None:
+    torch.manual_seed(0)
+
+    def hook(m: nn.Module) -> None:
+        m.encoder.fc.register_forward_hook(lambda _mod, _inp, out: out * 2)
+
+    _train_through(Net(), {3: hook})
+
+
+def test_dtype_change_after_some_steps() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    for step in range(4):
+        if step == 2:
+            wrapped.double()
+            eager.double()
+        x = _batch(step)[0].to(next(eager.parameters()).dtype)
+        for m in (wrapped, eager):
+            m.zero_grad()
+            m(x).pow(2).mean().backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= 0.1 * p.grad
+    assert next(wrapped.parameters()).dtype == torch.float64
+    assert_same_state(wrapped, eager, atol=1e-6)
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, temperature: float, mode: str = "ce") -> torch.Tensor:
+        logits = self.fc(x) / temperature
+        if mode == "ce":
+            return F.cross_entropy(logits, y)
+        return logits.pow(2).mean() * (2.0 if mode == "double" else 1.0)
+
+
+def test_a_scheduled_float_becomes_an_input_after_its_second_value() -> None:
+    torch.manual_seed(0)
+    model = Scaled()
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    for step in range(6):
+        temperature = 1.0 + 0.25 * step
+        x, y = _batch(step)
+        for m in (wrapped, eager):
+            m.zero_grad()
+            loss = m(x, y, temperature)
+            loss.backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= 0.1 * p.grad
+    assert_same_state(wrapped, eager, atol=1e-6)
+    assert len(wrapped._ortrain_graphs) == 2  # the first value baked in, then one graph for all
+
+
+class Cropped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, keep: int) -> torch.Tensor:
+        return self.fc(x)[:, :keep].pow(2).mean()  # ``keep`` must stay a Python int
+
+
+def test_a_number_the_model_needs_as_a_python_number_is_baked_in_per_value() -> None:
+    torch.manual_seed(0)
+    model = Cropped()
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    for step, keep in enumerate((3, 5, 6, 5)):
+        x = _batch(step)[0]
+        for m in (wrapped, eager):
+            m.zero_grad()
+            m(x, keep).backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= 0.1 * p.grad
+    assert_same_state(wrapped, eager, atol=1e-6)
+    assert len(wrapped._ortrain_graphs) == 3
+
+
+def test_the_cache_is_bounded_and_warns_once_naming_what_changes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("ORTMODULE_GRAPH_CACHE_SIZE", "2")
+    wrapped = ORTModule(Scaled())
+    x, y = _batch(0)
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for mode in ("ce", "square", "double", "ce", "square"):
+            wrapped(x, y, 1.0, mode)
+    assert len(wrapped._ortrain_graphs) == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "ORTMODULE_GRAPH_CACHE_SIZE" in warnings[0] and "input 3 changed" in warnings[0]
+
+
+def test_bad_graph_cache_size_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORTMODULE_GRAPH_CACHE_SIZE", "0")
+    with pytest.raises(ValueError, match="ORTMODULE_GRAPH_CACHE_SIZE"):
+        ORTModule(Net())
+
+
+def test_a_failed_step_changes_nothing() -> None:
+    torch.manual_seed(0)
+    model = Net()
+    wrapped = ORTModule(model)
+    wrapped(*_batch(0)).backward()
+    model.encoder.bn.eval()  # the user freezes this BatchNorm
+    state = copy.deepcopy(model.state_dict())
+    bad = torch.randn(6, 5)
+    rng = torch.get_rng_state()
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        wrapped(bad, torch.zeros(6, dtype=torch.long))
+    assert not model.encoder.bn.training and model.encoder.training and model.training
+    assert torch.equal(torch.get_rng_state(), rng)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, state[key]), key
+
+
+def test_deepcopy_trains_independently_with_eager_parity() -> None:
+    torch.manual_seed(0)
+    wrapped = _train_through(Net(), {}, steps=2)
+    twin = copy.deepcopy(wrapped)
+    assert isinstance(twin, ORTModule) and len(twin._ortrain_graphs) == 0
+    eager = copy.deepcopy(twin.module)
+    before = copy.deepcopy(wrapped.state_dict())
+    for step in range(3):
+        x, y = _batch(10 + step)
+        for m in (twin, eager):
+            m.zero_grad()
+            m(x, y).backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= 0.1 * p.grad
+    assert_same_state(twin, eager, atol=1e-5)
+    for key, value in wrapped.state_dict().items():  # the original did not move
+        assert torch.equal(value, before[key]), key
+
+
+@pytest.mark.parametrize("how", ["torch.save", "pickle"])
+def test_save_and_load_the_whole_wrapper(how: str) -> None:
+    torch.manual_seed(0)
+    wrapped = _train_through(Net(), {}, steps=2)
+    if how == "pickle":
+        restored = pickle.loads(pickle.dumps(wrapped))
+    else:
+        buffer = io.BytesIO()
+        torch.save(wrapped, buffer)
+        buffer.seek(0)
+        restored = torch.load(buffer, weights_only=False)
+    assert isinstance(restored, ORTModule)
+    x, y = _batch(7)
+    torch.testing.assert_close(restored(x, y), wrapped.module(x, y))
+    assert len(restored._ortrain_graphs) == 1
+
+
+def test_two_threads_train_two_models_at_once() -> None:
+    results: dict[int, BaseException | None] = {}
+
+    def train(seed: int) -> None:
+        try:
+            torch.manual_seed(seed)
+            _train_through(Net(), {2: lambda m: m.encoder.bn.eval()}, steps=4)
+            results[seed] = None
+        except BaseException as error:  # reported below, on the main thread
+            results[seed] = error
+
+    threads = [threading.Thread(target=train, args=(seed,)) for seed in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert results == {1: None, 2: None}
+
+
+def test_resized_token_embeddings_on_a_hugging_face_model() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=50,
+        n_positions=16,
+        n_embd=16,
+        n_layer=1,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        attn_implementation="eager",
+    )
+    model = transformers.GPT2LMHeadModel(config)
+    model.config.use_cache = False
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    for step in range(4):
+        if step == 2:
+            for m in (wrapped.module, eager):
+                m.resize_token_embeddings(60)
+            wrapped.module.load_state_dict(eager.state_dict())  # the same new rows in both
+        vocab = 50 if step < 2 else 60
+        ids = torch.randint(0, vocab, (2, 8), generator=torch.Generator().manual_seed(step))
+        losses = []
+        for m in (wrapped, eager):
+            m.zero_grad()
+            loss = m(input_ids=ids, labels=ids).loss
+            loss.backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= 0.1 * p.grad
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert wrapped.module.lm_head.weight is wrapped.module.transformer.wte.weight
+    assert_same_state(wrapped, eager, atol=1e-5)
