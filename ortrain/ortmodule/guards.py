@@ -70,9 +70,7 @@ def read_state(root: nn.Module) -> ModelState:
     while stack:
         m = stack.pop()
         attributes = m.__dict__
-        plain = tuple(
-            (k, v) for k, v in attributes.items() if type(v) in _PLAIN and not k.startswith("_")
-        )
+        plain = tuple((k, v) for k, v in attributes.items() if type(v) in _PLAIN and not k.startswith("_"))
         params = tuple(tensor_key(n, p) for n, p in attributes["_parameters"].items())
         buffers = tuple(tensor_key(n, b) for n, b in attributes["_buffers"].items())
         modules.append((id(m), plain, _hook_ids(m), params, buffers))
@@ -167,4 +165,3 @@ def _show(value: Any) -> str:
     if isinstance(value, torch.Size):
         return str(list(value))
     return str(value)
-

@@ -26,7 +26,7 @@ from ortrain.ortmodule.fallback import (
 from ortrain.ortmodule.graph_cache import GraphCache
 from ortrain.ortmodule.guards import ModelState, binding_order, describe_change, read_state
 from ortrain.ortmodule.options import DebugOptions, python_log_level, runtime_options
-from ortrain.ortmodule.scalars import ScalarLifter, call_leaves
+from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves
 from ortrain.ortmodule.schema import Spec, flatten, tensor_signature, unflatten
 from ortrain.passes.pipeline import StageSaver, default_passes
 from ortrain.runtime.graph_executor import build_graph_executor
@@ -242,29 +242,19 @@ class ORTModule(nn.Module):
             return self._ortrain_module(*args, **kwargs)
 
     def _run_on_ort(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        flat_inputs, flat_spec = flatten((args, kwargs))
-        call = self._ortrain_scalars.lift(flat_spec, flat_inputs)
-        state = read_state(self._ortrain_module)
-        for tensor in (*call.inputs, *state.tensors):
-            if tensor.device.type != "cpu":
-                raise ORTModuleDeviceException(
-                    f"ortrain runs on the CPU execution provider; got a tensor on {tensor.device}"
-                )
-        key = GraphKey(
-            spec=call.spec,
-            inputs=tuple(tensor_signature(t) for t in call.inputs),
-            training=self._ortrain_module.training,
-            grad_enabled=torch.is_grad_enabled(),
-            autocast=_autocast_state(),
-            opaque_functions=custom_autograd_enabled(self._ortrain_options.enable_custom_autograd),
-            state=state.key,
-        )
+        call, state, key = self._guard(args, kwargs)
         cache: GraphCache[_CompiledEntry] = self._ortrain_graphs
         entry = cache.lookup(key, lambda e: e.matches(call.inputs))
         # A failure may be the user's (a wrong shape or dtype, or two sizes a dynamic graph saw
         # equal that now differ): then PyTorch's own error is the one to show. Only when eager
         # PyTorch accepts the inputs is it ortrain's failure, for the fallback policy to judge.
         if entry is None:
+            # Devices are part of the key: a graph that fits ran on these devices before.
+            for tensor in (*call.inputs, *state.tensors):
+                if tensor.device.type != "cpu":
+                    raise ORTModuleDeviceException(
+                        f"ortrain runs on the CPU execution provider; got a tensor on {tensor.device}"
+                    )
             reason = self._why_no_graph_fits(key)
             logger.info("capturing a graph: %s", reason)
             try:
@@ -286,6 +276,24 @@ class ORTModule(nn.Module):
                 f"ONNX Runtime failed to run the forward graph: {type(error).__name__}: {error}"
             ) from error
         return unflatten(entry.output_spec, list(outputs))
+
+    def _guard(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[LiftedCall, ModelState, GraphKey]:
+        """This step's inputs, the model's tensors, and the key of the graph that fits them."""
+        flat_inputs, flat_spec = flatten((args, kwargs))
+        call = self._ortrain_scalars.lift(flat_spec, flat_inputs)
+        state = read_state(self._ortrain_module)
+        key = GraphKey(
+            spec=call.spec,
+            inputs=tuple(tensor_signature(t) for t in call.inputs),
+            training=self._ortrain_module.training,
+            grad_enabled=torch.is_grad_enabled(),
+            autocast=_autocast_state(),
+            opaque_functions=custom_autograd_enabled(self._ortrain_options.enable_custom_autograd),
+            state=state.key,
+        )
+        return call, state, key
 
     def _why_no_graph_fits(self, key: GraphKey) -> str:
         """Name, in the user's terms, what differs from the graph used last (for logs and warnings)."""
