@@ -23,6 +23,7 @@ from ortrain.ortmodule.fallback import (
 )
 from ortrain.ortmodule.options import DebugOptions, python_log_level, runtime_options
 from ortrain.ortmodule.schema import Spec, flatten, tensor_signature, unflatten
+from ortrain.ortmodule.signature import wrapped_module_signature
 from ortrain.passes.pipeline import StageSaver, default_passes
 from ortrain.runtime.graph_executor import build_graph_executor
 from ortrain.runtime.memory import release_freed_memory
@@ -187,6 +188,7 @@ class ORTModule(nn.Module):
         return f"ORTModule({self._ortrain_module!r})"
 
     # ---- running -------------------------------------------------------------------------------
+    @wrapped_module_signature  # libraries that inspect forward (the HF Trainer) see the model's own
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         fallback: FallbackManager = self._ortrain_fallback
         if fallback.active:
