@@ -21,6 +21,7 @@ from ortrain.ortmodule.fallback import (
     ORTModuleONNXModelException,
     ORTModuleTorchModelException,
 )
+from ortrain.ortmodule.inactive_options import announce_inactive_options
 from ortrain.ortmodule.options import DebugOptions, python_log_level, runtime_options
 from ortrain.ortmodule.schema import Spec, flatten, tensor_signature, unflatten
 from ortrain.ortmodule.signature import wrapped_module_signature
@@ -92,6 +93,7 @@ class ORTModule(nn.Module):
         super().__init__()
         debug = debug_options or DebugOptions()
         options = runtime_options()
+        announce_inactive_options(options)
         object.__setattr__(self, "_ortrain_module", module)
         object.__setattr__(self, "_ortrain_debug", debug)
         object.__setattr__(self, "_ortrain_options", options)
@@ -279,6 +281,7 @@ class ORTModule(nn.Module):
                 dynamic_dims=dynamic,
                 opaque_functions=opaque,
                 checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
+                skipped_functions=self._ortrain_options.skipped_autograd_functions,
             )
         except Exception as error:
             raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
