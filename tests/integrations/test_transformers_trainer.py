@@ -175,3 +175,17 @@ def test_ort_trainer_fused_adam_accumulation_checkpointing_eval_save_limit_resum
     loaded = GPT2LMHeadModel.from_pretrained(tmp_path / "ort" / "checkpoint-6")
     for name, value in _params(loaded).items():
         torch.testing.assert_close(value, _params(resumed.model)[name], rtol=0, atol=0)
+
+
+def test_import_ortrain_does_not_import_transformers() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch; from ortrain import ORTModule; m = ORTModule(torch.nn.Linear(2, 2)); m.forward; "
+        "import ortrain.cli, ortrain.bench; "
+        "names = ('transformers', 'accelerate', 'deepspeed', 'matplotlib'); "
+        "print(sorted(k for k in names if k in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
