@@ -97,6 +97,7 @@ def capture(
     dynamic_dims: dict[int, tuple[int, ...]] | None = None,
     opaque_functions: bool = True,
     checkpoint_ops: bool = False,
+    skipped_functions: frozenset[str] = frozenset(),
 ) -> Capture:
     """Trace ``module(*inputs)`` (a module over flat tensors returning a tuple of tensors).
 
@@ -106,7 +107,8 @@ def capture(
     each user ``torch.autograd.Function`` call one python op; otherwise Functions are traced
     through like any other code. ``checkpoint_ops`` (ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT) makes
     reentrant activation checkpoints python ops too; otherwise they are traced and recomputed in
-    the backward graph.
+    the backward graph. ``skipped_functions`` (ORTMODULE_SKIPPED_AUTOGRAD_FUNCTIONS) names Functions,
+    by module path and ``__qualname__``, that are traced through even when Functions are opaque.
     """
     slots: dict[str, GraphSlot] = {}
 
@@ -134,7 +136,9 @@ def capture(
         regions = CheckpointRegions(as_python_ops=checkpoint_ops and opaque_functions)
         stack.enter_context(regions.patched())
         call_ids = stack.enter_context(
-            intercept_functions(opaque=opaque_functions, hook=regions.function_hook)
+            intercept_functions(
+                opaque=opaque_functions, hook=regions.function_hook, skipped=skipped_functions
+            )
         )
         joint = aot_autograd.aot_export_joint_with_descriptors(
             stack, module, tuple(example), decompositions=decomposition_table()

@@ -99,11 +99,14 @@ _calls_made: list[int] = []
 
 
 @contextlib.contextmanager
-def intercept_functions(*, opaque: bool, hook: CallHook | None = None) -> Iterator[list[int]]:
+def intercept_functions(
+    *, opaque: bool, hook: CallHook | None = None, skipped: frozenset[str] = frozenset()
+) -> Iterator[list[int]]:
     """Patch ``Function.apply`` while capturing; yields the list of call ids registered meanwhile.
 
-    ``opaque`` turns user Functions into python ops (ORTMODULE_ENABLE_CUSTOM_AUTOGRAD=1); ``hook``
-    (checkpointing) sees every call first, torch's own Functions included.
+    ``opaque`` turns user Functions into python ops (ORTMODULE_ENABLE_CUSTOM_AUTOGRAD=1), except
+    those whose fully qualified name is in ``skipped`` (ORTMODULE_SKIPPED_AUTOGRAD_FUNCTIONS): they
+    are traced inline. ``hook`` (checkpointing) sees every call first, torch's own Functions included.
     """
     original = Function.__dict__["apply"]
     original_apply = original.__func__
@@ -120,7 +123,12 @@ def intercept_functions(*, opaque: bool, hook: CallHook | None = None) -> Iterat
                 result = hook(cls, args, kwargs)
                 if result is not NotImplemented:
                     return result
-            if opaque and not _is_torch_internal(cls) and _has_nested_tensor(args):
+            if (
+                opaque
+                and not _is_torch_internal(cls)
+                and qualified_name(cls) not in skipped
+                and _has_nested_tensor(args)
+            ):
                 return apply_as_python_op(cls, args, kwargs)
         return original_apply(cls, *args, **kwargs)
 

@@ -97,6 +97,23 @@ class RuntimeOptions:
     enable_compute_optimizer: bool
     cache_dir: Path | None
     graph_cache_size: int = 8
+    # Guidelines §2.1 sparsity and inspector switches (their passes: see the README's sections).
+    enable_sparse_optimizer: bool = True
+    enable_embedding_sparse_optimizer: bool = False
+    print_input_density: bool = False
+    print_memory_stats: bool = False
+    # Guidelines §2.2 memory optimizer: level 0/1/2 and a plan list "pattern:type:count,..." or a
+    # JSON file path, kept as the raw string for the memory optimizer to read.
+    memory_opt_level: int = 0
+    memory_opt_config: str | None = None
+    # Guidelines §6 Triton and op tuning.
+    use_triton: bool = False
+    enable_tuning: bool = False
+    max_tuning_duration_ms: int | None = None
+    tuning_results_path: Path | None = None
+    triton_debug: bool = False
+    # Fully qualified names (module + __qualname__) of Functions to trace inline, not as python ops.
+    skipped_autograd_functions: frozenset[str] = frozenset()
 
 
 def runtime_options() -> RuntimeOptions:
@@ -105,7 +122,9 @@ def runtime_options() -> RuntimeOptions:
         try:
             opset = int(opset_raw)
         except ValueError:
-            raise ValueError(f"ORTMODULE_ONNX_OPSET_VERSION={opset_raw!r} is not an integer") from None
+            raise ValueError(
+                f"ORTMODULE_ONNX_OPSET_VERSION={opset_raw!r} is not an integer; use an opset of 18 or newer"
+            ) from None
         if opset < 18:
             # torch.onnx's dynamo exporter emits opset 18 and newer only.
             raise ValueError(
@@ -115,6 +134,7 @@ def runtime_options() -> RuntimeOptions:
         opset = DEFAULT_OPSET
     policy_raw = os.environ.get("ORTMODULE_FALLBACK_POLICY")
     cache_raw = os.environ.get("ORTMODULE_CACHE_DIR")
+    tuning_path_raw = os.environ.get("ORTMODULE_TUNING_RESULTS_PATH", "").strip()
     return RuntimeOptions(
         opset_version=opset,
         fallback_policy=parse_fallback_policy(policy_raw) if policy_raw else FallbackPolicy.default(),
@@ -122,6 +142,18 @@ def runtime_options() -> RuntimeOptions:
         allow_autograd_checkpoint=_env_flag("ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT", False),
         enable_compute_optimizer=_env_flag("ORTMODULE_ENABLE_COMPUTE_OPTIMIZER", True),
         cache_dir=Path(cache_raw) if cache_raw else None,
+        enable_sparse_optimizer=_env_flag("ORTMODULE_ENABLE_SPARSE_OPTIMIZER", True),
+        enable_embedding_sparse_optimizer=_env_flag("ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER", False),
+        print_input_density=_env_flag("ORTMODULE_PRINT_INPUT_DENSITY", False),
+        print_memory_stats=_env_flag("ORTMODULE_PRINT_MEMORY_STATS", False),
+        memory_opt_level=_env_choice_int("ORTMODULE_MEMORY_OPT_LEVEL", (0, 1, 2), 0),
+        memory_opt_config=_memory_opt_config(),
+        use_triton=_env_flag("ORTMODULE_USE_TRITON", False),
+        enable_tuning=_env_flag("ORTMODULE_ENABLE_TUNING", False),
+        max_tuning_duration_ms=_env_positive_int("ORTMODULE_MAX_TUNING_DURATION_MS"),
+        tuning_results_path=Path(tuning_path_raw) if tuning_path_raw else None,
+        triton_debug=_env_flag("ORTMODULE_TRITON_DEBUG", False),
+        skipped_autograd_functions=_skipped_autograd_functions(),
         graph_cache_size=_env_int("ORTMODULE_GRAPH_CACHE_SIZE", 8, minimum=1),
     )
 
@@ -137,6 +169,77 @@ def _env_int(name: str, default: int, *, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name}={value} is too small; use a whole number >= {minimum}")
     return value
+
+
+def _env_choice_int(name: str, choices: tuple[int, ...], default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    accepted = ", ".join(str(c) for c in choices)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer; use one of {accepted}") from None
+    if value not in choices:
+        raise ValueError(f"{name}={value} is not a level; use one of {accepted}")
+    return value
+
+
+def _env_positive_int(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r} is not a duration; use a positive whole number of milliseconds")
+    return value
+
+
+_MEMORY_PLAN_TYPES = ("0", "1", "2")
+
+
+def _memory_opt_config() -> str | None:
+    """``pattern:type:count`` plans joined by commas, or the path of a JSON file that lists them."""
+    name = "ORTMODULE_MEMORY_OPT_CONFIG"
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    if raw.endswith(".json") or os.path.sep in raw:
+        if not Path(raw).is_file():
+            raise ValueError(
+                f"{name}={raw!r}: no such JSON file; give a file or plans 'pattern:type:count,...'"
+            )
+        return raw
+    for plan in raw.split(","):
+        parts = plan.strip().split(":")
+        ok = len(parts) == 3 and parts[0] != "" and parts[1] in _MEMORY_PLAN_TYPES
+        if ok:
+            try:
+                ok = int(parts[2]) >= -1
+            except ValueError:
+                ok = False
+        if not ok:
+            raise ValueError(
+                f"{name}: plan {plan.strip()!r} is not 'pattern:type:count' (type 0 off, 1 recompute, "
+                "2 recompute with compromise; count -1 for all occurrences or a number), nor a JSON file path"
+            )
+    return raw
+
+
+def _skipped_autograd_functions() -> frozenset[str]:
+    name = "ORTMODULE_SKIPPED_AUTOGRAD_FUNCTIONS"
+    raw = os.environ.get(name, "")
+    names = frozenset(part.strip() for part in raw.split(",") if part.strip())
+    for qualified in names:
+        if "." not in qualified or any(c.isspace() for c in qualified):
+            raise ValueError(
+                f"{name}: {qualified!r} is not a fully qualified Function name; use module path and "
+                "class name, comma-separated (pkg.layers.Gelu, pkg.model.build.<locals>.Gelu)"
+            )
+    return names
 
 
 def openmp_wait_policy() -> str:

@@ -25,9 +25,11 @@ from ortrain.ortmodule.fallback import (
 )
 from ortrain.ortmodule.graph_cache import GraphCache
 from ortrain.ortmodule.guards import ModelState, binding_order, describe_change, read_state
+from ortrain.ortmodule.inactive_options import announce_inactive_options
 from ortrain.ortmodule.options import DebugOptions, python_log_level, runtime_options
 from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves
 from ortrain.ortmodule.schema import Spec, flatten, tensor_signature, unflatten
+from ortrain.ortmodule.signature import wrapped_module_signature
 from ortrain.passes.pipeline import StageSaver, default_passes
 from ortrain.runtime.graph_executor import build_graph_executor
 from ortrain.runtime.memory import release_freed_memory
@@ -117,6 +119,7 @@ class ORTModule(nn.Module):
         super().__init__()
         debug = debug_options or DebugOptions()
         options = runtime_options()
+        announce_inactive_options(options)
         object.__setattr__(self, "_ortrain_module", module)
         object.__setattr__(self, "_ortrain_debug", debug)
         object.__setattr__(self, "_ortrain_options", options)
@@ -230,6 +233,7 @@ class ORTModule(nn.Module):
         return f"ORTModule({self._ortrain_module!r})"
 
     # ---- running -------------------------------------------------------------------------------
+    @wrapped_module_signature  # libraries that inspect forward (the HF Trainer) see the model's own
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         fallback: FallbackManager = self._ortrain_fallback
         if fallback.active:
@@ -359,6 +363,7 @@ class ORTModule(nn.Module):
                 dynamic_dims=dynamic,
                 opaque_functions=key.opaque_functions,
                 checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
+                skipped_functions=self._ortrain_options.skipped_autograd_functions,
             )
         except Exception as error:
             raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
