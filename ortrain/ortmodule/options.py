@@ -7,11 +7,13 @@ whole configuration surface is visible here and can be documented from one file.
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ortrain.capture.memory_optimizer import ALL, COMPROMISE, OFF, RECOMPUTE, RecomputeRequest
 from ortrain.ortmodule.fallback import FallbackPolicy, parse_fallback_policy
 
 DEFAULT_OPSET = 18
@@ -96,6 +98,66 @@ class RuntimeOptions:
     allow_autograd_checkpoint: bool
     enable_compute_optimizer: bool
     cache_dir: Path | None
+    # ORTMODULE_MEMORY_OPT_LEVEL and ORTMODULE_MEMORY_OPT_CONFIG (see ortrain.capture.memory_optimizer).
+    memory_opt_level: int = 0
+    memory_opt_config: tuple[RecomputeRequest, ...] = ()
+
+
+_MEMORY_OPT_LEVELS = (0, 1, 2)
+
+
+def parse_memory_opt_level(raw: str) -> int:
+    text = raw.strip()
+    if text not in {str(level) for level in _MEMORY_OPT_LEVELS}:
+        raise ValueError(
+            f"ORTMODULE_MEMORY_OPT_LEVEL={raw!r} is not a level; use 0 (only the plans of "
+            "ORTMODULE_MEMORY_OPT_CONFIG), 1 (recompute cheap subgraphs in each layer) or 2 (1 plus "
+            "compromise and matmul plans)"
+        )
+    return int(text)
+
+
+def _parse_plan(entry: str) -> RecomputeRequest:
+    parts = entry.strip().split(":")
+    bad = (
+        f"ORTMODULE_MEMORY_OPT_CONFIG entry {entry.strip()!r} is not pattern:type:count "
+        "(type 0 = off, 1 = recompute, 2 = recompute with compromise; count -1 = all occurrences "
+        "or a positive number), e.g. Gelu+:1:-1"
+    )
+    if len(parts) != 3 or not parts[0].strip():
+        raise ValueError(bad)
+    pattern, kind_text, count_text = (p.strip() for p in parts)
+    try:
+        kind, count = int(kind_text), int(count_text)
+    except ValueError:
+        raise ValueError(bad) from None
+    if kind not in (OFF, RECOMPUTE, COMPROMISE) or (count != ALL and count < 1):
+        raise ValueError(bad)
+    return RecomputeRequest(pattern, kind, count)
+
+
+def parse_memory_opt_config(raw: str) -> tuple[RecomputeRequest, ...]:
+    """``pattern:type:count`` entries separated by commas, or the path of a JSON list of them."""
+    text = raw.strip()
+    if not text:
+        return ()
+    entries: list[str]
+    if text.endswith(".json") or os.path.isfile(text):
+        try:
+            loaded = json.loads(Path(text).read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise ValueError(
+                f"ORTMODULE_MEMORY_OPT_CONFIG={raw!r}: cannot read a JSON list of plans from it: {error}"
+            ) from None
+        if not isinstance(loaded, list) or not all(isinstance(e, str) for e in loaded):
+            raise ValueError(
+                f"ORTMODULE_MEMORY_OPT_CONFIG={raw!r} must hold a JSON list of strings "
+                '"pattern:type:count", e.g. ["Gelu+:1:-1"]'
+            )
+        entries = loaded
+    else:
+        entries = text.split(",")
+    return tuple(_parse_plan(e) for e in entries if e.strip())
 
 
 def runtime_options() -> RuntimeOptions:
@@ -121,6 +183,8 @@ def runtime_options() -> RuntimeOptions:
         allow_autograd_checkpoint=_env_flag("ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT", False),
         enable_compute_optimizer=_env_flag("ORTMODULE_ENABLE_COMPUTE_OPTIMIZER", True),
         cache_dir=Path(cache_raw) if cache_raw else None,
+        memory_opt_level=parse_memory_opt_level(os.environ.get("ORTMODULE_MEMORY_OPT_LEVEL") or "0"),
+        memory_opt_config=parse_memory_opt_config(os.environ.get("ORTMODULE_MEMORY_OPT_CONFIG", "")),
     )
 
 

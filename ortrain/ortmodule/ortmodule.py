@@ -13,6 +13,7 @@ from torch import nn
 
 from ortrain.capture.aot_capture import Capture, GraphSlot, capture
 from ortrain.capture.huggingface import register_hf_cache_types
+from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
 from ortrain.ortmodule.fallback import (
     FallbackManager,
@@ -277,6 +278,9 @@ class ORTModule(nn.Module):
                 dynamic_dims=dynamic,
                 opaque_functions=opaque,
                 checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
+                memory=MemoryOptimizerConfig(
+                    self._ortrain_options.memory_opt_level, self._ortrain_options.memory_opt_config
+                ),
             )
         except Exception as error:
             raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
