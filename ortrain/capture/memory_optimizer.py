@@ -16,8 +16,11 @@ Runtime like every other node, never by re-running the user's Python.
 
 Random ops (dropout: ``native_dropout``, ``bernoulli``...) and python ops are never recomputed:
 ONNX Runtime's Dropout draws from its own generator, which the exported backward graph cannot
-replay, so a recomputed mask would differ from the forward's and the gradient would be wrong.
-Their outputs are stashed; plans that need them see them as boundaries.
+replay from a seed, so a recomputed mask would differ from the forward's and the gradient would
+be wrong. Their outputs are stashed; plans that need them see them as boundaries. Dropout gets one
+better: its mask (one byte an element) is stashed anyway for its own backward, so the planner
+offers ``DropoutFromMask+``, which rebuilds the float output as ``input * mask * scale`` (what
+ONNX Runtime's Dropout kernel computes) instead of stashing it.
 """
 
 from __future__ import annotations
@@ -241,6 +244,8 @@ def _op_name(node: torch.fx.Node) -> str:
 
 
 def _readable(node: torch.fx.Node) -> str:
+    if _NAME_KEY in node.meta:
+        return node.meta[_NAME_KEY]
     name = _op_name(node)
     return _READABLE.get(name) or "".join(part.capitalize() for part in name.strip("_").split("_"))
 
@@ -279,6 +284,62 @@ def stashed_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     ]
 
 
+# ---- dropout outputs rebuilt from their masks ----------------------------------------------------
+_NAME_KEY = "ortrain_readable_op"
+
+
+@dataclass
+class _MaskedDropout:
+    output: torch.fx.Node  # getitem 0 of native_dropout
+    masked: torch.fx.Node  # input * mask
+    scaled: torch.fx.Node  # ... * scale: stands for the output
+
+
+def _expose_dropout_outputs(graph: torch.fx.Graph) -> list[_MaskedDropout]:
+    """Give each forward dropout a recomputable twin of its output: ``input * mask * (1 / (1 - p))``.
+
+    The twin reads the mask the dropout drew, so rebuilding it in the backward graph reproduces the
+    forward's values exactly; only the random draw itself is never recomputed.
+    """
+    exposed = []
+    for node in list(graph.nodes):
+        if node.target is not aten.native_dropout.default or not _is_forward(node):
+            continue
+        source, p, train = [*node.args, None][:3]
+        outputs = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+        if not train or not isinstance(p, float) or not 0.0 < p < 1.0 or set(outputs) != {0, 1}:
+            continue
+        output, mask = outputs[0], outputs[1]
+        assert isinstance(source, torch.fx.Node)
+        scale = 1.0 / (1.0 - p)
+        after = max((output, mask), key=lambda n: list(graph.nodes).index(n))
+        with graph.inserting_after(after):
+            masked = graph.call_function(aten.mul.Tensor, (source, mask))
+        with graph.inserting_after(masked):
+            scaled = graph.call_function(aten.mul.Tensor, (masked, scale))
+        masked.meta.update(
+            {k: v for k, v in output.meta.items() if k in ("partitioner_tag", "custom", "seq_nr")}
+        )
+        scaled.meta.update(masked.meta)
+        masked.meta["val"] = source.meta["val"] * mask.meta["val"]
+        scaled.meta["val"] = masked.meta["val"] * scale
+        masked.meta[_NAME_KEY] = "DropoutFromMask"
+        scaled.meta[_NAME_KEY] = ""
+        output.replace_all_uses_with(scaled)
+        exposed.append(_MaskedDropout(output, masked, scaled))
+    return exposed
+
+
+def _restore_dropout_outputs(graph: torch.fx.Graph, exposed: list[_MaskedDropout]) -> None:
+    """Undo :func:`_expose_dropout_outputs` where no plan recomputes the twin (Dropout's output is free)."""
+    for item in exposed:
+        if _must_recompute(item.scaled):
+            continue
+        item.scaled.replace_all_uses_with(item.output)
+        graph.erase_node(item.scaled)
+        graph.erase_node(item.masked)
+
+
 # ---- finding plans ------------------------------------------------------------------------------
 def _grow(
     root: torch.fx.Node, stashed: set[torch.fx.Node], order: dict[torch.fx.Node, int]
@@ -312,6 +373,7 @@ def _pattern(nodes: Iterable[torch.fx.Node]) -> str:
         for n in nodes
         if n.target not in RELAYOUTS and n.target is not operator.getitem and n.target not in _FACTORIES
     ]
+    names = [name for name in names if name]
     return "".join(f"{name}+" for name in names)
 
 
@@ -400,6 +462,7 @@ def _unique_names(plans: list[Plan]) -> list[Plan]:
 # ---- choosing and applying ------------------------------------------------------------------
 def plan_recompute(graph: torch.fx.Graph, config: MemoryOptimizerConfig) -> MemoryReport:
     """Find plans, choose them by level and config, and tag the chosen subgraphs for recompute."""
+    exposed = _expose_dropout_outputs(graph)
     plans, stashed = find_plans(graph)
     report = MemoryReport(
         level=config.level,
@@ -442,6 +505,7 @@ def plan_recompute(graph: torch.fx.Graph, config: MemoryOptimizerConfig) -> Memo
             for node in occurrence.nodes:
                 node.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
         plan.applied = len(chosen)
+    _restore_dropout_outputs(graph, exposed)
     return report
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import logging
 
+import onnxruntime
 import pytest
 import test_parity_zoo
 import torch
 from _parity import assert_same_state, train_side_by_side
 from torch import nn
 
+from ortrain import ORTModule
 from ortrain.capture.aot_capture import Capture, capture
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig, MemoryReport, RecomputeRequest
 from ortrain.capture.memory_summary import format_summary
@@ -184,3 +186,73 @@ def test_bad_config_is_an_error_naming_the_entry(monkeypatch: pytest.MonkeyPatch
     plans.write_text('{"Gelu+": 1}')
     with pytest.raises(ValueError, match="JSON list of strings"):
         runtime_options()
+
+
+def _train_with_ort_seed(
+    monkeypatch: pytest.MonkeyPatch, level: int, steps: int = 2
+) -> tuple[list[float], ORTModule]:
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", str(level))
+    torch.manual_seed(3)
+    config = GPTConfig(64, block_size=16, n_layer=1, n_head=2, d_model=16, dropout=0.3, attention="softmax")
+    model = ORTModule(TinyGPT(config))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    onnxruntime.set_seed(7)  # ONNX Runtime's Dropout draws the masks
+    losses = []
+    for step in range(steps):
+        idx = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(step))
+        optimizer.zero_grad()
+        loss = model(idx, torch.roll(idx, -1, dims=1))[1]
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+def test_dropout_outputs_are_rebuilt_from_their_stashed_masks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Level 1 recomputes dropout outputs from the forward's masks: same training as level 0."""
+    losses_0, model_0 = _train_with_ort_seed(monkeypatch, 0)
+    losses_1, model_1 = _train_with_ort_seed(monkeypatch, 1)
+    (report,) = memory_reports(model_1)
+    assert report.plan("DropoutFromMask+").applied == 1  # the attention probabilities' dropout
+    # Not bitwise (the backward graphs differ, so do ONNX Runtime's fusions), but a redrawn mask
+    # (30% dropout) would move the parameters and the second loss by far more than this.
+    assert losses_0[0] == losses_1[0]
+    torch.testing.assert_close(losses_0, losses_1, rtol=1e-5, atol=1e-5)
+    assert_same_state(model_0, model_1, atol=1e-5)
+
+
+class _Noisy(nn.Module):
+    """Noise from a random op, then a float64 exp: its recompute must stash the float32 noise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp((x * self.w + 0.1 * torch.rand_like(x)).double())
+
+
+def test_compromise_plan_stashes_a_smaller_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.rand(8, 32)
+    report = _report(capture(_Noisy(), [x], training=True))
+    (plan,) = report.plans
+    assert plan.kind == 2 and plan.saved_fraction == 0.5 and plan.applied == 0
+    assert "recompute with compromise" in format_summary(report)
+    # Asked for as a plain recompute it is refused with a warning (it would stash the noise anyway).
+    refused = capture(
+        _Noisy(),
+        [x],
+        training=True,
+        memory=MemoryOptimizerConfig(0, parse_memory_opt_config(f"{plan.pattern}:1:-1")),
+    )
+    assert _report(refused).applied_bytes == 0
+
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "2")
+    model = ORTModule(_Noisy())
+    y = model(x)
+    y.sum().backward()
+    (report,) = memory_reports(model)
+    assert report.plans[0].applied == 1
+    assert report.stashed_bytes == report.stashed_bytes_before - 8 * 32 * 4
+    # d/dw sum(exp(x w + noise)) = sum_batch(exp(...) x): the recomputed exp saw the forward's noise.
+    torch.testing.assert_close(model.w.grad, (y * x).sum(0).float())
