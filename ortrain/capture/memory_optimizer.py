@@ -378,17 +378,14 @@ def _pattern(nodes: Iterable[torch.fx.Node]) -> str:
 
 
 def _level(nodes: Sequence[torch.fx.Node], kind: int) -> int:
-    """Level 1: cheap subgraphs, and attention softmax chains (a batched matmul feeding a softmax).
+    """Level 1: cheap subgraphs, attention included (batched matmuls of two activations, ``bmm``).
 
-    Level 2 adds compromise plans and subgraphs that recompute a linear layer's matmul.
+    Level 2 adds compromise plans and subgraphs that recompute a linear layer's matmul (``mm``,
+    ``addmm``: a weight times the activations, the bulk of a transformer's FLOPs).
     """
     if kind == COMPROMISE:
         return 2
-    matmuls = [n for n in nodes if n.target in _MATMULS]
-    if not matmuls:
-        return 1
-    softmax = any(_op_name(n) in ("_softmax", "_safe_softmax") for n in nodes)
-    return 1 if softmax and all(n.target is aten.bmm.default for n in matmuls) else 2
+    return 1 if all(n.target not in _MATMULS or n.target is aten.bmm.default for n in nodes) else 2
 
 
 def find_plans(graph: torch.fx.Graph) -> tuple[list[Plan], list[torch.fx.Node]]:
