@@ -7,11 +7,13 @@ whole configuration surface is visible here and can be documented from one file.
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ortrain.capture.memory_optimizer import ALL, COMPROMISE, OFF, RECOMPUTE, RecomputeRequest
 from ortrain.ortmodule.fallback import FallbackPolicy, parse_fallback_policy
 
 DEFAULT_OPSET = 18
@@ -102,10 +104,9 @@ class RuntimeOptions:
     enable_embedding_sparse_optimizer: bool = False
     print_input_density: bool = False
     print_memory_stats: bool = False
-    # Guidelines §2.2 memory optimizer: level 0/1/2 and a plan list "pattern:type:count,..." or a
-    # JSON file path, kept as the raw string for the memory optimizer to read.
+    # ORTMODULE_MEMORY_OPT_LEVEL and ORTMODULE_MEMORY_OPT_CONFIG (see ortrain.capture.memory_optimizer).
     memory_opt_level: int = 0
-    memory_opt_config: str | None = None
+    memory_opt_config: tuple[RecomputeRequest, ...] = ()
     # Guidelines §6 Triton and op tuning.
     use_triton: bool = False
     enable_tuning: bool = False
@@ -114,6 +115,68 @@ class RuntimeOptions:
     triton_debug: bool = False
     # Fully qualified names (module + __qualname__) of Functions to trace inline, not as python ops.
     skipped_autograd_functions: frozenset[str] = frozenset()
+
+
+_MEMORY_OPT_LEVELS = (0, 1, 2)
+
+
+def parse_memory_opt_level(raw: str) -> int:
+    text = raw.strip()
+    if text not in {str(level) for level in _MEMORY_OPT_LEVELS}:
+        raise ValueError(
+            f"ORTMODULE_MEMORY_OPT_LEVEL={raw!r} is not a level; use one of 0, 1, 2: 0 (only the plans of "
+            "ORTMODULE_MEMORY_OPT_CONFIG), 1 (recompute cheap subgraphs in each layer) or 2 (1 plus "
+            "compromise and matmul plans)"
+        )
+    return int(text)
+
+
+def _parse_plan(entry: str) -> RecomputeRequest:
+    parts = entry.strip().split(":")
+    bad = (
+        f"ORTMODULE_MEMORY_OPT_CONFIG entry {entry.strip()!r} is not pattern:type:count "
+        "(type 0 = off, 1 = recompute, 2 = recompute with compromise; count -1 = all occurrences "
+        "or a positive number), e.g. Gelu+:1:-1"
+    )
+    if len(parts) != 3 or not parts[0].strip():
+        raise ValueError(bad)
+    pattern, kind_text, count_text = (p.strip() for p in parts)
+    try:
+        kind, count = int(kind_text), int(count_text)
+    except ValueError:
+        raise ValueError(bad) from None
+    if kind not in (OFF, RECOMPUTE, COMPROMISE) or (count != ALL and count < 1):
+        raise ValueError(bad)
+    return RecomputeRequest(pattern, kind, count)
+
+
+def parse_memory_opt_config(raw: str) -> tuple[RecomputeRequest, ...]:
+    """``pattern:type:count`` entries separated by commas, or the path of a JSON list of them."""
+    text = raw.strip()
+    if not text:
+        return ()
+    entries: list[str]
+    if text.endswith(".json") or os.path.isfile(text):
+        if not os.path.isfile(text):
+            raise ValueError(
+                f"ORTMODULE_MEMORY_OPT_CONFIG={raw!r}: no such JSON file; give a file or plans "
+                "'pattern:type:count,...'"
+            )
+        try:
+            loaded = json.loads(Path(text).read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise ValueError(
+                f"ORTMODULE_MEMORY_OPT_CONFIG={raw!r}: cannot read a JSON list of plans from it: {error}"
+            ) from None
+        if not isinstance(loaded, list) or not all(isinstance(e, str) for e in loaded):
+            raise ValueError(
+                f"ORTMODULE_MEMORY_OPT_CONFIG={raw!r} must hold a JSON list of strings "
+                '"pattern:type:count", e.g. ["Gelu+:1:-1"]'
+            )
+        entries = loaded
+    else:
+        entries = text.split(",")
+    return tuple(_parse_plan(e) for e in entries if e.strip())
 
 
 def runtime_options() -> RuntimeOptions:
@@ -146,8 +209,8 @@ def runtime_options() -> RuntimeOptions:
         enable_embedding_sparse_optimizer=_env_flag("ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER", False),
         print_input_density=_env_flag("ORTMODULE_PRINT_INPUT_DENSITY", False),
         print_memory_stats=_env_flag("ORTMODULE_PRINT_MEMORY_STATS", False),
-        memory_opt_level=_env_choice_int("ORTMODULE_MEMORY_OPT_LEVEL", (0, 1, 2), 0),
-        memory_opt_config=_memory_opt_config(),
+        memory_opt_level=parse_memory_opt_level(os.environ.get("ORTMODULE_MEMORY_OPT_LEVEL") or "0"),
+        memory_opt_config=parse_memory_opt_config(os.environ.get("ORTMODULE_MEMORY_OPT_CONFIG", "")),
         use_triton=_env_flag("ORTMODULE_USE_TRITON", False),
         enable_tuning=_env_flag("ORTMODULE_ENABLE_TUNING", False),
         max_tuning_duration_ms=_env_positive_int("ORTMODULE_MAX_TUNING_DURATION_MS"),
@@ -171,20 +234,6 @@ def _env_int(name: str, default: int, *, minimum: int) -> int:
     return value
 
 
-def _env_choice_int(name: str, choices: tuple[int, ...], default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    accepted = ", ".join(str(c) for c in choices)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer; use one of {accepted}") from None
-    if value not in choices:
-        raise ValueError(f"{name}={value} is not a level; use one of {accepted}")
-    return value
-
-
 def _env_positive_int(name: str) -> int | None:
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -196,37 +245,6 @@ def _env_positive_int(name: str) -> int | None:
     if value <= 0:
         raise ValueError(f"{name}={raw!r} is not a duration; use a positive whole number of milliseconds")
     return value
-
-
-_MEMORY_PLAN_TYPES = ("0", "1", "2")
-
-
-def _memory_opt_config() -> str | None:
-    """``pattern:type:count`` plans joined by commas, or the path of a JSON file that lists them."""
-    name = "ORTMODULE_MEMORY_OPT_CONFIG"
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    if raw.endswith(".json") or os.path.sep in raw:
-        if not Path(raw).is_file():
-            raise ValueError(
-                f"{name}={raw!r}: no such JSON file; give a file or plans 'pattern:type:count,...'"
-            )
-        return raw
-    for plan in raw.split(","):
-        parts = plan.strip().split(":")
-        ok = len(parts) == 3 and parts[0] != "" and parts[1] in _MEMORY_PLAN_TYPES
-        if ok:
-            try:
-                ok = int(parts[2]) >= -1
-            except ValueError:
-                ok = False
-        if not ok:
-            raise ValueError(
-                f"{name}: plan {plan.strip()!r} is not 'pattern:type:count' (type 0 off, 1 recompute, "
-                "2 recompute with compromise; count -1 for all occurrences or a number), nor a JSON file path"
-            )
-    return raw
 
 
 def _skipped_autograd_functions() -> frozenset[str]:

@@ -14,6 +14,7 @@ from torch import nn
 from ortrain.capture.aot_capture import Capture, GraphSlot, capture
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.huggingface import register_hf_cache_types
+from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
 from ortrain.ortmodule.eager_check import run_eagerly_leaving_no_trace
 from ortrain.ortmodule.fallback import (
@@ -364,6 +365,9 @@ class ORTModule(nn.Module):
                 opaque_functions=key.opaque_functions,
                 checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
                 skipped_functions=self._ortrain_options.skipped_autograd_functions,
+                memory=MemoryOptimizerConfig(
+                    self._ortrain_options.memory_opt_level, self._ortrain_options.memory_opt_config
+                ),
             )
         except Exception as error:
             raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error

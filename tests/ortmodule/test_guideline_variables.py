@@ -14,6 +14,7 @@ import torch
 from _parity import assert_same_state, train_side_by_side
 from torch import nn
 
+from ortrain.capture.memory_optimizer import RecomputeRequest
 from ortrain.ortmodule import DebugOptions, ORTModule, inactive_options
 from ortrain.ortmodule.fallback import FallbackPolicy
 from ortrain.ortmodule.options import runtime_options
@@ -33,7 +34,7 @@ ACCEPTED = [
     ("ORTMODULE_CACHE_DIR", "/tmp/ortrain-cache", "cache_dir", Path("/tmp/ortrain-cache")),
     ("ORTMODULE_MEMORY_OPT_LEVEL", "1", "memory_opt_level", 1),
     ("ORTMODULE_MEMORY_OPT_CONFIG", "Gelu+:1:-1,Cast+Where+Softmax+:2:3", "memory_opt_config",
-     "Gelu+:1:-1,Cast+Where+Softmax+:2:3"),
+     (RecomputeRequest("Gelu+", 1, -1), RecomputeRequest("Cast+Where+Softmax+", 2, 3))),
     ("ORTMODULE_USE_TRITON", "1", "use_triton", True),
     ("ORTMODULE_ENABLE_TUNING", "1", "enable_tuning", True),
     ("ORTMODULE_MAX_TUNING_DURATION_MS", "9999", "max_tuning_duration_ms", 9999),
