@@ -24,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ortrain.capture.checkpointing import CheckpointRegions
 from ortrain.capture.decompositions import decomposition_table
+from ortrain.capture.forward_rewrite import ForwardRewrite, ForwardTrace, rewrite_forward
 from ortrain.capture.function_calls import intercept_functions
 from ortrain.capture.huggingface import hf_masks_traceable
 from ortrain.capture.partition import partition
@@ -66,6 +67,8 @@ class Capture:
     backward: GraphSlot | None
     training: bool
     dynamic_dims: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # The pre-dispatch forward graph the rewrites ran on (None where not traced).
+    forward_trace: ForwardTrace | None = None
 
     def __call__(self, state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Any:
         return self.fn(*state, *inputs)
@@ -97,6 +100,8 @@ def capture(
     dynamic_dims: dict[int, tuple[int, ...]] | None = None,
     opaque_functions: bool = True,
     checkpoint_ops: bool = False,
+    forward_rewrites: Sequence[ForwardRewrite] = (),
+    trace_forward_graph: bool = False,
 ) -> Capture:
     """Trace ``module(*inputs)`` (a module over flat tensors returning a tuple of tensors).
 
@@ -106,7 +111,9 @@ def capture(
     each user ``torch.autograd.Function`` call one python op; otherwise Functions are traced
     through like any other code. ``checkpoint_ops`` (ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT) makes
     reentrant activation checkpoints python ops too; otherwise they are traced and recomputed in
-    the backward graph.
+    the backward graph. ``forward_rewrites`` edit the forward before it is differentiated (see
+    :mod:`ortrain.capture.forward_rewrite`); ``trace_forward_graph`` keeps that pre-dispatch graph
+    on the result even without rewrites (the inspector reads it).
     """
     slots: dict[str, GraphSlot] = {}
 
@@ -136,8 +143,15 @@ def capture(
         call_ids = stack.enter_context(
             intercept_functions(opaque=opaque_functions, hook=regions.function_hook)
         )
+        traced_module, trace = module, None
+        if forward_rewrites or trace_forward_graph:
+            traced_module, trace = rewrite_forward(module, example, forward_rewrites)
+            if traced_module is not module and not dynamic_dims:
+                # A gather of the rows a data-dependent mask selects has a size known only at run
+                # time (an unbacked size): tracing it needs fake inputs with a shape environment.
+                example = _fake_inputs(inputs, {})
         joint = aot_autograd.aot_export_joint_with_descriptors(
-            stack, module, tuple(example), decompositions=decomposition_table()
+            stack, traced_module, tuple(example), decompositions=decomposition_table()
         )
         fn = aot_autograd.aot_compile_joint_with_descriptors(
             joint,
@@ -157,6 +171,7 @@ def capture(
         backward=slots.get("backward"),
         training=training,
         dynamic_dims=dynamic_dims,
+        forward_trace=trace,
     )
     # The python ops' records live as long as the graphs that name them.
     weakref.finalize(captured, release_calls, call_ids)

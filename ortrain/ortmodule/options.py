@@ -96,6 +96,11 @@ class RuntimeOptions:
     allow_autograd_checkpoint: bool
     enable_compute_optimizer: bool
     cache_dir: Path | None
+    # Issue 12: sparsity optimizers and the runtime inspector (guidelines §2.1).
+    enable_sparse_optimizer: bool = True
+    enable_embedding_sparse_optimizer: bool = False
+    print_input_density: bool = False
+    print_memory_stats: bool = False
 
 
 def runtime_options() -> RuntimeOptions:
@@ -121,6 +126,10 @@ def runtime_options() -> RuntimeOptions:
         allow_autograd_checkpoint=_env_flag("ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT", False),
         enable_compute_optimizer=_env_flag("ORTMODULE_ENABLE_COMPUTE_OPTIMIZER", True),
         cache_dir=Path(cache_raw) if cache_raw else None,
+        enable_sparse_optimizer=_env_flag("ORTMODULE_ENABLE_SPARSE_OPTIMIZER", True),
+        enable_embedding_sparse_optimizer=_env_flag("ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER", False),
+        print_input_density=_env_flag("ORTMODULE_PRINT_INPUT_DENSITY", False),
+        print_memory_stats=_env_flag("ORTMODULE_PRINT_MEMORY_STATS", False),
     )
 
 

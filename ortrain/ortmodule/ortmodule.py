@@ -21,9 +21,9 @@ from ortrain.ortmodule.fallback import (
     ORTModuleONNXModelException,
     ORTModuleTorchModelException,
 )
-from ortrain.ortmodule.options import DebugOptions, python_log_level, runtime_options
+from ortrain.ortmodule.options import DebugOptions, RuntimeOptions, python_log_level, runtime_options
 from ortrain.ortmodule.schema import Spec, flatten, tensor_signature, unflatten
-from ortrain.passes.pipeline import StageSaver, default_passes
+from ortrain.passes.pipeline import ForwardRewrite, StageSaver, default_passes, forward_rewrites
 from ortrain.runtime.graph_executor import build_graph_executor
 from ortrain.runtime.memory import release_freed_memory
 
@@ -71,6 +71,14 @@ class _CompiledEntry:
                 if fixed is not None and size != fixed:
                     return False
         return True
+
+
+def _forward_rewrites(options: RuntimeOptions) -> list[ForwardRewrite]:
+    return forward_rewrites(
+        compute_optimizer=options.enable_compute_optimizer,
+        sparse_optimizer=options.enable_sparse_optimizer,
+        embedding_sparse_optimizer=options.enable_embedding_sparse_optimizer,
+    )
 
 
 class ORTModule(nn.Module):
@@ -277,6 +285,8 @@ class ORTModule(nn.Module):
                 dynamic_dims=dynamic,
                 opaque_functions=opaque,
                 checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
+                forward_rewrites=_forward_rewrites(self._ortrain_options),
+                trace_forward_graph=self._ortrain_options.print_input_density,
             )
         except Exception as error:
             raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
