@@ -236,8 +236,8 @@ def push_selection_up(graph: torch.fx.Graph, selection_node: torch.fx.Node) -> i
                 arg = other.args[position] if position < len(other.args) else None
                 if isinstance(arg, torch.fx.Node) and arg not in region:
                     candidates.append(arg)
-    if not region:
-        return 0
+    if all((selection.kind == "gather" and _is_leading_reshape(n)) or _is_full_slice(n) for n in region):
+        return 0  # only reshapes: moving past them saves nothing
     order = {n: i for i, n in enumerate(graph.nodes)}
     selected: dict[torch.fx.Node, torch.fx.Node] = {}
     rebuilt: dict[torch.fx.Node, torch.fx.Node] = {}
