@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from torch import nn
 
 from ortrain.capture.aot_capture import Capture, GraphSlot, capture
 from ortrain.capture.huggingface import register_hf_cache_types
+from ortrain.inspector.runtime_inspector import RuntimeInspector
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
 from ortrain.ortmodule.fallback import (
     FallbackManager,
@@ -38,6 +40,7 @@ _OWN_ATTRIBUTES = frozenset(
         "_ortrain_graphs",
         "_ortrain_fallback",
         "_ortrain_state",
+        "_ortrain_inspector",
         "training",
     }
 )
@@ -108,6 +111,19 @@ class ORTModule(nn.Module):
         logging.getLogger("ortrain").setLevel(python_log_level(debug.log_level))
         register_hf_cache_types()
         self.training = module.training
+        self._init_inspector(options)
+
+    def _init_inspector(self, options: RuntimeOptions) -> None:
+        inspector = RuntimeInspector(
+            print_input_density=options.print_input_density, print_memory_stats=options.print_memory_stats
+        )
+        object.__setattr__(self, "_ortrain_inspector", inspector)
+        weakref.finalize(self, inspector.finish)
+
+    @property
+    def inspector(self) -> RuntimeInspector:
+        """Input density and memory figures (ORTMODULE_PRINT_INPUT_DENSITY / _PRINT_MEMORY_STATS)."""
+        return self._ortrain_inspector
 
     # ---- the wrapped module's own objects --------------------------------------------------
     @property
@@ -240,6 +256,8 @@ class ORTModule(nn.Module):
             entries.append(entry)
         state_tensors = [state[name] for name in entry.capture.state_names]
         try:
+            if self._ortrain_inspector.enabled:
+                self._ortrain_inspector.on_forward(entry.capture, spec, self._ortrain_module.forward, inputs)
             outputs = entry.capture(state_tensors, inputs)
         except Exception as error:
             self._raise_if_user_error(spec, inputs)
@@ -316,6 +334,8 @@ class ORTModule(nn.Module):
         first = len(captured.state_names)
         fw_values = captured.forward.placeholder_values[first:]
         sizes = [tuple(s if isinstance(s, int) else None for s in value.shape) for value in fw_values]
+        if self._ortrain_inspector.enabled:
+            self._ortrain_inspector.attach(captured, device)
         return _CompiledEntry(captured, sizes, flat_module.output_spec)
 
     def _raise_if_user_error(self, spec: Spec, inputs: list[torch.Tensor]) -> None:
