@@ -137,9 +137,8 @@ class InputDensity:
         rows = self.records if records is None else records
         lines = ["| step | input | embedding density | label density |", "|---:|---|---:|---:|"]
         for r in rows:
-            lines.append(
-                f"| {r.step} | {r.input_name} | {_percent(r.embedding_density)} | {_percent(r.label_density)} |"
-            )
+            embedding, label = _percent(r.embedding_density), _percent(r.label_density)
+            lines.append(f"| {r.step} | {r.input_name} | {embedding} | {label} |")
         return "\n".join(lines)
 
     def log(self, title: str) -> None:

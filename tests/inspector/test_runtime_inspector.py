@@ -89,7 +89,7 @@ def test_memory_stats_per_phase(monkeypatch: pytest.MonkeyPatch, caplog: pytest.
 
 
 def test_input_names_from_signature_and_nesting() -> None:
-    def forward(input_ids, attention_mask=None, *, labels=None):  # noqa: ANN001, ANN202
+    def forward(input_ids, attention_mask=None, *, labels=None):
         return None
 
     x = torch.zeros(1)
