@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +62,7 @@ _ROW_ARGS: dict[Any, tuple[int, ...]] = {
     aten.mean.dim: (0,),
 }
 # Ops whose ``dim`` argument (at this position) must name the last dim.
-_LAST_DIM_ARG = {
+LAST_DIM_ARG = {
     aten._log_softmax.default: 1,
     aten.log_softmax.int: 1,
     aten._softmax.default: 1,
@@ -134,13 +134,13 @@ def as_selection(node: torch.fx.Node) -> Selection | None:
         if not isinstance(dim, int):
             return None
         dim = dim % source.dim()
-        if dim < source.dim() - 1 and not _is_full_slice(node):
+        if dim < source.dim() - 1 and not is_full_slice(node):
             kind = "select" if node.target is aten.select.int else "slice"
             return Selection(node, kind, tuple(source.shape[:-1]))
     return None
 
 
-def _is_full_slice(node: torch.fx.Node) -> bool:
+def is_full_slice(node: torch.fx.Node) -> bool:
     """``x[:, 0:]``-style slices that keep everything (HF's ``logits_to_keep=0``)."""
     if node.target is not aten.slice.Tensor:
         return False
@@ -151,7 +151,7 @@ def _is_full_slice(node: torch.fx.Node) -> bool:
     return step == 1 and tuple(source.shape) == tuple(out.shape)
 
 
-def _is_leading_reshape(node: torch.fx.Node) -> bool:
+def is_leading_reshape(node: torch.fx.Node) -> bool:
     """A reshape that merges or splits leading dims and keeps the features (the last dim)."""
     if node.target not in _RESHAPES:
         return False
@@ -167,23 +167,34 @@ def _names_last_dim(dim: Any, ndim: int) -> bool:
     return isinstance(dim, int) and dim % ndim == ndim - 1
 
 
-def _row_args(node: torch.fx.Node, selection: Selection) -> tuple[int, ...] | None:
-    """The row-carrying argument positions of ``node`` if it is row-wise here, else None."""
+def row_arguments(
+    node: torch.fx.Node,
+    matches: Callable[[torch.Tensor], bool],
+    *,
+    leading_reshapes: bool,
+    broadcasts: Callable[[torch.Tensor], bool] = lambda val: val.dim() <= 1,
+) -> tuple[int, ...] | None:
+    """The row-carrying argument positions of ``node`` if it is row-wise over these rows, else None.
+
+    ``matches`` says whether a tensor has the rows (its leading dims); ``broadcasts`` whether an
+    operand without them is one that every row shares (a bias). ``leading_reshapes`` admits
+    reshapes that only merge or split the leading dims (rows addressed as one flat dim).
+    """
     if node.op != "call_function":
         return None
     out = value(node)
-    if out is None or not selection.leading_matches(out):
+    if out is None or not matches(out):
         return None
-    if selection.kind == "gather" and _is_leading_reshape(node):
+    if leading_reshapes and is_leading_reshape(node):
         return (0,)
-    if _is_full_slice(node):
+    if is_full_slice(node):
         dim = node.args[1] % out.dim()
         return (0,) if dim < out.dim() - 1 else None
     positions = _ROW_ARGS.get(node.target)
     if positions is None:
         return None
-    if node.target in _LAST_DIM_ARG:
-        position = _LAST_DIM_ARG[node.target]
+    if node.target in LAST_DIM_ARG:
+        position = LAST_DIM_ARG[node.target]
         if len(node.args) <= position or not _names_last_dim(node.args[position], out.dim()):
             return None
         if node.target is aten.mean.dim and not (len(node.args) > 2 and node.args[2] is True):
@@ -199,9 +210,13 @@ def _row_args(node: torch.fx.Node, selection: Selection) -> tuple[int, ...] | No
         val = value(arg)
         if val is None:
             continue  # a Python number
-        if not selection.leading_matches(val) and val.dim() > 1:
+        if not matches(val) and not broadcasts(val):
             return None  # broadcast along the rows in a way a selection would change
     return positions
+
+
+def _row_args(node: torch.fx.Node, selection: Selection) -> tuple[int, ...] | None:
+    return row_arguments(node, selection.leading_matches, leading_reshapes=selection.kind == "gather")
 
 
 def push_selection_up(graph: torch.fx.Graph, selection_node: torch.fx.Node) -> int:
@@ -236,7 +251,7 @@ def push_selection_up(graph: torch.fx.Graph, selection_node: torch.fx.Node) -> i
                 arg = other.args[position] if position < len(other.args) else None
                 if isinstance(arg, torch.fx.Node) and arg not in region:
                     candidates.append(arg)
-    if all((selection.kind == "gather" and _is_leading_reshape(n)) or _is_full_slice(n) for n in region):
+    if all((selection.kind == "gather" and is_leading_reshape(n)) or is_full_slice(n) for n in region):
         return 0  # only reshapes: moving past them saves nothing
     order = {n: i for i, n in enumerate(graph.nodes)}
     selected: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -255,11 +270,11 @@ def push_selection_up(graph: torch.fx.Graph, selection_node: torch.fx.Node) -> i
                     if arg not in selected:
                         selected[arg] = selection.apply(graph, arg)
                     args[position] = selected[arg]
-            if (selection.kind == "gather" and _is_leading_reshape(node)) or _is_full_slice(node):
+            if (selection.kind == "gather" and is_leading_reshape(node)) or is_full_slice(node):
                 rebuilt[node] = args[0]  # already rows of the selection
                 continue
-            if node.target in _LAST_DIM_ARG:
-                position = _LAST_DIM_ARG[node.target]
+            if node.target in LAST_DIM_ARG:
+                position = LAST_DIM_ARG[node.target]
                 args[position] = [-1] if isinstance(args[position], (list, tuple)) else -1
             new = graph.call_function(node.target, tuple(args), dict(node.kwargs))
             rebuilt[node] = new

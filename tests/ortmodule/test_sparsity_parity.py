@@ -183,26 +183,34 @@ def _padded_batches(shape: tuple[int, int], with_mlm_labels: bool) -> list[dict[
     return batches
 
 
-@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
-def test_bert_masked_lm_padded(monkeypatch: pytest.MonkeyPatch, sparse: bool) -> None:
+@pytest.mark.parametrize(
+    ("sparse", "embedding"), [(True, False), (False, False), (True, True), (False, True)], ids=str
+)
+def test_bert_masked_lm_padded(monkeypatch: pytest.MonkeyPatch, sparse: bool, embedding: bool) -> None:
     transformers = pytest.importorskip("transformers")
-    _set_switches(monkeypatch, sparse=sparse, compute=True)
+    _set_switches(monkeypatch, sparse=sparse, compute=True, embedding=embedding)
     torch.manual_seed(0)
     model = transformers.BertForMaskedLM(_bert_config())
     wrapped = _train_and_compare(model, _padded_batches((2, 10), True), lambda m, b: m(**b).loss)
-    assert any(c.startswith("label sparsity") for c in _changes(wrapped)) == sparse
+    changes = _changes(wrapped)
+    assert any(c.startswith("label sparsity") for c in changes) == sparse
+    assert any(c.startswith("padding elimination") for c in changes) == embedding
 
 
-@pytest.mark.parametrize("compute", [True, False], ids=["compute", "plain"])
-def test_bert_sequence_classification(monkeypatch: pytest.MonkeyPatch, compute: bool) -> None:
+@pytest.mark.parametrize(("compute", "embedding"), [(True, False), (False, False), (True, True)], ids=str)
+def test_bert_sequence_classification(
+    monkeypatch: pytest.MonkeyPatch, compute: bool, embedding: bool
+) -> None:
     """The pooler reads token 0: the last layer's MLP and output norm run on that token only."""
     transformers = pytest.importorskip("transformers")
-    _set_switches(monkeypatch, sparse=True, compute=compute)
+    _set_switches(monkeypatch, sparse=True, compute=compute, embedding=embedding)
     torch.manual_seed(0)
     model = transformers.BertForSequenceClassification(_bert_config(num_labels=3))
     wrapped = _train_and_compare(model, _padded_batches((2, 10), False), lambda m, b: m(**b).loss)
-    moved = [c for c in _changes(wrapped) if c.startswith("compute optimizer: moved a select")]
-    assert bool(moved) == compute
+    changes = _changes(wrapped)
+    moved = [c for c in changes if c.startswith("compute optimizer: moved a select")]
+    assert bool(moved) == (compute and not embedding)  # with padding elimination, the last layer is sparse
+    assert any(c.startswith("padding elimination") for c in changes) == embedding
 
 
 def test_model_without_sparsity_is_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
