@@ -14,7 +14,6 @@ before, so a model without sparsity gets exactly the graphs it got without this 
 from __future__ import annotations
 
 import logging
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,8 +108,12 @@ def trace_forward(flat_module: nn.Module, example: Sequence[torch.Tensor]) -> Fo
     return ForwardTrace(gm, len(tensors))
 
 
+_SIZE_FUNCTIONS = {torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_float, torch.sym_int, torch.sym_ite}
+
+
 def _is_plain_op(target: Any) -> bool:
-    if target is operator.getitem:
+    """ATen ops and size arithmetic; not python ops, checkpoint regions or other higher-order ops."""
+    if getattr(target, "__module__", None) == "_operator" or target in _SIZE_FUNCTIONS:
         return True
     if isinstance(target, torch._ops.OpOverload):
         return target.namespace in ("aten", "prims")

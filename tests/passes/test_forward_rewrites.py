@@ -105,6 +105,24 @@ def _depends_on(node: torch.fx.Node, target: object) -> bool:
     return False
 
 
+def test_dynamic_sizes_are_rewritten_too() -> None:
+    """A second sequence length makes ortrain capture with symbolic sizes; the rewrites still apply."""
+    from ortrain.capture.aot_capture import _fake_inputs
+
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=31, block_size=16, n_layer=1, n_head=2, d_model=8))
+    flat = Flat(model, slice(1, 2))
+    idx = torch.randint(0, 31, (2, 10))
+    fakes = _fake_inputs([idx, _targets(idx, 5)], {0: (0, 1), 1: (0, 1)})
+    trace = trace_forward(flat, fakes)
+    assert trace is not None
+    assert gather_counted_labels(trace.graph_module) and upstream_selections(trace.graph_module)
+    trace.graph_module.recompile()
+    for shape, counted in (((3, 7), 4), ((1, 12), 0)):
+        idx = torch.randint(0, 31, shape)
+        _assert_same_loss_and_grads(flat, trace.graph_module, [idx, _targets(idx, counted)])
+
+
 def test_head_stays_dense_when_the_logits_are_an_output() -> None:
     torch.manual_seed(0)
     model = TinyGPT(GPTConfig(vocab_size=31, block_size=16, n_layer=1, n_head=2, d_model=8))
