@@ -12,10 +12,11 @@ AOTAutograd then derives the backward of the rewritten forward, which shrinks wi
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 import torch
 
-from ortrain.passes.rowwise import push_selection_up, selections
+from ortrain.passes.rowwise import op_name, push_selection_up, selections
 
 logger = logging.getLogger("ortrain.passes")
 
@@ -35,9 +36,12 @@ def upstream_selections(gm: torch.fx.GraphModule) -> list[str]:
     for node in list(reversed(selections(gm.graph))):
         if getattr(node, "_erased", False):
             continue
-        what = _describe(node)
+        what = op_name(node)
         moved = push_selection_up(gm.graph, node)
         if moved:
-            changes.append(f"compute optimizer: moved a {what} up past {moved} token-wise ops")
+            counts = ", ".join(f"{n} {name}" for name, n in Counter(moved).most_common())
+            changes.append(
+                f"compute optimizer: moved a {what} up past {len(moved)} token-wise ops ({counts})"
+            )
             logger.info("%s", changes[-1])
     return changes

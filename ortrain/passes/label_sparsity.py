@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ortrain.passes.rowwise import value
+from ortrain.passes.rowwise import op_name, value
 
 logger = logging.getLogger("ortrain.passes")
 
@@ -93,7 +93,7 @@ def gather_counted_labels(gm: torch.fx.GraphModule) -> list[str]:
             labels = graph.call_function(aten.index_select.default, (loss.target, 0, index))
         loss.node.args = (rows, labels, *loss.node.args[2:])
         changes.append(
-            f"label sparsity: {loss.node.target.__name__} (ignore_index={loss.ignore_index}) "
+            f"label sparsity: {op_name(loss.node)} (ignore_index={loss.ignore_index}) "
             "now runs on the counted rows only"
         )
         logger.info("%s", changes[-1])

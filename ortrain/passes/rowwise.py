@@ -219,14 +219,14 @@ def _row_args(node: torch.fx.Node, selection: Selection) -> tuple[int, ...] | No
     return row_arguments(node, selection.leading_matches, leading_reshapes=selection.kind == "gather")
 
 
-def push_selection_up(graph: torch.fx.Graph, selection_node: torch.fx.Node) -> int:
+def push_selection_up(graph: torch.fx.Graph, selection_node: torch.fx.Node) -> list[str]:
     """Run the row-wise producers of ``selection_node``'s input on the selected rows only.
 
-    Returns how many nodes now run on the selected rows (0: nothing could move).
+    Returns the ops that now run on the selected rows (their ATen names; empty: nothing moved).
     """
     selection = as_selection(selection_node)
     if selection is None:
-        return 0
+        return []
     top = selection_node.args[0]
     assert isinstance(top, torch.fx.Node)
     region: dict[torch.fx.Node, tuple[int, ...]] = {}
@@ -252,7 +252,7 @@ def push_selection_up(graph: torch.fx.Graph, selection_node: torch.fx.Node) -> i
                 if isinstance(arg, torch.fx.Node) and arg not in region:
                     candidates.append(arg)
     if all((selection.kind == "gather" and is_leading_reshape(n)) or is_full_slice(n) for n in region):
-        return 0  # only reshapes: moving past them saves nothing
+        return []  # only reshapes: moving past them saves nothing
     order = {n: i for i, n in enumerate(graph.nodes)}
     selected: dict[torch.fx.Node, torch.fx.Node] = {}
     rebuilt: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -283,7 +283,13 @@ def push_selection_up(graph: torch.fx.Graph, selection_node: torch.fx.Node) -> i
     for node in sorted(region, key=order.__getitem__, reverse=True):
         if not node.users:
             graph.erase_node(node)
-    return len(region)
+    return [op_name(n) for n in sorted(region, key=order.__getitem__)]
+
+
+def op_name(node: torch.fx.Node) -> str:
+    """``linear`` for ``aten.linear.default``: the name a log line shows."""
+    target = node.target
+    return getattr(target, "__name__", str(target)).split(".")[0]
 
 
 def selections(graph: torch.fx.Graph) -> Sequence[torch.fx.Node]:
