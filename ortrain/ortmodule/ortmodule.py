@@ -255,9 +255,9 @@ class ORTModule(nn.Module):
                 raise
             entries.append(entry)
         state_tensors = [state[name] for name in entry.capture.state_names]
+        if self._ortrain_inspector.enabled:
+            self._ortrain_inspector.on_forward(entry.capture, spec, self._ortrain_module.forward, inputs)
         try:
-            if self._ortrain_inspector.enabled:
-                self._ortrain_inspector.on_forward(entry.capture, spec, self._ortrain_module.forward, inputs)
             outputs = entry.capture(state_tensors, inputs)
         except Exception as error:
             self._raise_if_user_error(spec, inputs)
