@@ -209,11 +209,9 @@ class ORTModule(nn.Module):
     def _run_on_ort(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         inputs, spec = flatten((args, kwargs))
         state = self._state_by_name()
-        for tensor in (*inputs, *state.values()):
-            if tensor.device.type != "cpu":
-                raise ORTModuleDeviceException(
-                    f"ortrain runs on the CPU execution provider; got a tensor on {tensor.device}"
-                )
+        devices = {t.device for t in (*inputs, *state.values()) if isinstance(t, torch.Tensor)}
+        if len(devices) > 1:  # each device gets its executors (runtime/selection.py); one at a time
+            raise ORTModuleDeviceException(f"ortrain runs a graph on one device; got tensors on {devices}")
         training = self.training and torch.is_grad_enabled()
         opaque = custom_autograd_enabled(self._ortrain_options.enable_custom_autograd)
         signature = tuple(tensor_signature(t) for t in inputs)
@@ -290,7 +288,8 @@ class ORTModule(nn.Module):
         slots: list[tuple[str, GraphSlot]] = [("forward", captured.forward)]
         if captured.backward is not None:
             slots.append(("backward", captured.backward))
-        device = inputs[0].device if inputs else torch.device("cpu")
+        state = self._state_by_name().values()
+        device = next((t.device for t in (*inputs, *state)), torch.device("cpu"))
         for name, slot in slots:
             slot.runner = build_graph_executor(
                 slot.graph,
@@ -299,6 +298,7 @@ class ORTModule(nn.Module):
                 passes=passes,
                 saver=saver,
                 device=device,
+                policy=self._ortrain_options.fallback_policy,
             )
         # Export keeps example tensors alive until collected; give their memory back now.
         gc.collect()
