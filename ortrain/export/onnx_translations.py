@@ -64,6 +64,15 @@ def has_onnx_translation(target: Any) -> bool:
         return False
 
 
+def decomposed_at_export(target: Any) -> bool:
+    """torch.onnx translates this op through a decomposition, so its ONNX nodes carry the names of
+    the decomposition's nodes, not of the FX node."""
+    try:
+        return target in _decomposed() and not _registry().is_registered(target)
+    except Exception:
+        return False
+
+
 _FX_NODE = re.compile(r"^%(\S+) :")
 
 

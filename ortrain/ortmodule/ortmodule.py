@@ -21,7 +21,7 @@ from ortrain.ortmodule.fallback import (
     ORTModuleONNXModelException,
     ORTModuleTorchModelException,
 )
-from ortrain.ortmodule.options import DebugOptions, python_log_level, runtime_options
+from ortrain.ortmodule.options import DebugOptions, openmp_wait_policy, python_log_level, runtime_options
 from ortrain.ortmodule.schema import Spec, flatten, tensor_signature, unflatten
 from ortrain.passes.pipeline import StageSaver, default_passes
 from ortrain.runtime.graph_executor import build_graph_executor
@@ -299,6 +299,7 @@ class ORTModule(nn.Module):
                 saver=saver,
                 device=device,
                 policy=self._ortrain_options.fallback_policy,
+                openmp_passive=openmp_wait_policy() == "PASSIVE",
             )
         # Export keeps example tensors alive until collected; give their memory back now.
         gc.collect()

@@ -25,7 +25,6 @@ from torch.fx.node import map_aggregate
 
 from ortrain.errors import FallbackPolicy, ORTModuleDeviceException, ORTModuleONNXModelException
 from ortrain.export.python_op_view import PythonOpNode, TorchRegionNode, ViewSegment, python_op_view
-from ortrain.ortmodule.options import openmp_wait_policy
 from ortrain.passes.pipeline import Pass, StageSaver
 from ortrain.runtime.executors.base import RegionRejected, Runner, fx_target_name
 from ortrain.runtime.executors.ort import OnnxRuntimeExecutor, OrtSessionRunner
@@ -50,8 +49,13 @@ def build_graph_executor(
     device: torch.device,
     policy: FallbackPolicy = FallbackPolicy.default(),
     available_providers: list[str] | None = None,
+    openmp_passive: bool = True,
 ) -> PlanRunner:
-    """Build the runner of ``graph`` (the ``name`` graph: "forward" or "backward")."""
+    """Build the runner of ``graph`` (the ``name`` graph: "forward" or "backward").
+
+    ``openmp_passive``: PyTorch's OpenMP threads do not spin (``OMP_WAIT_POLICY=PASSIVE``); when
+    they do and the graph mixes PyTorch work with ONNX Runtime regions, a warning advises it.
+    """
     selection = select_executors(
         device,
         opset_version=opset_version,
@@ -97,7 +101,7 @@ def build_graph_executor(
             logger.warning(_refusal_message(name, refused, disabled=False))
         if any(not isinstance(s.executor, OnnxRuntimeExecutor) for s in plan.steps) and any(
             isinstance(s.executor, OnnxRuntimeExecutor) for s in plan.steps
-        ):
+        ) and not openmp_passive:
             _advise_passive_openmp()
     logger.info(
         "%s graph: %s", name, ", ".join(f"{count} nodes in {e}" for e, count in plan.nodes_by_executor().items())
@@ -148,14 +152,13 @@ def _warn_once_per_device(device: str, reason: str) -> None:
 
 @functools.cache
 def _advise_passive_openmp() -> None:
-    if openmp_wait_policy() != "PASSIVE":
-        # Measured on the tiny GPT with a custom GELU: 1.12x the built-in GELU's step time
-        # with the default policy, 0.98x with PASSIVE.
-        logger.warning(
-            "this model runs PyTorch work between ONNX Runtime regions; start Python with "
-            "OMP_WAIT_POLICY=PASSIVE so that PyTorch's spinning OpenMP threads do not slow ONNX "
-            "Runtime's kernels down"
-        )
+    # Measured on the tiny GPT with a custom GELU: 1.12x the built-in GELU's step time with the
+    # default policy, 0.98x with PASSIVE.
+    logger.warning(
+        "this model runs PyTorch work between ONNX Runtime regions; start Python with "
+        "OMP_WAIT_POLICY=PASSIVE so that PyTorch's spinning OpenMP threads do not slow ONNX "
+        "Runtime's kernels down"
+    )
 
 
 def _save_views(plan: Plan, runners: list[Runner], saver: StageSaver, name: str, opset_version: int) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import re
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +28,7 @@ import sympy
 import torch
 
 from ortrain.export.fx_to_onnx import ExportedGraph, ExportError, export_graph
-from ortrain.export.onnx_translations import fx_node_name, has_onnx_translation
+from ortrain.export.onnx_translations import decomposed_at_export, fx_node_name, has_onnx_translation
 from ortrain.passes.pipeline import Pass, run_passes
 from ortrain.runtime.executors.base import RegionRejected, Runner
 
@@ -296,9 +297,10 @@ class OnnxRuntimeExecutor:
                 if culprits:
                     raise RegionRejected({n.name: str(error) for n in culprits}) from error
             raise RegionRejected({name: f"export of its region failed: {error}" for name in nodes}) from error
+        self._reject_wrong_dtypes(region, exported)
         before = exported.model
         exported.model = run_passes(exported.model, self.passes, graph=self.graph_name, saver=None)
-        self._reject_missing_kernels(exported.model, nodes)
+        self._reject_missing_kernels(region, exported.model)
         try:
             runner = OrtSessionRunner(exported, device=self.device, provider=self.provider)
         except Exception as error:
@@ -311,15 +313,42 @@ class OnnxRuntimeExecutor:
         runner.model_before_passes = before  # type: ignore[attr-defined]
         return runner
 
-    def _reject_missing_kernels(self, model: onnx.ModelProto, nodes: list[str]) -> None:
+    def _reject_missing_kernels(self, region: torch.fx.GraphModule, model: onnx.ModelProto) -> None:
+        calls = [n for n in region.graph.nodes if n.op == "call_function"]
+        names = {n.name for n in calls}
+        # Ops the exporter decomposes yield ONNX nodes named after the decomposition's nodes.
+        decomposed = [n.name for n in calls if decomposed_at_export(n.target)]
         reasons: dict[str, str] = {}
         for onnx_node, why in missing_kernels(model, self.provider):
             origin = fx_node_name(onnx_node)
-            if origin is None or origin not in nodes:
-                # Not traceable to one FX node: the whole region goes to the next executor.
-                reasons.update({name: why for name in nodes})
-                break
-            reasons.setdefault(origin, why)
+            if origin in names:
+                reasons.setdefault(origin, why)  # type: ignore[arg-type]
+                continue
+            # Not traceable to one FX node: blame the decomposed ops, else the whole region.
+            for name in decomposed or sorted(names):
+                reasons.setdefault(name, f"{why} (in its translation)")
+        if reasons:
+            raise RegionRejected(reasons)
+
+    @staticmethod
+    def _reject_wrong_dtypes(region: torch.fx.GraphModule, exported: ExportedGraph) -> None:
+        """An ONNX output whose element type is not the FX value's dtype (the exporter's bfloat16
+        ``native_layer_norm`` returns float32 statistics, say) would hand PyTorch the wrong dtype."""
+        returned = list(region.graph.output_node().args[0])  # type: ignore[arg-type]
+        onnx_outputs = exported.model.graph.output
+        reasons: dict[str, str] = {}
+        for node, source in zip(returned, exported.outputs, strict=True):
+            from_onnx = source.kind == "onnx" or (source.kind == "view" and not source.from_input)
+            if not from_onnx or not isinstance(node, torch.fx.Node):
+                continue
+            value = node.meta.get("val")
+            got = onnx_outputs[source.index].type.tensor_type.elem_type
+            if isinstance(value, torch.Tensor) and _ELEMENT_TYPES.get(value.dtype, got) != got:
+                culprit = node.args[0] if node.target is operator.getitem else node
+                reasons[culprit.name] = (  # type: ignore[union-attr]
+                    f"its ONNX translation returns {onnx.TensorProto.DataType.Name(got).lower()} "
+                    f"where PyTorch returns {value.dtype}"
+                )
         if reasons:
             raise RegionRejected(reasons)
 
