@@ -76,26 +76,31 @@ def build_graph_executor(
             refused = _refused(plan, onnxruntime)
             if refused:
                 raise ORTModuleONNXModelException(_refusal_message(name, refused, disabled=True))
-        try:
-            runners = [
-                step.executor.build(step.region, what=f"region {step.name} of the {name} graph", whole=plan.whole)
-                for step in plan.steps
-            ]
-        except RegionRejected as rejection:
-            assert onnxruntime is not None
-            new = {k: v for k, v in rejection.reasons.items() if k not in onnxruntime.rejected}
-            if not new:
-                raise ORTModuleONNXModelException(f"ONNX Runtime cannot run the {name} graph: {rejection}") from None
-            onnxruntime.rejected.update(new)
-            if not allow_torch:
-                targets = {n.name: fx_target_name(n) for n in graph.graph.nodes}
-                refused = {n: (targets.get(n, n), why) for n, why in new.items()}
-                raise ORTModuleONNXModelException(_refusal_message(name, refused, disabled=True)) from None
-            continue
-        break
+        # Build every region, collecting what each rejects, so one re-partition answers them all.
+        runners: list[Runner] = []
+        rejected: dict[str, str] = {}
+        for step in plan.steps:
+            try:
+                runners.append(
+                    step.executor.build(step.region, what=f"region {step.name} of the {name} graph", whole=plan.whole)
+                )
+            except RegionRejected as rejection:
+                rejected.update(rejection.reasons)
+        if not rejected:
+            break
+        assert onnxruntime is not None
+        new = {k: v for k, v in rejected.items() if k not in onnxruntime.rejected}
+        if not new:
+            raise ORTModuleONNXModelException(f"ONNX Runtime cannot run the {name} graph: {rejected}")
+        onnxruntime.rejected.update(new)
+        if not allow_torch:
+            targets = {n.name: fx_target_name(n) for n in graph.graph.nodes}
+            refused = {n: (targets.get(n, n), why) for n, why in new.items()}
+            raise ORTModuleONNXModelException(_refusal_message(name, refused, disabled=True))
     else:
         raise ORTModuleONNXModelException(f"the {name} graph could not be partitioned in {_MAX_PARTITIONS} tries")
     if onnxruntime is not None:
+        onnxruntime.forget_builds()
         refused = _refused(plan, onnxruntime)
         if refused:
             logger.warning(_refusal_message(name, refused, disabled=False))

@@ -94,9 +94,10 @@ def test_low_precision_mlp_trains_with_each_node_where_it_can_run(monkeypatch, d
     torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=tolerance, atol=tolerance)
     _assert_close_state(wrapped, eager, rtol=tolerance, atol=tolerance)
     assert wrapped._ortrain_fallback.reason is None
-    forward, _ = (r.plan.nodes_by_executor() for r in _runners(wrapped))
-    # The CPU provider has no bfloat16/float16 Gemm: the matmuls run in PyTorch, LayerNorm in ORT.
-    assert forward["torch"] >= 3 and forward["onnxruntime"] >= 1
+    counts = [r.plan.nodes_by_executor() for r in _runners(wrapped)]
+    # The CPU provider has no bfloat16/float16 Gemm or MatMul: those run in PyTorch.
+    assert all(c["torch"] >= 3 for c in counts)
+    assert sum(c.get("onnxruntime", 0) for c in counts) >= 1
 
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-4), (torch.bfloat16, 3e-2), (torch.float16, 5e-3)])
@@ -113,5 +114,5 @@ def test_tiny_gpt_parity_in_each_dtype(monkeypatch, dtype, tolerance) -> None:
     forward, backward = (r.plan.nodes_by_executor() for r in _runners(wrapped))
     if dtype == torch.float32:
         assert set(forward) == set(backward) == {"onnxruntime"}  # the one-session fast path
-    else:
+    else:  # the float32 loss at least runs in ONNX Runtime
         assert forward["onnxruntime"] >= 1 and forward["torch"] >= 1

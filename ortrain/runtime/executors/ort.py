@@ -252,6 +252,17 @@ def missing_kernels(model: onnx.ModelProto, provider: str) -> list[tuple[onnx.No
     return missing
 
 
+def _signature(node: torch.fx.Node) -> tuple[Any, ...]:
+    """An operator and the dtypes it sees: what decides whether a kernel exists."""
+    values = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
+    dtypes = tuple(v.dtype if isinstance(v, torch.Tensor) else None for v in values)
+    return (node.target, dtypes)
+
+
+# (provider, operator, dtypes) -> why ONNX Runtime cannot run it: learned once per process, so
+# later regions and graphs do not export a node only to reject it again.
+_learned_refusals: dict[tuple[Any, ...], str] = {}
+
 _REJECTED_NODE = re.compile(r"node with name '([^']*)'")
 
 
@@ -276,10 +287,14 @@ class OnnxRuntimeExecutor:
         self.passes = passes
         self.graph_name = graph_name
         self.rejected: dict[str, str] = {}  # FX node name -> why ONNX Runtime cannot run it
+        self._built: dict[str, OrtSessionRunner] = {}
 
     def refusal(self, node: torch.fx.Node) -> str | None:
         if node.name in self.rejected:
             return self.rejected[node.name]
+        learned = _learned_refusals.get((self.provider, *_signature(node)))
+        if learned is not None:
+            return learned
         if not has_onnx_translation(node.target):
             return "no ONNX translation"
         return None
@@ -288,6 +303,17 @@ class OnnxRuntimeExecutor:
         return node.op == "call_function" and self.refusal(node) is None
 
     def build(self, region: torch.fx.GraphModule, *, what: str, whole: bool) -> OrtSessionRunner:
+        # A region that a re-partition left as it was is not exported again.
+        key = str(region.graph)
+        if key not in self._built:
+            self._built[key] = self._build(region)
+        return self._built[key]
+
+    def forget_builds(self) -> None:
+        """Drop the sessions kept for re-partitions (those in use live on in their runners)."""
+        self._built.clear()
+
+    def _build(self, region: torch.fx.GraphModule) -> OrtSessionRunner:
         nodes = [n.name for n in region.graph.nodes if n.op == "call_function"]
         try:
             exported = export_graph(region, opset_version=self.opset_version)
@@ -297,10 +323,15 @@ class OnnxRuntimeExecutor:
                 if culprits:
                     raise RegionRejected({n.name: str(error) for n in culprits}) from error
             raise RegionRejected({name: f"export of its region failed: {error}" for name in nodes}) from error
-        self._reject_wrong_dtypes(region, exported)
         before = exported.model
         exported.model = run_passes(exported.model, self.passes, graph=self.graph_name, saver=None)
-        self._reject_missing_kernels(region, exported.model)
+        reasons = {**self._wrong_dtypes(region, exported), **self._missing_kernels(region, exported.model)}
+        by_name = {n.name: n for n in region.graph.nodes}
+        for name, why in reasons.items():
+            if name in by_name and "(in its translation)" not in why:  # blamed by name, not guessed
+                _learned_refusals[(self.provider, *_signature(by_name[name]))] = why
+        if reasons:
+            raise RegionRejected(reasons)
         try:
             runner = OrtSessionRunner(exported, device=self.device, provider=self.provider)
         except Exception as error:
@@ -313,7 +344,7 @@ class OnnxRuntimeExecutor:
         runner.model_before_passes = before  # type: ignore[attr-defined]
         return runner
 
-    def _reject_missing_kernels(self, region: torch.fx.GraphModule, model: onnx.ModelProto) -> None:
+    def _missing_kernels(self, region: torch.fx.GraphModule, model: onnx.ModelProto) -> dict[str, str]:
         calls = [n for n in region.graph.nodes if n.op == "call_function"]
         names = {n.name for n in calls}
         # Ops the exporter decomposes yield ONNX nodes named after the decomposition's nodes.
@@ -327,13 +358,13 @@ class OnnxRuntimeExecutor:
             # Not traceable to one FX node: blame the decomposed ops, else the whole region.
             for name in decomposed or sorted(names):
                 reasons.setdefault(name, f"{why} (in its translation)")
-        if reasons:
-            raise RegionRejected(reasons)
+        return reasons
 
     @staticmethod
-    def _reject_wrong_dtypes(region: torch.fx.GraphModule, exported: ExportedGraph) -> None:
-        """An ONNX output whose element type is not the FX value's dtype (the exporter's bfloat16
-        ``native_layer_norm`` returns float32 statistics, say) would hand PyTorch the wrong dtype."""
+    def _wrong_dtypes(region: torch.fx.GraphModule, exported: ExportedGraph) -> dict[str, str]:
+        """Region outputs whose ONNX element type is not PyTorch's dtype (the exporter's bfloat16
+        ``native_layer_norm`` returns float32 statistics, say): PyTorch would be handed the wrong
+        dtype. Inside a region such a difference is ONNX's own business."""
         returned = list(region.graph.output_node().args[0])  # type: ignore[arg-type]
         onnx_outputs = exported.model.graph.output
         reasons: dict[str, str] = {}
@@ -349,8 +380,7 @@ class OnnxRuntimeExecutor:
                     f"its ONNX translation returns {onnx.TensorProto.DataType.Name(got).lower()} "
                     f"where PyTorch returns {value.dtype}"
                 )
-        if reasons:
-            raise RegionRejected(reasons)
+        return reasons
 
     @staticmethod
     def _origin(model: onnx.ModelProto, onnx_name: str) -> str | None:
