@@ -4,6 +4,10 @@ Each (model, competitor, repeat) runs in a fresh process, so that peak RSS belon
 competitor alone; the table reports medians over the repeats.
 
     python benchmarks/bench_ortmodule.py [--repeats 3] [--steps 20] [--models mlp,gpt]
+
+``--placement float32,bfloat16`` reports instead where the tiny GPT runs under ortrain in each
+dtype: the share of its forward and backward FX nodes, and of the graphs' time, in each executor
+(ONNX Runtime, torch, python op), measured over ``--steps`` steps after the first.
 """
 
 from __future__ import annotations
@@ -69,6 +73,61 @@ def run_one(model_name: str, competitor: str, steps: int) -> dict[str, float]:
     return {"first_s": times[0], "step_ms": statistics.median(times[2:]) * 1000, "peak_mib": peak_kib / 1024}
 
 
+def placement(dtype_name: str, steps: int) -> dict[str, dict[str, float]]:
+    """Nodes and seconds per executor for the tiny GPT under ortrain in ``dtype_name``."""
+    from ortrain import ORTModule
+
+    model, data, loss_fn = _build("gpt")
+    wrapped = ORTModule(model.to(getattr(torch, dtype_name)))
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=1e-3)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(wrapped, *data).float().backward()
+        optimizer.step()
+
+    start = time.perf_counter()
+    step()
+    first = time.perf_counter() - start
+    runners = [
+        slot.runner
+        for entries in wrapped._ortrain_graphs.values()
+        for entry in entries
+        for slot in (entry.capture.forward, entry.capture.backward)
+        if slot is not None
+    ]
+    nodes: dict[str, float] = {}
+    seconds: dict[str, float] = {}
+    for runner in runners:
+        for name, count in runner.plan.nodes_by_executor().items():
+            nodes[name] = nodes.get(name, 0) + count
+        runner.profile = seconds
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    step_ms = (time.perf_counter() - start) / steps * 1000
+    return {"nodes": nodes, "seconds": seconds, "step": {"ms": step_ms, "first_s": first}}
+
+
+def _print_placement(dtypes: str, steps: int) -> None:
+    print("tiny GPT under ortrain: share of FX nodes / of graph time per executor")
+    print(f"{'dtype':9} {'executor':12} {'nodes':>6} {'node %':>7} {'time %':>7}   step ms  first s")
+    for dtype_name in dtypes.split(","):
+        out = subprocess.run(
+            [sys.executable, __file__, "--steps", str(steps), "--placement-child", dtype_name],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        nodes, seconds, step = result["nodes"], result["seconds"], result["step"]
+        total_nodes, total_seconds = sum(nodes.values()), sum(seconds.values()) or 1.0
+        for i, name in enumerate(sorted(nodes)):
+            tail = f"   {step['ms']:7.1f}  {step['first_s']:7.1f}" if i == 0 else ""
+            print(
+                f"{dtype_name:9} {name:12} {nodes[name]:6.0f} {100 * nodes[name] / total_nodes:6.1f}% "
+                f"{100 * seconds.get(name, 0.0) / total_seconds:6.1f}%{tail}"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -76,8 +135,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--models", default="mlp,gpt")
+    parser.add_argument("--placement", metavar="DTYPES", help="e.g. float32,bfloat16: where the GPT runs")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "COMPETITOR"), help=argparse.SUPPRESS)
+    parser.add_argument("--placement-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.placement_child:
+        print(json.dumps(placement(args.placement_child, args.steps)))
+        return
+    print(f"CPU: {_cpu_model()}")
+    if args.placement:
+        _print_placement(args.placement, args.steps)
+        return
     if args.child:
         print(json.dumps(run_one(args.child[0], args.child[1], args.steps)))
         return
@@ -106,6 +174,14 @@ def main() -> None:
                 f"{model_name:6} {competitor:10} {r['step_ms']:9.1f} {r['step_ms'] / eager['step_ms']:9.2f} "
                 f"{r['first_s']:8.2f} {r['peak_mib']:9.0f} {r['peak_mib'] / eager['peak_mib']:9.2f}"
             )
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
 
 
 if __name__ == "__main__":

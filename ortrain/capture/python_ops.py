@@ -292,6 +292,7 @@ def _backward(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[list[torch.Te
 
 torch.library.register_autograd("ortrain::python_op", _backward, setup_context=_setup_context, lib=LIBRARY)
 
+
 def _not_in_torch(name: str) -> Callable[..., list[torch.Tensor]]:
     def kernel(*args: Any) -> list[torch.Tensor]:
         raise RuntimeError(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import operator
+import time
 from typing import Any
 
 import torch
@@ -47,7 +48,7 @@ def build_graph_executor(
     passes: list[tuple[str, Pass]],
     saver: StageSaver | None,
     device: torch.device,
-    policy: FallbackPolicy = FallbackPolicy.default(),
+    policy: FallbackPolicy | None = None,
     available_providers: list[str] | None = None,
     openmp_passive: bool = True,
 ) -> PlanRunner:
@@ -56,6 +57,7 @@ def build_graph_executor(
     ``openmp_passive``: PyTorch's OpenMP threads do not spin (``OMP_WAIT_POLICY=PASSIVE``); when
     they do and the graph mixes PyTorch work with ONNX Runtime regions, a warning advises it.
     """
+    policy = FallbackPolicy.default() if policy is None else policy
     selection = select_executors(
         device,
         opset_version=opset_version,
@@ -82,7 +84,9 @@ def build_graph_executor(
         for step in plan.steps:
             try:
                 runners.append(
-                    step.executor.build(step.region, what=f"region {step.name} of the {name} graph", whole=plan.whole)
+                    step.executor.build(
+                        step.region, what=f"region {step.name} of the {name} graph", whole=plan.whole
+                    )
                 )
             except RegionRejected as rejection:
                 rejected.update(rejection.reasons)
@@ -98,18 +102,24 @@ def build_graph_executor(
             refused = {n: (targets.get(n, n), why) for n, why in new.items()}
             raise ORTModuleONNXModelException(_refusal_message(name, refused, disabled=True))
     else:
-        raise ORTModuleONNXModelException(f"the {name} graph could not be partitioned in {_MAX_PARTITIONS} tries")
+        raise ORTModuleONNXModelException(
+            f"the {name} graph could not be partitioned in {_MAX_PARTITIONS} tries"
+        )
     if onnxruntime is not None:
         onnxruntime.forget_builds()
         refused = _refused(plan, onnxruntime)
         if refused:
             logger.warning(_refusal_message(name, refused, disabled=False))
-        if any(not isinstance(s.executor, OnnxRuntimeExecutor) for s in plan.steps) and any(
-            isinstance(s.executor, OnnxRuntimeExecutor) for s in plan.steps
-        ) and not openmp_passive:
+        if (
+            any(not isinstance(s.executor, OnnxRuntimeExecutor) for s in plan.steps)
+            and any(isinstance(s.executor, OnnxRuntimeExecutor) for s in plan.steps)
+            and not openmp_passive
+        ):
             _advise_passive_openmp()
     logger.info(
-        "%s graph: %s", name, ", ".join(f"{count} nodes in {e}" for e, count in plan.nodes_by_executor().items())
+        "%s graph: %s",
+        name,
+        ", ".join(f"{count} nodes in {e}" for e, count in plan.nodes_by_executor().items()),
     )
     if saver is not None:
         _save_views(plan, runners, saver, name, opset_version)
@@ -136,7 +146,8 @@ def _refusal_message(name: str, refused: dict[str, tuple[str, str]], *, disabled
     for target, why in refused.values():
         by_reason[(target, why)] = by_reason.get((target, why), 0) + 1
     listed = "; ".join(
-        f"{target} ({why}){f' x{count}' if count > 1 else ''}" for (target, why), count in sorted(by_reason.items())
+        f"{target} ({why}){f' x{count}' if count > 1 else ''}"
+        for (target, why), count in sorted(by_reason.items())
     )
     if disabled:
         return (
@@ -181,7 +192,11 @@ def _save_views(plan: Plan, runners: list[Runner], saver: StageSaver, name: str,
         if isinstance(step.executor, PythonOpExecutor):
             call = runner.call  # type: ignore[attr-defined]
             node: Any = PythonOpNode(
-                step.name, call.func_name, runner.is_grad, step.inputs, dict(enumerate(step.outputs))  # type: ignore[attr-defined]
+                step.name,
+                call.func_name,
+                runner.is_grad,
+                step.inputs,
+                dict(enumerate(step.outputs)),  # type: ignore[attr-defined]
             )
         else:
             operators = [fx_target_name(n) for n in step.nodes if n.op == "call_function"]
@@ -208,16 +223,24 @@ class PlanRunner:
         self.plan = plan
         self.runners = runners
         self._schedule = [
-            (runner, step.inputs, step.outputs, frees)
+            (runner, step.inputs, step.outputs, frees, step.executor.name)
             for step, runner, frees in zip(plan.steps, runners, plan.frees, strict=True)
         ]
+        # Set to a dict to accumulate seconds per executor name (benchmarks/bench_ortmodule.py).
+        self.profile: dict[str, float] | None = None
 
     def __call__(self, args: list[Any]) -> list[Any]:
         plan = self.plan
         env: list[Any] = [None] * plan.num_slots
         env[: plan.num_inputs] = args
-        for runner, inputs, outputs, frees in self._schedule:
-            produced = runner([env[s] for s in inputs])
+        profile = self.profile
+        for runner, inputs, outputs, frees, executor in self._schedule:
+            if profile is not None:
+                start = time.perf_counter()
+                produced = runner([env[s] for s in inputs])
+                profile[executor] = profile.get(executor, 0.0) + time.perf_counter() - start
+            else:
+                produced = runner([env[s] for s in inputs])
             for slot, value in zip(outputs, produced, strict=True):
                 env[slot] = value
             for slot in frees:

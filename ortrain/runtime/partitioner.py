@@ -162,8 +162,12 @@ def _whole(gm: torch.fx.GraphModule, executor: Executor, placeholders: list[torc
     return plan
 
 
-def _plan(work: torch.fx.GraphModule, regions: dict[str, Executor], placeholders: list[torch.fx.Node]) -> Plan:
-    slots: dict[torch.fx.Node, int] = {p: i for i, p in enumerate(n for n in work.graph.nodes if n.op == "placeholder")}
+def _plan(
+    work: torch.fx.GraphModule, regions: dict[str, Executor], placeholders: list[torch.fx.Node]
+) -> Plan:
+    slots: dict[torch.fx.Node, int] = {
+        p: i for i, p in enumerate(n for n in work.graph.nodes if n.op == "placeholder")
+    }
     fresh = itertools.count(len(slots))
     steps: list[Step] = []
     for node in work.graph.nodes:

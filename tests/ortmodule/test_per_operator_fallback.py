@@ -37,7 +37,9 @@ def _runners(wrapped: ORTModule) -> list:
     return [capture.forward.runner, capture.backward.runner]
 
 
-def _train(model: nn.Module, batches: list, loss_fn, *, lr: float = 0.05) -> tuple[list, list, nn.Module, ORTModule]:
+def _train(
+    model: nn.Module, batches: list, loss_fn, *, lr: float = 0.05
+) -> tuple[list, list, nn.Module, ORTModule]:
     eager = copy.deepcopy(model)
     wrapped = ORTModule(model)
     losses: tuple[list, list] = ([], [])
@@ -54,7 +56,9 @@ def _train(model: nn.Module, batches: list, loss_fn, *, lr: float = 0.05) -> tup
 
 def _assert_close_state(a: nn.Module, b: nn.Module, rtol: float, atol: float) -> None:
     for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
-        torch.testing.assert_close(pa.float(), pb.float(), rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            pa.float(), pb.float(), rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}"
+        )
 
 
 def test_an_op_without_onnx_translation_runs_alone_in_pytorch(monkeypatch, caplog) -> None:
@@ -75,12 +79,16 @@ def test_an_op_without_onnx_translation_runs_alone_in_pytorch(monkeypatch, caplo
 
 
 def test_fallback_disable_names_the_operator() -> None:
-    with pytest.raises(ORTModuleONNXModelException, match=r"aten\._linalg_eigh\.default \(no ONNX translation\)"):
+    with pytest.raises(
+        ORTModuleONNXModelException, match=r"aten\._linalg_eigh\.default \(no ONNX translation\)"
+    ):
         ORTModule(_Eigh())(torch.randn(8, 6))
 
 
 def _mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    return nn.Sequential(
+        nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)
+    )
 
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.bfloat16, 2e-2), (torch.float16, 2e-3)])
@@ -100,7 +108,9 @@ def test_low_precision_mlp_trains_with_each_node_where_it_can_run(monkeypatch, d
     assert sum(c.get("onnxruntime", 0) for c in counts) >= 1
 
 
-@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-4), (torch.bfloat16, 3e-2), (torch.float16, 5e-3)])
+@pytest.mark.parametrize(
+    ("dtype", "tolerance"), [(torch.float32, 1e-4), (torch.bfloat16, 3e-2), (torch.float16, 5e-3)]
+)
 def test_tiny_gpt_parity_in_each_dtype(monkeypatch, dtype, tolerance) -> None:
     monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
     torch.manual_seed(0)

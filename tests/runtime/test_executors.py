@@ -12,7 +12,6 @@ from ortrain.capture.aot_capture import capture
 from ortrain.errors import FallbackPolicy, ORTModuleDeviceException
 from ortrain.runtime.executors.base import RegionRejected
 from ortrain.runtime.executors.ort import OnnxRuntimeExecutor, OrtSessionRunner, missing_kernels
-from ortrain.runtime.executors.python_op import PythonOpExecutor
 from ortrain.runtime.executors.torch import TorchExecutor
 from ortrain.runtime.graph_executor import build_graph_executor
 from ortrain.runtime.selection import select_executors
@@ -49,7 +48,12 @@ def _args(dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
 
 def _ort(**kwargs) -> OnnxRuntimeExecutor:
     return OnnxRuntimeExecutor(
-        device=torch.device("cpu"), provider="CPUExecutionProvider", opset_version=18, passes=[], graph_name="g", **kwargs
+        device=torch.device("cpu"),
+        provider="CPUExecutionProvider",
+        opset_version=18,
+        passes=[],
+        graph_name="g",
+        **kwargs,
     )
 
 
@@ -133,7 +137,11 @@ def test_cuda_uses_the_cuda_provider_when_onnxruntime_has_it() -> None:
 
 def test_cuda_without_onnxruntime_gpu_runs_in_pytorch_with_one_warning(caplog) -> None:
     selection = select_executors(
-        torch.device("cuda"), opset_version=18, passes=[], graph_name="forward", available_providers=["CPUExecutionProvider"]
+        torch.device("cuda"),
+        opset_version=18,
+        passes=[],
+        graph_name="forward",
+        available_providers=["CPUExecutionProvider"],
     )
     assert [e.name for e in selection.executors] == ["python op", "torch"]
     assert "onnxruntime-gpu" in selection.no_onnxruntime

@@ -138,7 +138,12 @@ def test_random_dags_partition_without_cycles_and_compute_the_same(seed: int) ->
     for step in plan.steps:
         assert set(step.inputs) <= ready, f"seed {seed}: region {step.name} reads a later value"
         ready |= set(step.outputs)
-    ran = [n.name for s in plan.steps for n in s.nodes if n.op == "call_function" and n.target is not operator.getitem]
+    ran = [
+        n.name
+        for s in plan.steps
+        for n in s.nodes
+        if n.op == "call_function" and n.target is not operator.getitem
+    ]
     assert sorted(ran) == sorted(names)
     for step in plan.steps:  # a node runs in the executor that claimed it (or the next, if layout-only)
         for node in step.nodes:

@@ -30,7 +30,7 @@ import torch
 from ortrain.export.fx_to_onnx import ExportedGraph, ExportError, export_graph
 from ortrain.export.onnx_translations import decomposed_at_export, fx_node_name, has_onnx_translation
 from ortrain.passes.pipeline import Pass, run_passes
-from ortrain.runtime.executors.base import RegionRejected, Runner
+from ortrain.runtime.executors.base import RegionRejected
 
 logger = logging.getLogger("ortrain.runtime")
 
@@ -192,7 +192,11 @@ def _element_types(model: onnx.ModelProto) -> dict[str, int]:
     for initializer in graph.initializer:
         types[initializer.name] = initializer.data_type
     for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].type == onnx.AttributeProto.TENSOR:
+        if (
+            node.op_type == "Constant"
+            and node.attribute
+            and node.attribute[0].type == onnx.AttributeProto.TENSOR
+        ):
             types[node.output[0]] = node.attribute[0].t.data_type
     return types
 
@@ -319,7 +323,11 @@ class OnnxRuntimeExecutor:
             exported = export_graph(region, opset_version=self.opset_version)
         except ExportError as error:
             if error.operator is not None:
-                culprits = [n for n in region.graph.nodes if n.op == "call_function" and str(n.target) == error.operator]
+                culprits = [
+                    n
+                    for n in region.graph.nodes
+                    if n.op == "call_function" and str(n.target) == error.operator
+                ]
                 if culprits:
                     raise RegionRejected({n.name: str(error) for n in culprits}) from error
             raise RegionRejected({name: f"export of its region failed: {error}" for name in nodes}) from error
@@ -340,7 +348,9 @@ class OnnxRuntimeExecutor:
             origin = self._origin(exported.model, named.group(1)) if named else None
             if origin is not None:
                 raise RegionRejected({origin: f"ONNX Runtime refused it ({text})"}) from error
-            raise RegionRejected({name: f"ONNX Runtime could not load its region ({text})" for name in nodes}) from error
+            raise RegionRejected(
+                {name: f"ONNX Runtime could not load its region ({text})" for name in nodes}
+            ) from error
         runner.model_before_passes = before  # type: ignore[attr-defined]
         return runner
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
 from torch.fx.node import map_aggregate
 
 from ortrain.capture.python_ops import PYTHON_OPS, FunctionCall, lookup_call, python_op

@@ -9,7 +9,6 @@ import torch
 
 from ortrain.runtime.executors.base import Runner
 
-
 _VIEWS = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default})
 
 
