@@ -28,7 +28,7 @@ import sympy
 import torch
 
 from ortrain.export.fx_to_onnx import ExportedGraph, ExportError, export_graph
-from ortrain.export.onnx_translations import decomposed_at_export, fx_node_name, has_onnx_translation
+from ortrain.export.onnx_translations import decomposed_at_export, fx_origins, has_onnx_translation
 from ortrain.passes.pipeline import Pass, run_passes
 from ortrain.runtime.executors.base import RegionRejected
 
@@ -323,13 +323,18 @@ class OnnxRuntimeExecutor:
             exported = export_graph(region, opset_version=self.opset_version)
         except ExportError as error:
             if error.operator is not None:
-                culprits = [
-                    n
-                    for n in region.graph.nodes
-                    if n.op == "call_function" and str(n.target) == error.operator
+                calls = [n for n in region.graph.nodes if n.op == "call_function"]
+                # The missing operator itself, or else the ops whose decomposition produced it.
+                culprits = [n for n in calls if str(n.target) == error.operator] or [
+                    n for n in calls if decomposed_at_export(n.target)
                 ]
+                why = (
+                    "no ONNX translation"
+                    if culprits and str(culprits[0].target) == error.operator
+                    else (f"its decomposition needs {error.operator}, which has no ONNX translation")
+                )
                 if culprits:
-                    raise RegionRejected({n.name: str(error) for n in culprits}) from error
+                    raise RegionRejected({n.name: why for n in culprits}) from error
             raise RegionRejected({name: f"export of its region failed: {error}" for name in nodes}) from error
         before = exported.model
         exported.model = run_passes(exported.model, self.passes, graph=self.graph_name, saver=None)
@@ -345,7 +350,7 @@ class OnnxRuntimeExecutor:
         except Exception as error:
             text = f"{type(error).__name__}: {error}"
             named = _REJECTED_NODE.search(str(error))
-            origin = self._origin(exported.model, named.group(1)) if named else None
+            origin = fx_origins(exported.model, region.graph).get(named.group(1)) if named else None
             if origin is not None:
                 raise RegionRejected({origin: f"ONNX Runtime refused it ({text})"}) from error
             raise RegionRejected(
@@ -360,8 +365,9 @@ class OnnxRuntimeExecutor:
         # Ops the exporter decomposes yield ONNX nodes named after the decomposition's nodes.
         decomposed = [n.name for n in calls if decomposed_at_export(n.target)]
         reasons: dict[str, str] = {}
+        origins = fx_origins(model, region.graph)
         for onnx_node, why in missing_kernels(model, self.provider):
-            origin = fx_node_name(onnx_node)
+            origin = origins.get(onnx_node.name)
             if origin in names:
                 reasons.setdefault(origin, why)  # type: ignore[arg-type]
                 continue
@@ -391,10 +397,3 @@ class OnnxRuntimeExecutor:
                     f"where PyTorch returns {value.dtype}"
                 )
         return reasons
-
-    @staticmethod
-    def _origin(model: onnx.ModelProto, onnx_name: str) -> str | None:
-        for node in model.graph.node:
-            if node.name == onnx_name:
-                return fx_node_name(node)
-        return None
