@@ -173,6 +173,7 @@ def _plan(
     for node in work.graph.nodes:
         if node.op == "call_module":
             region = getattr(work, node.target)  # type: ignore[arg-type]
+            _placeholders_first(region)
             width = len(region.graph.output_node().args[0])  # type: ignore[arg-type]
             outputs: list[int] = [-1] * width
             for user in node.users:
@@ -201,6 +202,21 @@ def _plan(
     )
     plan.frees = _last_reads(plan)
     return plan
+
+
+def _placeholders_first(region: torch.fx.GraphModule) -> None:
+    """Fusing declares a region's inputs where first used; exporters expect them all up front."""
+    placeholders = [n for n in region.graph.nodes if n.op == "placeholder"]
+    anchor: torch.fx.Node | None = None
+    for placeholder in placeholders:
+        if anchor is None:
+            first = next(iter(region.graph.nodes))
+            if first is not placeholder:
+                first.prepend(placeholder)
+        else:
+            anchor.append(placeholder)
+        anchor = placeholder
+    region.recompile()
 
 
 def _last_reads(plan: Plan) -> list[list[int]]:
