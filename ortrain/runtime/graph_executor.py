@@ -233,6 +233,8 @@ class PlanRunner:
         plan = self.plan
         env: list[Any] = [None] * plan.num_slots
         env[: plan.num_inputs] = args
+        for slot, value in plan.constants.items():
+            env[slot] = value
         profile = self.profile
         for runner, inputs, outputs, frees, executor in self._schedule:
             if profile is not None:

@@ -64,6 +64,7 @@ class Plan:
     placeholders: list[torch.fx.Node]  # of the original graph: slot i is placeholder i
     whole: bool  # one step runs the original graph
     values: dict[int, Any] = field(default_factory=dict)  # slot -> fake value (node.meta["val"])
+    constants: dict[int, Any] = field(default_factory=dict)  # slot -> the graph's constant tensor
     frees: list[list[int]] = field(default_factory=list)  # per step: slots last read there
 
     def nodes_by_executor(self) -> dict[str, int]:
@@ -87,7 +88,8 @@ def claim(gm: torch.fx.GraphModule, executors: Sequence[Executor]) -> dict[str, 
     """Node name -> index of the first executor claiming it; a getitem goes with what it unpacks."""
     owners: dict[str, int] = {}
     for node in gm.graph.nodes:
-        if node.op not in ("call_function", "call_method", "call_module", "get_attr"):
+        # Constants (get_attr) belong to no executor: a region reads them like graph inputs.
+        if node.op not in ("call_function", "call_method", "call_module"):
             continue
         source = node.args[0] if node.target is operator.getitem and node.args else None
         if isinstance(source, torch.fx.Node) and source.name in owners:
@@ -169,6 +171,7 @@ def _plan(
         p: i for i, p in enumerate(n for n in work.graph.nodes if n.op == "placeholder")
     }
     fresh = itertools.count(len(slots))
+    constants: dict[int, Any] = {}
     steps: list[Step] = []
     for node in work.graph.nodes:
         if node.op == "call_module":
@@ -184,6 +187,9 @@ def _plan(
             outputs = [slot if slot >= 0 else next(fresh) for slot in outputs]
             inputs = [slots[a] for a in node.args]  # type: ignore[index]
             steps.append(Step(regions[node.target], str(node.target), region, inputs, outputs))  # type: ignore[index]
+        elif node.op == "get_attr":
+            slots[node] = next(fresh)
+            constants[slots[node]] = getattr(work, node.target)  # type: ignore[arg-type]
         elif node.op == "call_function" and node.target is operator.getitem:
             if node.args[0].op != "call_module":  # type: ignore[union-attr]
                 raise AssertionError(f"{node.name} unpacks a value outside any region")
@@ -199,6 +205,7 @@ def _plan(
         placeholders=placeholders,
         whole=False,
         values={slot: node.meta.get("val") for node, slot in slots.items()},
+        constants=constants,
     )
     plan.frees = _last_reads(plan)
     return plan
