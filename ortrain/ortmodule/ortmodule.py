@@ -18,11 +18,12 @@ from ortrain.ortmodule.fallback import (
     FallbackManager,
     ORTModuleDeviceException,
     ORTModuleFallbackException,
+    ORTModuleIOError,
     ORTModuleONNXModelException,
     ORTModuleTorchModelException,
 )
 from ortrain.ortmodule.options import DebugOptions, python_log_level, runtime_options
-from ortrain.ortmodule.schema import Spec, flatten, tensor_signature, unflatten
+from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, tensor_signature, unflatten
 from ortrain.passes.pipeline import StageSaver, default_passes
 from ortrain.runtime.graph_executor import build_graph_executor
 from ortrain.runtime.memory import release_freed_memory
@@ -55,7 +56,7 @@ class _FlatCall(nn.Module):
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args, kwargs = unflatten(self.input_spec, list(tensors))
         out = self.module(*args, **kwargs)
-        flat, self.output_spec = flatten(out)
+        flat, self.output_spec = flatten_outputs(out)
         return tuple(flat)
 
 
@@ -207,7 +208,7 @@ class ORTModule(nn.Module):
         return state
 
     def _run_on_ort(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        inputs, spec = flatten((args, kwargs))
+        inputs, spec = flatten_inputs(args, kwargs)
         state = self._state_by_name()
         for tensor in (*inputs, *state.values()):
             if tensor.device.type != "cpu":
@@ -278,6 +279,8 @@ class ORTModule(nn.Module):
                 opaque_functions=opaque,
                 checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
             )
+        except ORTModuleIOError:
+            raise  # an output ortrain cannot pass back: FALLBACK_UNSUPPORTED_DATA decides, not TORCH_MODEL
         except Exception as error:
             raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
         if flat_module.output_spec is None:
