@@ -326,7 +326,11 @@ def classify(error: BaseException) -> str:
         return "session_fails"
     if any(type(e).__module__.startswith("onnxruntime") for e in chain):
         return "session_fails"
-    return "session_fails" if "onnxruntime" in "".join(traceback.format_tb(error.__traceback__)) else "capture_fails"
+    return (
+        "session_fails"
+        if "onnxruntime" in "".join(traceback.format_tb(error.__traceback__))
+        else "capture_fails"
+    )
 
 
 def first_line(error: BaseException) -> str:
@@ -367,7 +371,10 @@ def check_grouped(cases: Sequence[Case]) -> list[Result]:
             ref_out, ref_grads = reference
             rounding = _within_rounding(got_out[index], want_out[index], ref_out[index], case.tol)
             rounding = rounding and _within_rounding(
-                [got_grads[i] for i in mine], [want_grads[i] for i in mine], [ref_grads[i] for i in mine], case.tol
+                [got_grads[i] for i in mine],
+                [want_grads[i] for i in mine],
+                [ref_grads[i] for i in mine],
+                case.tol,
             )
             if rounding:
                 mismatch = ""
@@ -435,7 +442,9 @@ def _worker(conn: Any, max_samples: int) -> None:
         conn.send(asdict(result))
 
 
-def sweep(names: Iterable[str], *, timeout: float, max_samples: int, log: Callable[[str], None]) -> list[Result]:
+def sweep(
+    names: Iterable[str], *, timeout: float, max_samples: int, log: Callable[[str], None]
+) -> list[Result]:
     context = mp.get_context("spawn")
     results: list[Result] = []
     process = conn = None

@@ -89,9 +89,15 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
         children = tuple(_flatten(getattr(value, n), tensors, _child(where, n)) for n in names)
         return ("dataclass", type(value), names, children)
     if _is_structseq(value):
-        return ("structseq", type(value), tuple(_flatten(v, tensors, _child(where, i)) for i, v in enumerate(value)))
+        return (
+            "structseq",
+            type(value),
+            tuple(_flatten(v, tensors, _child(where, i)) for i, v in enumerate(value)),
+        )
     if isinstance(value, tuple) and hasattr(value, "_fields"):
-        children = tuple(_flatten(v, tensors, _child(where, n)) for n, v in zip(value._fields, value, strict=True))
+        children = tuple(
+            _flatten(v, tensors, _child(where, n)) for n, v in zip(value._fields, value, strict=True)
+        )
         return ("namedtuple", type(value), children)
     if isinstance(value, (tuple, list)):
         kind = "tuple" if isinstance(value, tuple) else "list"

@@ -1,0 +1,130 @@
+"""Elementwise and distance ops written with ops that have ONNX translations.
+
+The exporter lowers ``hypot``, ``erfinv`` and ``cumprod`` to ``prims`` ops that have no ONNX
+translation, and ``_cdist_forward``/``_cdist_backward`` have none at all.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+aten = torch.ops.aten
+
+
+def hypot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.sqrt(a * a + b * b)
+
+
+def erfinv(y: torch.Tensor) -> torch.Tensor:
+    """Giles' single-precision approximation ("Approximating the erfinv function", 2010), then two
+    Newton steps on erf (which ONNX has) to reach full precision; ±1 gives ±inf, |y| > 1 NaN."""
+    w = -torch.log((1.0 - y) * (1.0 + y))
+    central = w - 2.5
+    p = 2.81022636e-08
+    for c in (3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503,
+              -0.00417768164, 0.246640727, 1.50140941):  # fmt: skip
+        p = c + p * central
+    tail = torch.sqrt(torch.clamp(w, min=5.0)) - 3.0
+    q = -0.000200214257
+    for c in (0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613,
+              0.00943887047, 1.00167406, 2.83297682):  # fmt: skip
+        q = c + q * tail
+    x = torch.where(w < 5.0, p, q) * y
+    two_over_sqrt_pi = 2.0 / math.sqrt(math.pi)
+    for _ in range(2):
+        step = (torch.erf(x) - y) / (two_over_sqrt_pi * torch.exp(-x * x))
+        x = x - torch.where(torch.isfinite(step), step, torch.zeros_like(step))
+    edge = torch.where(y == 1.0, math.inf, -math.inf)
+    x = torch.where(y.abs() == 1.0, edge.to(x.dtype), x)
+    return torch.where(y.abs() > 1.0, torch.full_like(x, math.nan), x)
+
+
+def cumprod(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Running product as a product over a lower-triangular mask: n² memory along ``dim``, but
+    exact with zeros and signs (unlike exp(cumsum(log)))."""
+    if dtype is not None:
+        x = x.to(dtype)
+    if x.dim() == 0:
+        return x.clone()
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    moved = x.movedim(dim, -1)
+    rows = moved.unsqueeze(-2).expand([*moved.shape[:-1], n, n])
+    position = torch.arange(n, device=x.device)
+    keep = position.unsqueeze(0) <= position.unsqueeze(1)  # [i, j]: x_j is in the product up to i
+    product = torch.where(keep, rows, torch.ones_like(rows)).prod(-1)
+    return product.movedim(-1, dim)
+
+
+def _pairwise_difference(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    return x1.unsqueeze(-2) - x2.unsqueeze(-3)  # [..., P, R, M]
+
+
+def cdist_forward(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode: int | None) -> torch.Tensor:
+    diff = _pairwise_difference(x1, x2).abs()
+    if p == 0:
+        return (diff != 0).to(x1.dtype).sum(-1)
+    if p == math.inf:
+        return diff.amax(-1)
+    if p == 1:
+        return diff.sum(-1)
+    if p == 2:
+        return torch.sqrt((diff * diff).sum(-1))
+    return diff.pow(p).sum(-1).pow(1.0 / p)
+
+
+def cdist_backward(
+    grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, p: float, cdist: torch.Tensor
+) -> torch.Tensor:
+    """Gradient with respect to ``x1`` (PyTorch calls it with the arguments swapped for ``x2``)."""
+    diff = _pairwise_difference(x1, x2)
+    dist = cdist.unsqueeze(-1)
+    zero = torch.zeros_like(diff)
+    if p == 0:
+        return torch.zeros_like(x1)
+    if p == 1:
+        local = torch.sign(diff)
+    elif p == 2:
+        local = torch.where(dist == 0, zero, diff / dist)
+    elif p == math.inf:
+        local = torch.where(diff.abs() == dist, torch.sign(diff), zero)
+    else:
+        local = torch.sign(diff) * diff.abs().pow(p - 1) / dist.pow(p - 1)
+        # As PyTorch's kernel: no gradient at zero distance, nor (p < 1) at a zero difference.
+        undefined = (dist == 0) | ((diff == 0) & (p < 1))
+        local = torch.where(undefined, zero, local)
+    return (grad.unsqueeze(-1) * local).sum(-2)
+
+
+# ONNX's ArgMax/ArgMin/ReduceMax take no booleans (session creation fails with a type error), and
+# PyTorch's own backward formulas reduce boolean masks (cumprod's looks for the first zero).
+def _as_uint8(x: torch.Tensor) -> torch.Tensor | None:
+    return x.to(torch.uint8) if x.dtype == torch.bool else None
+
+
+def max_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    small = _as_uint8(x)
+    if small is None:
+        return NotImplemented
+    values, indices = aten.max.dim(small, dim, keepdim)
+    return values.to(torch.bool), indices
+
+
+def min_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    small = _as_uint8(x)
+    if small is None:
+        return NotImplemented
+    values, indices = aten.min.dim(small, dim, keepdim)
+    return values.to(torch.bool), indices
+
+
+def argmax(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    small = _as_uint8(x)
+    return NotImplemented if small is None else aten.argmax.default(small, dim, keepdim)
+
+
+def argmin(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    small = _as_uint8(x)
+    return NotImplemented if small is None else aten.argmin.default(small, dim, keepdim)
