@@ -140,6 +140,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.min.dim] = math_ops.min_dim
     table[aten.argmax.default] = math_ops.argmax
     table[aten.argmin.default] = math_ops.argmin
+    table[aten.amax.default] = math_ops.amax
+    table[aten.amin.default] = math_ops.amin
     table[aten.adaptive_max_pool2d.default] = pooling.adaptive_max_pool2d
     table[aten.adaptive_max_pool2d_backward.default] = pooling.adaptive_max_pool2d_backward
     table[aten.hypot.default] = math_ops.hypot

@@ -128,3 +128,21 @@ def argmax(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> to
 def argmin(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
     small = _as_uint8(x)
     return NotImplemented if small is None else aten.argmin.default(small, dim, keepdim)
+
+
+# ``amax(x)``/``amin(x)`` with the default ``dim=()`` reduce over every dim; onnxscript's
+# translation requires ``dim`` and fails export. On a 0-d tensor ONNX Runtime refuses any axis.
+def amax(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> torch.Tensor:
+    if x.dim() == 0:
+        return x.clone()  # ONNX's ReduceMax/Min refuse any axis on a scalar; the result is the scalar
+    if len(dim):
+        return NotImplemented
+    return aten.amax.default(x, list(range(x.dim())), keepdim)
+
+
+def amin(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> torch.Tensor:
+    if x.dim() == 0:
+        return x.clone()  # ONNX's ReduceMax/Min refuse any axis on a scalar; the result is the scalar
+    if len(dim):
+        return NotImplemented
+    return aten.amin.default(x, list(range(x.dim())), keepdim)
