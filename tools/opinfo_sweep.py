@@ -71,7 +71,8 @@ CI_OPS = (
     "logsumexp", "cumsum", "topk", "sort",
     # shape and indexing
     "cat", "stack", "reshape", "permute", "transpose", "narrow", "index_select", "gather",
-    "scatter_add", "take_along_dim", "masked_fill", "nn.functional.pad.constant", "nn.functional.pad.reflect", "unfold",
+    "scatter_add", "take_along_dim", "masked_fill", "nn.functional.pad.constant",
+    "nn.functional.pad.reflect", "unfold",
     # normalization, softmax, pooling, convolution, embedding, interpolation
     "softmax", "log_softmax", "nn.functional.layer_norm", "nn.functional.group_norm",
     "nn.functional.batch_norm", "nn.functional.conv2d", "nn.functional.conv_transpose2d",
@@ -350,7 +351,7 @@ def check_grouped(cases: Sequence[Case]) -> list[Result]:
     torch.manual_seed(0)
     module = OpsModule(cases)
     eager = copy.deepcopy(module)
-    reference = _reference64(module)
+    reference64 = copy.deepcopy(module)
     want_out, want_grads = _step(eager, list(eager.weights))
     wrapped = ORTModule(module)
     try:
@@ -367,6 +368,7 @@ def check_grouped(cases: Sequence[Case]) -> list[Result]:
         mismatch = _close(got_out[index], want_out[index], case.tol) or _grads_close(
             [got_grads[i] for i in mine], [want_grads[i] for i in mine], case.tol
         )
+        reference = _reference64(reference64) if mismatch else None
         if mismatch and reference is not None:
             ref_out, ref_grads = reference
             rounding = _within_rounding(got_out[index], want_out[index], ref_out[index], case.tol)
@@ -447,8 +449,15 @@ def _worker(conn: Any, max_samples: int) -> None:
 
 
 def sweep(
-    names: Iterable[str], *, timeout: float, max_samples: int, log: Callable[[str], None]
+    names: Iterable[str],
+    *,
+    timeout: float,
+    max_samples: int,
+    log: Callable[[str], None],
+    done: Callable[[list[Result]], None] = lambda results: None,
 ) -> list[Result]:
+    """Check each op in a worker process, killed and restarted when an op takes over ``timeout``;
+    ``done`` sees the results so far after each op (to save them as they come)."""
     context = mp.get_context("spawn")
     results: list[Result] = []
     process = conn = None
@@ -467,6 +476,7 @@ def sweep(
             process = None
             result = Result(name, "timed_out", f"more than {timeout:.0f} s", timeout)
         results.append(result)
+        done(results)
         log(f"{len(results):4d} {result.bucket:22s} {result.seconds:6.1f}s {name} {result.error[:120]}")
     if process is not None:
         assert conn is not None
@@ -515,19 +525,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ci", action="store_true", help="only the CI subset")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per op")
     parser.add_argument("--samples", type=int, default=1, help="sample inputs tried per op")
-    parser.add_argument("--json", help="write the report here")
+    parser.add_argument("--json", help="write the report here (rewritten after every op)")
+    parser.add_argument(
+        "--resume", action="store_true", help="skip ops already in --json, keep their results"
+    )
     args = parser.parse_args(argv)
     all_ops = [op_id(o) for o in swept_ops()]
     names = list(CI_OPS) if args.ci else (args.ops or all_ops)
     unknown = sorted(set(names) - set(all_ops))
     if unknown:
         parser.error(f"not swept ops: {unknown}")
-    results = sweep(names, timeout=args.timeout, max_samples=args.samples, log=lambda s: print(s, flush=True))
-    report = summary(results)
+    earlier: list[Result] = []
+    if args.resume and args.json and os.path.exists(args.json):
+        with open(args.json) as f:
+            earlier = [Result(**r) for r in json.load(f)["results"]]
+        seen = {r.op for r in earlier}
+        names = [n for n in names if n not in seen]
+
+    def save(results: list[Result]) -> None:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(summary([*earlier, *results]), f, indent=1)
+
+    results = sweep(
+        names, timeout=args.timeout, max_samples=args.samples, log=lambda s: print(s, flush=True), done=save
+    )
+    report = summary([*earlier, *results])
     print(format_table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    save(results)
     return 0
 
 
