@@ -437,6 +437,7 @@ def _worker(conn: Any, max_samples: int) -> None:
     torch.set_num_threads(1)
     logging.disable(logging.WARNING)
     ops = {op_id(o): o for o in swept_ops()}
+    conn.send("ready")  # importing torch's op database is not the first op's time
     while True:
         name = conn.recv()
         if name is None:
@@ -466,6 +467,7 @@ def sweep(
             conn, child = context.Pipe()
             process = context.Process(target=_worker, args=(child, max_samples), daemon=True)
             process.start()
+            assert conn.recv() == "ready"
         assert conn is not None
         conn.send(name)
         if conn.poll(timeout):
