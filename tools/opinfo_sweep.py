@@ -533,7 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     all_ops = [op_id(o) for o in swept_ops()]
-    names = list(CI_OPS) if args.ci else (args.ops or all_ops)
+    # The common ops first, so that a partial run (stopped, then --resume'd) covers them.
+    names = list(CI_OPS) if args.ci else (args.ops or [*CI_OPS, *(n for n in all_ops if n not in CI_OPS)])
     unknown = sorted(set(names) - set(all_ops))
     if unknown:
         parser.error(f"not swept ops: {unknown}")

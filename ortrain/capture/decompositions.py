@@ -8,7 +8,8 @@ Each entry is here for a measured reason (see DESIGN.md):
 - ``native_batch_norm_backward``, ``silu_backward``, ``convolution_backward`` (plain and
   transposed): no ONNX translation.
 - pooling (``decompositions_pooling``), elementwise and distance ops (``decompositions_math``),
-  ``embedding_bag`` (``decompositions_embedding``), 0-d scatters and gathers
+  ``embedding_bag`` (``decompositions_embedding``), losses (``decompositions_losses``), 0-d
+  scatters and gathers
   (``decompositions_indexing``): each module says why.
 """
 
@@ -22,6 +23,7 @@ from torch._decomp import get_decompositions
 
 from ortrain.capture import decompositions_embedding as embedding
 from ortrain.capture import decompositions_indexing as indexing
+from ortrain.capture import decompositions_losses as losses
 from ortrain.capture import decompositions_math as math_ops
 from ortrain.capture import decompositions_pooling as pooling
 
@@ -144,6 +146,10 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.amin.default] = math_ops.amin
     table[aten.adaptive_max_pool2d.default] = pooling.adaptive_max_pool2d
     table[aten.adaptive_max_pool2d_backward.default] = pooling.adaptive_max_pool2d_backward
+    table[aten.binary_cross_entropy_with_logits.default] = losses.binary_cross_entropy_with_logits
+    table[aten.kthvalue.default] = math_ops.kthvalue
+    table[aten.sort.stable] = math_ops.sort_stable
+    table[aten.mode.default] = math_ops.mode
     table[aten.hypot.default] = math_ops.hypot
     table[aten.erfinv.default] = math_ops.erfinv
     table[aten.cumprod.default] = math_ops.cumprod

@@ -146,3 +146,45 @@ def amin(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool =
     if len(dim):
         return NotImplemented
     return aten.amin.default(x, list(range(x.dim())), keepdim)
+
+
+# ``kthvalue`` and ``mode`` have no ONNX translation.
+def kthvalue(
+    x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k-th smallest, the first of equal values; among equal values PyTorch's pick is unspecified."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    # ONNX's TopK puts equal values in index order, which is what a stable sort does.
+    values, indices = torch.topk(x, k, dim=dim, largest=False, sorted=True)
+    value, index = values.narrow(dim, k - 1, 1), indices.narrow(dim, k - 1, 1)
+    if not keepdim:
+        value, index = value.squeeze(dim), index.squeeze(dim)
+    return value, index
+
+
+def mode(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """As PyTorch's CPU kernel: the smallest of the most frequent values, at its last position."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    moved = x.movedim(dim, -1)
+    n = moved.shape[-1]
+    counts = (moved.unsqueeze(-1) == moved.unsqueeze(-2)).sum(-1)  # [..., n]
+    frequent = counts == counts.amax(-1, keepdim=True)
+    value = torch.where(frequent, moved, torch.full_like(moved, math.inf)).amin(-1, keepdim=True)
+    position = torch.arange(n, device=x.device).expand(moved.shape)
+    index = torch.where(moved == value, position, torch.full_like(position, -1)).amax(-1, keepdim=True)
+    value, index = value.movedim(-1, dim), index.movedim(-1, dim)
+    if not keepdim:
+        value, index = value.squeeze(dim), index.squeeze(dim)
+    return value, index
+
+
+def sort_stable(
+    x: torch.Tensor, *, stable: bool | None = None, dim: int = -1, descending: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sort(stable=True)`` (no ONNX translation) as a full TopK, which keeps equal values in
+    index order whichever the direction, as a stable sort does."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    return torch.topk(x, x.shape[dim], dim=dim, largest=descending, sorted=True)

@@ -10,6 +10,7 @@ import torch
 
 from ortrain.capture import decompositions_embedding as embedding
 from ortrain.capture import decompositions_indexing as indexing
+from ortrain.capture import decompositions_losses as losses
 from ortrain.capture import decompositions_math as math_ops
 from ortrain.capture import decompositions_pooling as pooling
 from ortrain.capture.decompositions import convolution_backward
@@ -237,3 +238,36 @@ def test_scalar_scatter_and_gather_run_on_one_element() -> None:
     assert torch.equal(table[aten.scatter.src](x, 0, index, src), aten.scatter.src(x, 0, index, src))
     assert torch.equal(table[aten.gather.default](x, 0, index), aten.gather(x, 0, index))
     assert table[aten.gather.default](torch.randn(3), 0, torch.tensor([1])) is NotImplemented
+
+
+# ---- losses ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_binary_cross_entropy_with_logits_matches_native_in_float32(weighted: bool, reduction: int) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 5) * 9  # large logits: where log(sigmoid) loses precision
+    y = torch.rand(4, 5)
+    weight = torch.rand(5) if weighted else None
+    pos_weight = torch.rand(5) + 0.5 if weighted else None
+    got = losses.binary_cross_entropy_with_logits(x, y, weight, pos_weight, reduction)
+    want = aten.binary_cross_entropy_with_logits(x, y, weight, pos_weight, reduction)
+    torch.testing.assert_close(got, want)
+
+
+def test_kthvalue_and_mode_match_native() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 7)
+    for dim, keepdim in ((1, False), (0, True)):
+        for got, want in zip(
+            math_ops.kthvalue(x, 3, dim, keepdim), torch.kthvalue(x, 3, dim, keepdim), strict=True
+        ):
+            torch.testing.assert_close(got, want)
+    ties = torch.tensor([[3.0, 1.0, 3.0, 1.0, 2.0, 1.0, 3.0], [2.0, 5.0, 2.0, 5.0, 7.0, 0.0, 0.0]])
+    for data in (ties, torch.randint(0, 3, (5, 6)).float()):
+        for dim, keepdim in ((1, False), (0, True)):
+            for got, want in zip(
+                math_ops.mode(data, dim, keepdim), torch.mode(data, dim, keepdim), strict=True
+            ):
+                torch.testing.assert_close(got, want)
