@@ -144,12 +144,15 @@ def adaptive_max_pool2d(input: torch.Tensor, output_size: Sequence[int]) -> tupl
 
 
 def _pool_geometry(
-    kernel_size: Sequence[int], stride: Sequence[int], padding: Sequence[int], spatial: int
+    kernel_size: int | Sequence[int], stride: int | Sequence[int], padding: int | Sequence[int], spatial: int
 ) -> tuple[list[int], list[int], list[int]]:
-    kernel = list(kernel_size) * (spatial if len(kernel_size) == 1 else 1)
-    stride = list(stride) or kernel
-    stride = stride * (spatial if len(stride) == 1 else 1)
-    padding = list(padding) * (spatial if len(padding) == 1 else 1)
+    def per_axis(value: int | Sequence[int]) -> list[int]:
+        values = [value] if isinstance(value, int) else list(value)
+        return values * spatial if len(values) == 1 else values
+
+    kernel = per_axis(kernel_size)
+    stride = per_axis(stride) or kernel
+    padding = per_axis(padding)
     return kernel, stride, padding
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-# op type -> position of its indices input
-_INDEX_INPUTS = {"ScatterND": 1, "GatherND": 1, "ScatterElements": 1, "GatherElements": 1, "Gather": 1}
+# op type -> position of its indices input, for the ops whose indices must be int64 (Gather,
+# GatherElements and ScatterElements accept int32 too).
+_INDEX_INPUTS = {"ScatterND": 1, "GatherND": 1}
 
 
 def cast_indices_to_int64(model: ir.Model) -> int:
