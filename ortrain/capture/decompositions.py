@@ -147,6 +147,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.adaptive_max_pool2d.default] = pooling.adaptive_max_pool2d
     table[aten.adaptive_max_pool2d_backward.default] = pooling.adaptive_max_pool2d_backward
     table[aten.binary_cross_entropy_with_logits.default] = losses.binary_cross_entropy_with_logits
+    table[aten.mv.default] = math_ops.mv
+    table[aten.addmv.default] = math_ops.addmv
     table[aten.kthvalue.default] = math_ops.kthvalue
     table[aten.sort.stable] = math_ops.sort_stable
     table[aten.mode.default] = math_ops.mode

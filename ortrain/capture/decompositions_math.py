@@ -188,3 +188,21 @@ def sort_stable(
     if x.dim() == 0:
         return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
     return torch.topk(x, x.shape[dim], dim=dim, largest=descending, sorted=True)
+
+
+# ONNX Runtime's graph optimizer computes a Transpose feeding a MatMul by a 1-D vector wrongly
+# (measured, onnxruntime 1.32: ``mv(a.t(), g)`` off by up to 10 with optimizations on, exact with
+# them off): that is ``mv``'s own backward. Multiplying by a one-column matrix avoids that path.
+def mv(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+    return aten.mm.default(matrix, vector.unsqueeze(1)).squeeze(1)
+
+
+def addmv(
+    input: torch.Tensor, matrix: torch.Tensor, vector: torch.Tensor, *, beta: float = 1, alpha: float = 1
+) -> torch.Tensor:
+    product = mv(matrix, vector)
+    if alpha != 1:
+        product = product * alpha
+    if beta == 0:  # as PyTorch: input is ignored, NaNs in it included
+        return product.expand(torch.broadcast_shapes(input.shape, product.shape)).clone()
+    return product + (input if beta == 1 else input * beta)

@@ -119,3 +119,35 @@ def test_unfold_then_max_trains_like_eager() -> None:
     (ORTModule(module)() * weights).sum().backward()
     (eager() * weights).sum().backward()
     torch.testing.assert_close(module.weight.grad, eager.weight.grad)
+
+
+class _MatrixVector(nn.Module):
+    """mv's backward is mv(matrix.t(), grad), which ONNX Runtime's optimizer got wrong."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.matrix = nn.Parameter(torch.randn(5, 10))
+        self.vector = nn.Parameter(torch.randn(10))
+        self.bias = nn.Parameter(torch.randn(5))
+
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.mv(self.matrix, self.vector), torch.addmv(
+            self.bias, self.matrix, self.vector, beta=0.5, alpha=2
+        )
+
+
+def test_matrix_vector_products_train_like_eager() -> None:
+    import copy
+
+    from ortrain import ORTModule
+
+    torch.manual_seed(0)
+    module = _MatrixVector()
+    eager = copy.deepcopy(module)
+    w1, w2 = torch.randn(5), torch.randn(5)
+    a, b = ORTModule(module)()
+    ((a * w1).sum() + (b * w2).sum()).backward()
+    a, b = eager()
+    ((a * w1).sum() + (b * w2).sum()).backward()
+    for name in ("matrix", "vector", "bias"):
+        torch.testing.assert_close(getattr(module, name).grad, getattr(eager, name).grad)
