@@ -148,17 +148,20 @@ def graph_breaks_reported(report: Callable[[str, int, str], None]) -> Iterator[N
     """Call ``report(file, line, reason)`` for each graph break Dynamo finds in this thread meanwhile."""
     handler = _BreakHandler(report)
     loggers = [logging.getLogger(name) for name in _BREAK_LOGGERS]
-    levels = [lg.level for lg in loggers]
+    saved = [(lg.level, lg.propagate) for lg in loggers]
     for lg in loggers:
         lg.addHandler(handler)
         if not lg.isEnabledFor(logging.DEBUG):
+            # Off unless TORCH_LOGS asked for it: turn it on for our handler only, not for torch's.
             lg.setLevel(logging.DEBUG)
+            lg.propagate = False
     try:
         yield
     finally:
-        for lg, level in zip(loggers, levels, strict=True):
+        for lg, (level, propagate) in zip(loggers, saved, strict=True):
             lg.removeHandler(handler)
             lg.setLevel(level)
+            lg.propagate = propagate
 
 
 def source_line(file: str, line: int) -> str:
