@@ -26,6 +26,7 @@ from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.function_calls import intercept_functions
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import release_calls
+from ortrain.capture.tensor_attributes import tensor_attributes_as_buffers
 from ortrain.capture.tracing_context import tracing_context
 
 logger = logging.getLogger("ortrain.capture")
@@ -128,6 +129,7 @@ def capture(
     with contextlib.ExitStack() as stack:
         stack.enter_context(grad_mode)
         stack.enter_context(tracing_context())
+        stack.enter_context(tensor_attributes_as_buffers(module))
         regions = CheckpointRegions(as_python_ops=checkpoint_ops and opaque_functions)
         stack.enter_context(regions.patched())
         call_ids = stack.enter_context(

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch._decomp import get_decompositions
 
+from ortrain.capture.decompositions_breaks import break_decompositions
+
 aten = torch.ops.aten
 
 
@@ -121,4 +123,5 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     )
     table[aten.convolution_backward.default] = convolution_backward
     table[aten._adaptive_avg_pool2d_backward.default] = adaptive_avg_pool2d_backward
+    table.update(break_decompositions())
     return table

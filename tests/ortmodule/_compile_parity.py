@@ -7,25 +7,40 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from functorch.compile import nop
+from torch._dynamo.backends.common import aot_autograd
 
 from ortrain.backend import OrtrainBackend
 
 
 def count_dynamo_graphs(
-    model: torch.nn.Module, batches: Sequence[Any], loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]
+    model: torch.nn.Module,
+    batches: Sequence[Any],
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+    *,
+    lr: float = 0.05,
 ) -> int:
-    """How many graphs Dynamo itself splits a model into for these batches (a backend that counts)."""
+    """How many graphs Dynamo + AOTAutograd split a model into over the same training (counted).
+
+    The steps are the same as in the side-by-side runs: values decide the branches and guards.
+    """
     graphs = 0
 
-    def counting(gm: torch.fx.GraphModule, _example: Any) -> Any:
+    def counting(gm: torch.fx.GraphModule, example: Any) -> Any:
         nonlocal graphs
         graphs += 1
-        return gm.forward
+        # Through AOTAutograd as any training backend: its tracing can ask Dynamo to specialize
+        # (a float that became symbolic, say) and so compile a frame once more.
+        return aot_autograd(fw_compiler=nop)(gm, example)
 
     torch._dynamo.reset()
-    compiled = torch.compile(copy.deepcopy(model), backend=counting)
+    copied = copy.deepcopy(model)
+    compiled = torch.compile(copied, backend=counting)
+    opt = torch.optim.SGD(copied.parameters(), lr=lr, momentum=0.9)
     for batch in batches:
+        opt.zero_grad()
         loss_fn(compiled, batch).backward()
+        opt.step()
     torch._dynamo.reset()
     return graphs
 
