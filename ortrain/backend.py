@@ -39,12 +39,12 @@ class OrtrainBackend:
         self.options = options
         self.graphs_compiled = 0  # Dynamo graphs handed to this backend
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable[..., Any]:
+    def __call__(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any
+    ) -> Callable[..., Any]:
         options = self.options or runtime_options()
         self.graphs_compiled += 1
-        device = next(
-            (t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cpu")
-        )
+        device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
         if device.type != "cpu":
             raise RuntimeError(f"ortrain runs on the CPU execution provider; got a graph on {device}")
 
@@ -78,7 +78,9 @@ def _graph_runner(
     )
 
 
-def ortrain_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
+def ortrain_backend(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
+) -> Callable[..., Any]:
     """The backend ``torch.compile(backend="ortrain")`` resolves to (also the entry point's target)."""
     return OrtrainBackend()(gm, example_inputs, **kwargs)
 

@@ -12,9 +12,6 @@ here for a measured reason:
   row and the row's own selected by a one-hot mask. Exact, at ``num_experts`` times the matmul
   work of the loop (fine for the small expert counts of CPU training; a torch executor that runs
   the op itself is the better answer for large ones).
-- ``aten.as_strided_scatter``: the backward of ``as_strided`` (windowed attention that rolls and
-  slices in place) has no ONNX translation; torch's own decomposition turns it into a
-  gather/scatter of index tensors, which export.
 """
 
 from __future__ import annotations
@@ -23,9 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._decomp import get_decompositions
-
-aten = torch.ops.aten
 
 
 def _expert_one_hot(rows: int, offs: torch.Tensor, experts: int, dtype: torch.dtype) -> torch.Tensor:
@@ -62,7 +56,7 @@ def _custom_op(namespace: str, name: str) -> Any:
 
 def break_decompositions() -> dict[Any, Callable[..., Any]]:
     """Entries for the capture's decomposition table (looked up at each capture: libraries load late)."""
-    table: dict[Any, Callable[..., Any]] = dict(get_decompositions([aten.as_strided_scatter]))
+    table: dict[Any, Callable[..., Any]] = {}
     forward = _custom_op("transformers", "grouped_mm_fallback")
     if forward is not None:
         table[forward] = grouped_mm

@@ -15,7 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ortrain.capture.dynamo_backend import backend_failure, graph_breaks_reported, is_data_dependent, source_line
+from ortrain.capture.dynamo_backend import (
+    backend_failure,
+    graph_breaks_reported,
+    is_data_dependent,
+    source_line,
+)
 from ortrain.ortmodule.fallback import ORTModuleFallbackException
 from ortrain.ortmodule.options import DebugOptions, RuntimeOptions
 

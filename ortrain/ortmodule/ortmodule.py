@@ -405,7 +405,9 @@ class ORTModule(nn.Module):
         error = sys.exc_info()[1]
         if error is None or not is_data_dependent(error):
             return False
-        logger.info("whole-graph capture failed on data-dependent Python; splitting the model at graph breaks")
+        logger.info(
+            "whole-graph capture failed on data-dependent Python; splitting the model at graph breaks"
+        )
         path = GraphBreakPath(self._ortrain_module, self._ortrain_debug, self._ortrain_options)
         object.__setattr__(self, "_ortrain_graph_breaks", path)
         return True

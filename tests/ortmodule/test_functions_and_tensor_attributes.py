@@ -66,7 +66,9 @@ def _python_op_names(model: ORTModule) -> tuple[list[str], list[str]]:
     for slot in (entry.capture.forward, entry.capture.backward):
         nodes = iter_python_op_nodes(slot.graph.graph)
         # python_op(inputs, call_id); python_op_grad(handle, grad_outputs, call_id, sizes)
-        names.append([lookup_call(n.args[1] if n.target is python_op else n.args[2]).func_name for n in nodes])
+        names.append(
+            [lookup_call(n.args[1] if n.target is python_op else n.args[2]).func_name for n in nodes]
+        )
     return names[0], names[1]
 
 
