@@ -29,6 +29,7 @@ from ortrain.capture.aot_capture import GraphRunner
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.partition import partition
+from ortrain.capture.size_carriers import carry_free_sizes, with_carriers
 from ortrain.capture.tracing_context import tracing_context
 
 logger = logging.getLogger("ortrain.capture")
@@ -58,8 +59,9 @@ def aot_backend(
             # which torch.export, inside the ONNX exporter, trips over ("Attempting to use
             # FunctionalTensor on its own"): hand over a plain GraphModule of the same graph.
             plain = torch.fx.GraphModule(graph, graph.graph)
+            carried = carry_free_sizes(plain)
             with COMPILE_LOCK:
-                runner = _in_fresh_thread(lambda: compile_graph(plain, tag, number))
+                runner = with_carriers(_in_fresh_thread(lambda: compile_graph(plain, tag, number)), carried)
 
             def run(args: list[Any]) -> list[Any]:
                 return runner(args)
