@@ -21,7 +21,7 @@ from ortrain.capture.dynamo_backend import (
     is_data_dependent,
     source_line,
 )
-from ortrain.ortmodule.fallback import ORTModuleFallbackException
+from ortrain.ortmodule.fallback import ORTModuleFallbackException, ORTModuleTorchModelException
 from ortrain.ortmodule.options import DebugOptions, RuntimeOptions
 
 logger = logging.getLogger("ortrain.ortmodule")
@@ -54,6 +54,10 @@ class GraphBreakPath:
                 inner = backend_failure(error)
                 if isinstance(inner, ORTModuleFallbackException):
                     raise inner from error
+                if inner is not None:  # AOTAutograd's capture of a graph failed
+                    raise ORTModuleTorchModelException(
+                        f"capture of a graph between graph breaks failed: {type(inner).__name__}: {inner}"
+                    ) from error
                 raise
 
     def _report(self, file: str, line: int, reason: str) -> None:
