@@ -1,72 +1,15 @@
-"""Eager vs torch.compile vs ortrain on the MLP and the tiny GPT: step time, first step, peak RSS.
+"""Eager vs torch.compile vs ortrain on the MLP, the tiny GPT and the SFT GPT: step time, first step,
+peak RSS. The logic is :mod:`ortrain.bench` (the same as ``ortrain bench``); each (model,
+competitor, repeat) runs in a fresh process and the table reports medians over the repeats.
 
-Each (model, competitor, repeat) runs in a fresh process, so that peak RSS belongs to that
-competitor alone; the table reports medians over the repeats.
-
-    python benchmarks/bench_ortmodule.py [--repeats 3] [--steps 20] [--models mlp,gpt]
+    python benchmarks/bench_ortmodule.py [--repeats 3] [--steps 20] [--models mlp,gpt,sft] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import resource
-import statistics
-import subprocess
-import sys
-import time
 
-import torch
-from torch import nn
-from torch.nn import functional as F
-
-COMPETITORS = ("eager", "compile", "ortrain")
-
-
-def _build(model_name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...], object]:
-    torch.manual_seed(0)
-    if model_name == "mlp":
-        layers: list[nn.Module] = []
-        for _ in range(4):
-            layers += [nn.Linear(1024, 1024), nn.ReLU()]
-        model = nn.Sequential(*layers[:-1])
-        data = (torch.randn(64, 1024), torch.randn(64, 1024))
-
-        def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return F.mse_loss(m(x), y)
-
-        return model, data, loss_fn
-    from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
-
-    config = GPTConfig(vocab_size=8000, block_size=128, n_layer=4, n_head=4, d_model=256)
-    model = TinyGPT(config)
-    idx = torch.randint(0, 8000, (8, 128))
-    data = (idx, torch.roll(idx, -1, dims=1))
-
-    def gpt_loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return m(x, y)[1]
-
-    return model, data, gpt_loss
-
-
-def run_one(model_name: str, competitor: str, steps: int) -> dict[str, float]:
-    model, data, loss_fn = _build(model_name)
-    if competitor == "ortrain":
-        from ortrain import ORTModule
-
-        model = ORTModule(model)
-    elif competitor == "compile":
-        model = torch.compile(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    times = []
-    for _ in range(steps + 1):
-        start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss_fn(model, *data).backward()
-        optimizer.step()
-        times.append(time.perf_counter() - start)
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"first_s": times[0], "step_ms": statistics.median(times[2:]) * 1000, "peak_mib": peak_kib / 1024}
+from ortrain import bench
 
 
 def main() -> None:
@@ -75,37 +18,15 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--models", default="mlp,gpt")
-    parser.add_argument("--child", nargs=2, metavar=("MODEL", "COMPETITOR"), help=argparse.SUPPRESS)
+    parser.add_argument("--models", default="mlp,gpt,sft")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that it runs")
     args = parser.parse_args()
-    if args.child:
-        print(json.dumps(run_one(args.child[0], args.child[1], args.steps)))
-        return
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, medians of {args.repeats} runs")
-    print(
-        f"{'model':6} {'competitor':10} {'step ms':>9} {'vs eager':>9} {'first s':>8} "
-        f"{'peak MiB':>9} {'vs eager':>9}"
+    env = bench.environment()
+    print(f"{env['cpu']}, torch {env['torch']}, {env['threads']} threads, medians of {args.repeats} runs")
+    results = bench.run_benchmark(
+        args.models.split(","), steps=args.steps, repeats=args.repeats, quick=args.quick
     )
-    for model_name in args.models.split(","):
-        results: dict[str, dict[str, float]] = {}
-        runs: dict[str, list[dict[str, float]]] = {c: [] for c in COMPETITORS}
-        for _ in range(args.repeats):
-            for competitor in COMPETITORS:  # interleaved, so drift in machine load hits all alike
-                out = subprocess.run(
-                    [sys.executable, __file__, "--steps", str(args.steps), "--child", model_name, competitor],
-                    capture_output=True, text=True, check=True,
-                )  # fmt: skip
-                runs[competitor].append(json.loads(out.stdout.strip().splitlines()[-1]))
-        for competitor in COMPETITORS:
-            done = runs[competitor]
-            results[competitor] = {k: statistics.median(r[k] for r in done) for k in done[0]}
-        eager = results["eager"]
-        for competitor in COMPETITORS:
-            r = results[competitor]
-            print(
-                f"{model_name:6} {competitor:10} {r['step_ms']:9.1f} {r['step_ms'] / eager['step_ms']:9.2f} "
-                f"{r['first_s']:8.2f} {r['peak_mib']:9.0f} {r['peak_mib'] / eager['peak_mib']:9.2f}"
-            )
+    print("\n".join(bench.format_table(results)))
 
 
 if __name__ == "__main__":

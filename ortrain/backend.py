@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ortrain.capture.dynamo_backend import BACKEND_NAME, aot_backend, register
+from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.ortmodule.options import DebugOptions, RuntimeOptions, runtime_options
 from ortrain.passes.pipeline import StageSaver, default_passes
 from ortrain.runtime.graph_executor import build_graph_executor
@@ -51,7 +52,8 @@ class OrtrainBackend:
         def compile_graph(graph: torch.fx.GraphModule, name: str, number: int) -> Any:
             return _graph_runner(graph, name, number, options, self.debug_options, device)
 
-        return aot_backend(gm, example_inputs, compile_graph)
+        memory = MemoryOptimizerConfig(options.memory_opt_level, options.memory_opt_config)
+        return aot_backend(gm, example_inputs, compile_graph, memory)
 
 
 def _graph_runner(

@@ -1,31 +1,45 @@
-"""The ``ortrain`` command: ``ortrain demo`` trains a small GPT; ``ortrain doctor`` shows the setup."""
+"""The ``ortrain`` command: ``demo`` trains a small GPT; ``bench`` compares eager, torch.compile and
+ortrain; ``doctor`` checks the setup."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def _doctor() -> int:
-    import onnx
-    import onnxruntime
-    import onnxscript
-    import torch
+    from ortrain.doctor import run_doctor
 
-    import ortrain
+    return 0 if run_doctor(print) else 1
 
-    print(f"ortrain      {ortrain.__version__}")
-    print(f"python       {sys.version.split()[0]}")
-    print(f"torch        {torch.__version__}")
-    print(f"onnx         {onnx.__version__}")
-    print(f"onnxscript   {onnxscript.__version__}")
-    print(f"onnxruntime  {onnxruntime.__version__} ({', '.join(onnxruntime.get_available_providers())})")
+
+def _bench(args: argparse.Namespace) -> int:
+    from ortrain import bench
+
+    models = (args.models or ("mlp" if args.quick else "mlp,gpt,sft")).split(",")
+    steps = args.steps if args.steps is not None else (3 if args.quick else 20)
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
+    env = bench.environment()
+    print(
+        f"{env['cpu']}, {env['threads']} threads, torch {env['torch']}, onnxruntime {env['onnxruntime']}; "
+        f"{steps} steps, medians of {repeats} run(s){', quick sizes' if args.quick else ''}"
+    )
+    results = bench.run_benchmark(
+        models, steps=steps, repeats=repeats, quick=args.quick, report=lambda line: print(line, flush=True)
+    )
+    print("\n".join(bench.format_table(results)))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = out / "ortrain-bench.json", out / "ortrain-bench.png"
+    settings = {"models": models, "steps": steps, "repeats": repeats, "quick": args.quick}
+    bench.write_json(results, json_path, settings)
+    print(f"wrote {json_path}")
     try:
-        import triton
-
-        print(f"triton       {triton.__version__}")
-    except ImportError:
-        print("triton       not installed (Triton kernels are used on NVIDIA GPUs only)")
+        bench.write_chart(results, png_path)
+        print(f"wrote {png_path}")
+    except ImportError as error:
+        print(f"no chart: {error}")
     return 0
 
 
@@ -34,10 +48,29 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="train a small GPT on text shipped with ortrain")
     demo.add_argument("--steps", type=int, default=300)
-    commands.add_parser("doctor", help="print versions and available execution providers")
+    bench = commands.add_parser(
+        "bench",
+        help="eager vs torch.compile vs ortrain: step time and peak memory, each in its own process",
+    )
+    bench.add_argument(
+        "--models",
+        help="comma-separated: mlp, gpt, sft (half the labels -100), or module:factory returning "
+        "(model, batch) where model(*batch) returns the loss (default: mlp,gpt,sft; mlp with --quick)",
+    )
+    bench.add_argument("--steps", type=int, help="timed steps after the first (default 20; 3 with --quick)")
+    bench.add_argument(
+        "--repeats", type=int, help="processes per competitor, medians (default 3; 1 with --quick)"
+    )
+    bench.add_argument("--quick", action="store_true", help="tiny models, few steps: checks that it all runs")
+    bench.add_argument("--out", default=".", help="directory for ortrain-bench.json and ortrain-bench.png")
+    commands.add_parser(
+        "doctor", help="versions, usable execution providers, optional extras, a training check"
+    )
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return _doctor()
+    if args.command == "bench":
+        return _bench(args)
     from ortrain.demo import DemoSettings, run_demo
 
     result = run_demo(DemoSettings(steps=args.steps), report=print)

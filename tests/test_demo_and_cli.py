@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
-from ortrain.cli import main
 from ortrain.demo import DemoSettings, load_corpus, run_demo
 
 
@@ -19,9 +16,3 @@ def test_demo_trains_the_loss_down_and_reports_both_step_times() -> None:
     assert result.last_loss < result.first_loss - 0.3
     assert result.ort_step_ms > 0 and result.eager_step_ms > 0
     assert any("ortrain/eager" in line for line in lines)
-
-
-def test_doctor_prints_versions(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["doctor"]) == 0
-    out = capsys.readouterr().out
-    assert "onnxruntime" in out and "CPUExecutionProvider" in out

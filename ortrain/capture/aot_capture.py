@@ -10,6 +10,7 @@ as that callable's forward and backward "compilers".
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import weakref
 from collections.abc import Callable, Sequence
@@ -24,6 +25,8 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 from ortrain.capture.checkpointing import CheckpointRegions
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.function_calls import intercept_functions
+from ortrain.capture.memory_optimizer import MemoryOptimizerConfig, MemoryReport
+from ortrain.capture.module_paths import annotate_module_paths
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import release_calls
 from ortrain.capture.tensor_attributes import tensor_attributes_as_buffers
@@ -66,6 +69,7 @@ class Capture:
     backward: GraphSlot | None
     training: bool
     dynamic_dims: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    memory_report: MemoryReport | None = None  # training captures: what the memory optimizer did
 
     def __call__(self, state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Any:
         return self.fn(*state, *inputs)
@@ -97,6 +101,8 @@ def capture(
     dynamic_dims: dict[int, tuple[int, ...]] | None = None,
     opaque_functions: bool = True,
     checkpoint_ops: bool = False,
+    skipped_functions: frozenset[str] = frozenset(),
+    memory: MemoryOptimizerConfig | None = None,
 ) -> Capture:
     """Trace ``module(*inputs)`` (a module over flat tensors returning a tuple of tensors).
 
@@ -106,7 +112,9 @@ def capture(
     each user ``torch.autograd.Function`` call one python op; otherwise Functions are traced
     through like any other code. ``checkpoint_ops`` (ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT) makes
     reentrant activation checkpoints python ops too; otherwise they are traced and recomputed in
-    the backward graph.
+    the backward graph. ``skipped_functions`` (ORTMODULE_SKIPPED_AUTOGRAD_FUNCTIONS) names Functions,
+    by module path and ``__qualname__``, that are traced through even when Functions are opaque.
+    ``memory`` chooses the recompute plans of the memory optimizer.
     """
     slots: dict[str, GraphSlot] = {}
 
@@ -130,17 +138,21 @@ def capture(
         stack.enter_context(grad_mode)
         stack.enter_context(tracing_context())
         stack.enter_context(tensor_attributes_as_buffers(module))
+        stack.enter_context(annotate_module_paths(module))
         regions = CheckpointRegions(as_python_ops=checkpoint_ops and opaque_functions)
         stack.enter_context(regions.patched())
         call_ids = stack.enter_context(
-            intercept_functions(opaque=opaque_functions, hook=regions.function_hook)
+            intercept_functions(
+                opaque=opaque_functions, hook=regions.function_hook, skipped=skipped_functions
+            )
         )
         joint = aot_autograd.aot_export_joint_with_descriptors(
             stack, module, tuple(example), decompositions=decomposition_table()
         )
+        reports: list[MemoryReport] = []
         fn = aot_autograd.aot_compile_joint_with_descriptors(
             joint,
-            partition_fn=partition,
+            partition_fn=functools.partial(partition, memory=memory, reports=reports),
             fw_compiler=compiler("forward"),
             bw_compiler=compiler("backward"),
         )
@@ -156,6 +168,7 @@ def capture(
         backward=slots.get("backward"),
         training=training,
         dynamic_dims=dynamic_dims,
+        memory_report=reports[0] if reports else None,
     )
     # The python ops' records live as long as the graphs that name them.
     weakref.finalize(captured, release_calls, call_ids)

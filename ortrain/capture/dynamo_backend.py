@@ -13,6 +13,7 @@ Also here: registration under the name ``"ortrain"``, and the graph-break reason
 from __future__ import annotations
 
 import contextlib
+import functools
 import linecache
 import logging
 import re
@@ -28,6 +29,7 @@ from torch._dynamo.exc import BackendCompilerFailed
 from ortrain.capture.aot_capture import GraphRunner
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.decompositions import decomposition_table
+from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.capture.partition import partition
 from ortrain.capture.size_carriers import carry_free_sizes, with_carriers
 from ortrain.capture.tracing_context import tracing_context
@@ -42,9 +44,15 @@ _graph_numbers = iter(range(1 << 62))
 
 
 def aot_backend(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_graph: GraphCompiler
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    compile_graph: GraphCompiler,
+    memory: MemoryOptimizerConfig | None = None,
 ) -> Callable[..., Any]:
-    """Compile one Dynamo graph: AOTAutograd, then ``compile_graph`` for its forward and backward."""
+    """Compile one Dynamo graph: AOTAutograd, then ``compile_graph`` for its forward and backward.
+
+    ``memory`` chooses the memory optimizer's recompute plans, as for a whole-model capture.
+    """
     number = next(_graph_numbers)
 
     def compiler(tag: str) -> Callable[[torch.fx.GraphModule, Any], Any]:
@@ -75,7 +83,7 @@ def aot_backend(
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("forward"),
-        partition_fn=partition,
+        partition_fn=functools.partial(partition, memory=memory),
         decompositions=decomposition_table(),
     )
     with COMPILE_LOCK, tracing_context():

@@ -100,14 +100,17 @@ _calls_made: list[int] = []
 
 
 @contextlib.contextmanager
-def intercept_functions(*, opaque: bool, hook: CallHook | None = None) -> Iterator[list[int]]:
+def intercept_functions(
+    *, opaque: bool, hook: CallHook | None = None, skipped: frozenset[str] = frozenset()
+) -> Iterator[list[int]]:
     """Intercept every ``Function.apply`` call while capturing; yields the call ids registered meanwhile.
 
     The interception sits below the attribute (see :mod:`ortrain.capture.apply_hook`), so
     ``self.fn = Fn.apply`` bound before the capture, aliases, ``functools.partial`` and subclasses
     are caught like ``Fn.apply``. ``opaque`` turns user Functions into python ops
-    (ORTMODULE_ENABLE_CUSTOM_AUTOGRAD=1); ``hook`` (checkpointing) sees every call first, torch's
-    own Functions included.
+    (ORTMODULE_ENABLE_CUSTOM_AUTOGRAD=1), except those whose fully qualified name is in ``skipped``
+    (ORTMODULE_SKIPPED_AUTOGRAD_FUNCTIONS): they are traced inline. ``hook`` (checkpointing) sees
+    every call first, torch's own Functions included.
     """
     first = len(_calls_made)
     # The hook is process-wide, the capture is not: other threads' Functions run as themselves.
@@ -119,7 +122,12 @@ def intercept_functions(*, opaque: bool, hook: CallHook | None = None) -> Iterat
                 result = hook(cls, args, kwargs)
                 if result is not NotImplemented:
                     return result
-            if opaque and not _is_torch_internal(cls) and _has_nested_tensor(args):
+            if (
+                opaque
+                and not _is_torch_internal(cls)
+                and qualified_name(cls) not in skipped
+                and _has_nested_tensor(args)
+            ):
                 return apply_as_python_op(cls, args, kwargs)
         return original_apply(cls, *args, **kwargs)
 

@@ -8,6 +8,7 @@ are cheaper to rebuild in the backward graph than to pass across:
   and a transposed weight folds into the backward ``MatMul`` (measured on the tiny GPT: the
   forward's Transpose/Reshape/Identity kernels, ≈ 20 ms of 150, disappear).
 - Checkpointed regions (see :mod:`ortrain.capture.checkpointing`), which is what checkpointing asks.
+- The subgraphs the memory optimizer chose (see :mod:`ortrain.capture.memory_optimizer`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ from torch._functorch.partitioners import default_partition
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ortrain.capture.checkpointing import tag_regions_for_recompute
+from ortrain.capture.memory_optimizer import (
+    MemoryOptimizerConfig,
+    MemoryReport,
+    plan_recompute,
+    record_partition,
+)
+from ortrain.capture.memory_summary import format_summary
 from ortrain.capture.view_ops import RELAYOUTS
 
 logger = logging.getLogger("ortrain.capture")
@@ -40,8 +48,23 @@ def tag_relayouts_for_recompute(graph: torch.fx.Graph) -> int:
     return tagged
 
 
-def partition(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+def partition(
+    joint: torch.fx.GraphModule,
+    joint_inputs: Any,
+    *,
+    memory: MemoryOptimizerConfig | None = None,
+    reports: list[MemoryReport] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """``default_partition`` after tagging what to recompute; the memory report goes to ``reports``."""
     regions = tag_regions_for_recompute(joint.graph)
     relayouts = tag_relayouts_for_recompute(joint.graph)
     logger.debug("recomputing %d checkpointed nodes and %d reshapes in the backward", regions, relayouts)
-    return default_partition(joint, joint_inputs, **kwargs)
+    report = plan_recompute(joint.graph, memory or MemoryOptimizerConfig())
+    forward, backward = default_partition(joint, joint_inputs, **kwargs)
+    record_partition(report, forward, kwargs["num_fwd_outputs"])
+    if logger.isEnabledFor(logging.INFO):
+        logger.info("%s", format_summary(report))
+    if reports is not None:
+        reports.append(report)
+    return forward, backward

@@ -48,7 +48,8 @@ def parse_fallback_policy(text: str) -> FallbackPolicy:
         try:
             policy |= FallbackPolicy[name]
         except KeyError:
-            valid = ", ".join(p.name for p in FallbackPolicy if p.name)
+            # Iterating a Flag skips its zero member, FALLBACK_DISABLE: name it first.
+            valid = ", ".join(["FALLBACK_DISABLE", *(p.name for p in FallbackPolicy if p.name)])
             raise ValueError(f"ORTMODULE_FALLBACK_POLICY has unknown policy {name!r}; use {valid}") from None
     return policy
 

@@ -7,11 +7,13 @@ whole configuration surface is visible here and can be documented from one file.
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ortrain.capture.memory_optimizer import ALL, COMPROMISE, OFF, RECOMPUTE, RecomputeRequest
 from ortrain.ortmodule.fallback import FallbackPolicy, parse_fallback_policy
 
 DEFAULT_OPSET = 18
@@ -97,6 +99,84 @@ class RuntimeOptions:
     enable_compute_optimizer: bool
     cache_dir: Path | None
     graph_cache_size: int = 8
+    # Guidelines §2.1 sparsity and inspector switches (their passes: see the README's sections).
+    enable_sparse_optimizer: bool = True
+    enable_embedding_sparse_optimizer: bool = False
+    print_input_density: bool = False
+    print_memory_stats: bool = False
+    # ORTMODULE_MEMORY_OPT_LEVEL and ORTMODULE_MEMORY_OPT_CONFIG (see ortrain.capture.memory_optimizer).
+    memory_opt_level: int = 0
+    memory_opt_config: tuple[RecomputeRequest, ...] = ()
+    # Guidelines §6 Triton and op tuning.
+    use_triton: bool = False
+    enable_tuning: bool = False
+    max_tuning_duration_ms: int | None = None
+    tuning_results_path: Path | None = None
+    triton_debug: bool = False
+    # Fully qualified names (module + __qualname__) of Functions to trace inline, not as python ops.
+    skipped_autograd_functions: frozenset[str] = frozenset()
+
+
+_MEMORY_OPT_LEVELS = (0, 1, 2)
+
+
+def parse_memory_opt_level(raw: str) -> int:
+    text = raw.strip()
+    if text not in {str(level) for level in _MEMORY_OPT_LEVELS}:
+        raise ValueError(
+            f"ORTMODULE_MEMORY_OPT_LEVEL={raw!r} is not a level; use one of 0, 1, 2: 0 (only the plans of "
+            "ORTMODULE_MEMORY_OPT_CONFIG), 1 (recompute cheap subgraphs in each layer) or 2 (1 plus "
+            "compromise and matmul plans)"
+        )
+    return int(text)
+
+
+def _parse_plan(entry: str) -> RecomputeRequest:
+    parts = entry.strip().split(":")
+    bad = (
+        f"ORTMODULE_MEMORY_OPT_CONFIG entry {entry.strip()!r} is not pattern:type:count "
+        "(type 0 = off, 1 = recompute, 2 = recompute with compromise; count -1 = all occurrences "
+        "or a positive number), e.g. Gelu+:1:-1"
+    )
+    if len(parts) != 3 or not parts[0].strip():
+        raise ValueError(bad)
+    pattern, kind_text, count_text = (p.strip() for p in parts)
+    try:
+        kind, count = int(kind_text), int(count_text)
+    except ValueError:
+        raise ValueError(bad) from None
+    if kind not in (OFF, RECOMPUTE, COMPROMISE) or (count != ALL and count < 1):
+        raise ValueError(bad)
+    return RecomputeRequest(pattern, kind, count)
+
+
+def parse_memory_opt_config(raw: str) -> tuple[RecomputeRequest, ...]:
+    """``pattern:type:count`` entries separated by commas, or the path of a JSON list of them."""
+    text = raw.strip()
+    if not text:
+        return ()
+    entries: list[str]
+    if text.endswith(".json") or os.path.isfile(text):
+        if not os.path.isfile(text):
+            raise ValueError(
+                f"ORTMODULE_MEMORY_OPT_CONFIG={raw!r}: no such JSON file; give a file or plans "
+                "'pattern:type:count,...'"
+            )
+        try:
+            loaded = json.loads(Path(text).read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise ValueError(
+                f"ORTMODULE_MEMORY_OPT_CONFIG={raw!r}: cannot read a JSON list of plans from it: {error}"
+            ) from None
+        if not isinstance(loaded, list) or not all(isinstance(e, str) for e in loaded):
+            raise ValueError(
+                f"ORTMODULE_MEMORY_OPT_CONFIG={raw!r} must hold a JSON list of strings "
+                '"pattern:type:count", e.g. ["Gelu+:1:-1"]'
+            )
+        entries = loaded
+    else:
+        entries = text.split(",")
+    return tuple(_parse_plan(e) for e in entries if e.strip())
 
 
 def runtime_options() -> RuntimeOptions:
@@ -105,7 +185,9 @@ def runtime_options() -> RuntimeOptions:
         try:
             opset = int(opset_raw)
         except ValueError:
-            raise ValueError(f"ORTMODULE_ONNX_OPSET_VERSION={opset_raw!r} is not an integer") from None
+            raise ValueError(
+                f"ORTMODULE_ONNX_OPSET_VERSION={opset_raw!r} is not an integer; use an opset of 18 or newer"
+            ) from None
         if opset < 18:
             # torch.onnx's dynamo exporter emits opset 18 and newer only.
             raise ValueError(
@@ -115,6 +197,7 @@ def runtime_options() -> RuntimeOptions:
         opset = DEFAULT_OPSET
     policy_raw = os.environ.get("ORTMODULE_FALLBACK_POLICY")
     cache_raw = os.environ.get("ORTMODULE_CACHE_DIR")
+    tuning_path_raw = os.environ.get("ORTMODULE_TUNING_RESULTS_PATH", "").strip()
     return RuntimeOptions(
         opset_version=opset,
         fallback_policy=parse_fallback_policy(policy_raw) if policy_raw else FallbackPolicy.default(),
@@ -122,6 +205,18 @@ def runtime_options() -> RuntimeOptions:
         allow_autograd_checkpoint=_env_flag("ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT", False),
         enable_compute_optimizer=_env_flag("ORTMODULE_ENABLE_COMPUTE_OPTIMIZER", True),
         cache_dir=Path(cache_raw) if cache_raw else None,
+        enable_sparse_optimizer=_env_flag("ORTMODULE_ENABLE_SPARSE_OPTIMIZER", True),
+        enable_embedding_sparse_optimizer=_env_flag("ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER", False),
+        print_input_density=_env_flag("ORTMODULE_PRINT_INPUT_DENSITY", False),
+        print_memory_stats=_env_flag("ORTMODULE_PRINT_MEMORY_STATS", False),
+        memory_opt_level=parse_memory_opt_level(os.environ.get("ORTMODULE_MEMORY_OPT_LEVEL") or "0"),
+        memory_opt_config=parse_memory_opt_config(os.environ.get("ORTMODULE_MEMORY_OPT_CONFIG", "")),
+        use_triton=_env_flag("ORTMODULE_USE_TRITON", False),
+        enable_tuning=_env_flag("ORTMODULE_ENABLE_TUNING", False),
+        max_tuning_duration_ms=_env_positive_int("ORTMODULE_MAX_TUNING_DURATION_MS"),
+        tuning_results_path=Path(tuning_path_raw) if tuning_path_raw else None,
+        triton_debug=_env_flag("ORTMODULE_TRITON_DEBUG", False),
+        skipped_autograd_functions=_skipped_autograd_functions(),
         graph_cache_size=_env_int("ORTMODULE_GRAPH_CACHE_SIZE", 8, minimum=1),
     )
 
@@ -137,6 +232,32 @@ def _env_int(name: str, default: int, *, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name}={value} is too small; use a whole number >= {minimum}")
     return value
+
+
+def _env_positive_int(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r} is not a duration; use a positive whole number of milliseconds")
+    return value
+
+
+def _skipped_autograd_functions() -> frozenset[str]:
+    name = "ORTMODULE_SKIPPED_AUTOGRAD_FUNCTIONS"
+    raw = os.environ.get(name, "")
+    names = frozenset(part.strip() for part in raw.split(",") if part.strip())
+    for qualified in names:
+        if "." not in qualified or any(c.isspace() for c in qualified):
+            raise ValueError(
+                f"{name}: {qualified!r} is not a fully qualified Function name; use module path and "
+                "class name, comma-separated (pkg.layers.Gelu, pkg.model.build.<locals>.Gelu)"
+            )
+    return names
 
 
 def openmp_wait_policy() -> str:

@@ -15,6 +15,7 @@ from torch import nn
 from ortrain.capture.aot_capture import Capture, GraphSlot, capture
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.huggingface import register_hf_cache_types
+from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
 from ortrain.ortmodule.eager_check import run_eagerly_leaving_no_trace
 from ortrain.ortmodule.fallback import (
@@ -27,9 +28,11 @@ from ortrain.ortmodule.fallback import (
 from ortrain.ortmodule.graph_breaks import GraphBreakPath, is_data_dependent
 from ortrain.ortmodule.graph_cache import GraphCache
 from ortrain.ortmodule.guards import ModelState, binding_order, describe_change, read_state
+from ortrain.ortmodule.inactive_options import announce_inactive_options
 from ortrain.ortmodule.options import DebugOptions, python_log_level, runtime_options
 from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves
 from ortrain.ortmodule.schema import Spec, flatten, tensor_signature, unflatten
+from ortrain.ortmodule.signature import wrapped_module_signature
 from ortrain.passes.pipeline import StageSaver, default_passes
 from ortrain.runtime.graph_executor import build_graph_executor
 from ortrain.runtime.memory import release_freed_memory
@@ -120,6 +123,7 @@ class ORTModule(nn.Module):
         super().__init__()
         debug = debug_options or DebugOptions()
         options = runtime_options()
+        announce_inactive_options(options)
         object.__setattr__(self, "_ortrain_module", module)
         object.__setattr__(self, "_ortrain_debug", debug)
         object.__setattr__(self, "_ortrain_options", options)
@@ -235,6 +239,7 @@ class ORTModule(nn.Module):
         return f"ORTModule({self._ortrain_module!r})"
 
     # ---- running -------------------------------------------------------------------------------
+    @wrapped_module_signature  # libraries that inspect forward (the HF Trainer) see the model's own
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         fallback: FallbackManager = self._ortrain_fallback
         if fallback.active:
@@ -368,6 +373,10 @@ class ORTModule(nn.Module):
                 dynamic_dims=dynamic,
                 opaque_functions=key.opaque_functions,
                 checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
+                skipped_functions=self._ortrain_options.skipped_autograd_functions,
+                memory=MemoryOptimizerConfig(
+                    self._ortrain_options.memory_opt_level, self._ortrain_options.memory_opt_config
+                ),
             )
         except Exception as error:
             raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error

@@ -1,0 +1,140 @@
+"""``ortrain doctor``: versions, usable execution providers, optional extras, and a training check.
+
+A provider is "usable" when ONNX Runtime creates a session with it and runs a one-node graph; the
+training check trains a tiny model for a few steps on ONNX Runtime (a fallback fails it) and
+compares every loss with eager PyTorch's.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+# Optional extras: (distribution, what it enables, extra to install).
+EXTRAS = (
+    ("transformers", "ortrain.transformers (ORTTrainer), Hugging Face models", "transformers"),
+    ("accelerate", "the Hugging Face Trainer", "transformers"),
+    ("deepspeed", "DeepSpeed ZeRO with FP16_Optimizer", "deepspeed"),
+    ("triton", "Triton kernels (NVIDIA GPUs)", "triton"),
+    ("matplotlib", "the PNG chart of ortrain bench", "bench"),
+)
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def provider_checks() -> list[Check]:
+    import numpy as np
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "doctor",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = min(model.ir_version, onnx.IR_VERSION, 10)
+    checks = []
+    for provider in onnxruntime.get_available_providers():
+        try:
+            session = onnxruntime.InferenceSession(model.SerializeToString(), providers=[provider])
+            (y,) = session.run(None, {"x": np.array([-1.0, 2.0], dtype=np.float32)})
+            used = session.get_providers()[0]
+            ok = used == provider and y.tolist() == [0.0, 2.0]
+            checks.append(Check(provider, ok, "runs a graph" if ok else f"session fell back to {used}"))
+        except Exception as error:  # a provider listed but not loadable (missing CUDA libraries, ...)
+            checks.append(Check(provider, False, f"{type(error).__name__}: {str(error).splitlines()[0]}"))
+    return checks
+
+
+def extra_checks() -> list[Check]:
+    checks = []
+    for dist, enables, extra in EXTRAS:
+        if importlib.util.find_spec(dist) is None:
+            checks.append(Check(dist, False, f'not installed ({enables}): pip install "ortrain[{extra}]"'))
+            continue
+        version = importlib.metadata.version(dist)
+        detail = f"{version} ({enables})"
+        if dist == "triton" and not torch.cuda.is_available():
+            detail += "; no NVIDIA GPU here, so its kernels do not run"
+        checks.append(Check(dist, True, detail))
+    return checks
+
+
+def training_check(steps: int = 4) -> Check:
+    """Train a tiny MLP on ONNX Runtime (a fallback to PyTorch fails it); compare losses with eager's."""
+    from ortrain.ortmodule import ORTModule
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1))
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    losses: dict[str, list[float]] = {"ortrain": [], "eager": []}
+    try:
+        for name, module in (("ortrain", wrapped), ("eager", eager)):
+            optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+            for _ in range(steps):
+                optimizer.zero_grad()
+                loss = nn.functional.mse_loss(module(x), y)
+                loss.backward()
+                optimizer.step()
+                losses[name].append(loss.item())
+    except Exception as error:
+        return Check("training", False, f"{type(error).__name__}: {str(error).splitlines()[0]}")
+    if wrapped._ortrain_fallback.active:  # the default policy trained on in PyTorch (warning above)
+        return Check("training", False, "ortrain fell back to PyTorch; the warning above names the cause")
+    worst = max(
+        abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses["ortrain"], losses["eager"], strict=True)
+    )
+    trained = losses["ortrain"][-1] < losses["ortrain"][0]
+    ok = worst < 1e-4 and trained
+    detail = (
+        f"tiny MLP, {steps} SGD steps on ONNX Runtime: loss {losses['ortrain'][0]:.4f} → "
+        f"{losses['ortrain'][-1]:.4f}, largest relative difference from eager {worst:.1e}"
+    )
+    return Check("training", ok, detail)
+
+
+def run_doctor(report: Callable[[str], None]) -> bool:
+    """Print the checks; True when the providers, the training check (and so ortrain) work."""
+    import onnx
+    import onnxruntime
+    import onnxscript
+
+    import ortrain
+
+    for name, version in (
+        ("ortrain", ortrain.__version__),
+        ("python", sys.version.split()[0]),
+        ("torch", torch.__version__),
+        ("onnx", onnx.__version__),
+        ("onnxscript", onnxscript.__version__),
+        ("onnxruntime", onnxruntime.__version__),
+    ):
+        report(f"{name:12} {version}")
+    report("execution providers:")
+    providers = provider_checks()
+    for check in providers:
+        report(f"  {'ok ' if check.ok else 'NO '} {check.name}: {check.detail}")
+    report("optional extras:")
+    for check in extra_checks():
+        report(f"  {'ok ' if check.ok else '-  '} {check.name}: {check.detail}")
+    training = training_check()
+    report(f"training:\n  {'ok ' if training.ok else 'NO '} {training.detail}")
+    cpu_ok = any(c.ok and c.name == "CPUExecutionProvider" for c in providers)
+    return cpu_ok and training.ok

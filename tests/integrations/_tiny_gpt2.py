@@ -1,0 +1,32 @@
+"""A tiny randomly initialised GPT-2 (tied ``wte``/``lm_head``) and an in-memory dataset."""
+
+from __future__ import annotations
+
+import torch
+
+VOCAB = 100
+SEQ = 16
+
+
+def tiny_gpt2(seed: int = 0) -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    # Dropout off: ONNX Runtime draws its own masks, so runs with dropout cannot match eager.
+    config = GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    model = GPT2LMHeadModel(config)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    return model
+
+
+def token_dataset(n: int, seed: int = 1) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        ids = torch.randint(0, VOCAB, (SEQ,), generator=generator)
+        mask = torch.ones(SEQ, dtype=torch.long)
+        rows.append({"input_ids": ids, "attention_mask": mask, "labels": ids.clone()})
+    return rows

@@ -1,0 +1,188 @@
+"""Hugging Face ``Trainer`` with ``ORTModule``, and ``ortrain.transformers.ORTTrainer``."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+from _tiny_gpt2 import tiny_gpt2, token_dataset
+from torch import nn
+
+from ortrain import ORTModule
+
+transformers = pytest.importorskip("transformers", reason="the transformers extra is not installed")
+pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (the transformers extra)")
+
+from transformers import GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
+
+
+def _args(out: Path, **overrides: object) -> TrainingArguments:
+    settings: dict[str, object] = {
+        "output_dir": str(out),
+        "per_device_train_batch_size": 4,
+        "per_device_eval_batch_size": 4,
+        "max_steps": 4,
+        "logging_steps": 1,
+        "learning_rate": 1e-2,
+        "report_to": [],
+        "use_cpu": True,
+        "save_strategy": "no",
+        "seed": 0,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+    }
+    settings.update(overrides)
+    cls = settings.pop("args_class", TrainingArguments)
+    return cls(**settings)  # type: ignore[operator]
+
+
+def _losses(trainer: Trainer) -> list[float]:
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def _params(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def test_forward_signature_and_unwrapping_show_the_wrapped_module() -> None:
+    import accelerate.utils
+    import transformers.modeling_utils
+    from accelerate import Accelerator
+
+    for model in (nn.Linear(3, 2), tiny_gpt2()):
+        wrapped = ORTModule(model)
+        assert inspect.signature(wrapped.forward) == inspect.signature(model.forward)
+        assert wrapped.module is model
+        # Looked up through their modules, as the Trainer does (a name imported with from-import
+        # before the first ORTModule.forward lookup keeps accelerate's original function).
+        assert transformers.modeling_utils.unwrap_model(wrapped) is model
+        assert accelerate.utils.extract_model_from_parallel(wrapped) is model
+        assert Accelerator(cpu=True).unwrap_model(wrapped) is model
+    # Calls, hooks and the class attribute still behave like an ordinary method.
+    linear = nn.Linear(3, 2)
+    wrapped = ORTModule(linear)
+    seen: list[torch.Size] = []
+    wrapped.register_forward_hook(lambda _m, _i, out: seen.append(out.shape))
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(wrapped(x), linear(x))
+    torch.testing.assert_close(wrapped.forward(x), linear(x))
+    assert seen == [torch.Size([4, 2])]
+    assert inspect.signature(ORTModule.forward).parameters.keys() == {"self", "args", "kwargs"}
+
+
+def test_plain_trainer_trains_like_eager_evaluates_saves_a_loadable_checkpoint_and_resumes(
+    tmp_path: Path,
+) -> None:
+    train, evaluation = token_dataset(16), token_dataset(8, seed=2)
+    # The Trainer finds label names on the model's class (ORTModule): name them (ORTTrainer does).
+    settings = {"save_strategy": "steps", "save_steps": 2, "label_names": ["labels"]}
+    eager = Trainer(model=tiny_gpt2(), args=_args(tmp_path / "eager", **settings), train_dataset=train)
+    eager.train()
+    model = ORTModule(tiny_gpt2())
+    args = _args(tmp_path / "run", **settings)
+    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=evaluation)
+    trainer.train()
+
+    # The same run with and without ortrain logs the same losses. The Trainer rounds them to 4
+    # digits; the parameters are compared too (atol: 1% of one AdamW step at lr 1e-2, where Adam
+    # turns float noise in near-zero gradients into a step).
+    losses, expected = _losses(trainer), _losses(eager)
+    assert len(losses) == len(expected) == 4
+    for got, want in zip(losses, expected, strict=True):
+        assert abs(got - want) <= 1e-4 * abs(want)
+    final = _params(model)
+    eager_params = _params(eager.model)
+    for name, value in final.items():
+        torch.testing.assert_close(value, eager_params[name], rtol=1e-4, atol=1e-4)
+    metrics = trainer.evaluate()
+    assert torch.isfinite(torch.tensor(metrics["eval_loss"]))
+
+    # The checkpoint is a plain Hugging Face one: from_pretrained loads it, ties the head again.
+    checkpoint = tmp_path / "run" / "checkpoint-4"
+    assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "config.json").is_file()
+    loaded = GPT2LMHeadModel.from_pretrained(checkpoint)
+    assert loaded.lm_head.weight is loaded.transformer.wte.weight
+    for name, value in _params(loaded).items():
+        torch.testing.assert_close(value, final[name], rtol=0, atol=0)
+
+    # Resuming from step 2 retraces steps 3 and 4 exactly.
+    resumed = ORTModule(tiny_gpt2(seed=5))
+    trainer = Trainer(model=resumed, args=args, train_dataset=train, eval_dataset=evaluation)
+    trainer.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
+    assert trainer.state.global_step == 4
+    for name, value in _params(resumed).items():
+        torch.testing.assert_close(value, final[name], rtol=1e-5, atol=1e-6)
+
+
+def test_ort_trainer_fused_adam_accumulation_checkpointing_eval_save_limit_resume(tmp_path: Path) -> None:
+    from ortrain.optim import FusedAdam
+    from ortrain.transformers import ORTTrainer, ORTTrainingArguments
+
+    train, evaluation = token_dataset(32), token_dataset(8, seed=2)
+    common = {
+        "gradient_accumulation_steps": 2,
+        "weight_decay": 0.01,
+        "eval_strategy": "steps",
+        "eval_steps": 2,
+        "save_strategy": "steps",
+        "save_steps": 2,
+        "save_total_limit": 1,
+    }
+    reference = Trainer(
+        model=tiny_gpt2(),
+        args=_args(tmp_path / "eager", optim="adamw_torch", **common),
+        train_dataset=train,
+        eval_dataset=evaluation,
+    )
+    reference.train()
+
+    ort_args = _args(
+        tmp_path / "ort",
+        args_class=ORTTrainingArguments,
+        optim="adamw_ort_fused",
+        gradient_checkpointing=True,
+        **common,
+    )
+    assert ort_args.optim == "adamw_ort_fused"
+    trainer = ORTTrainer(model=tiny_gpt2(), args=ort_args, train_dataset=train, eval_dataset=evaluation)
+    assert isinstance(trainer.model, ORTModule)
+    trainer.train()
+    assert isinstance(trainer.optimizer.optimizer, FusedAdam)  # the Trainer wraps it in accelerate's
+    assert trainer.model.module.transformer.gradient_checkpointing
+    for a, b in zip(_losses(trainer), _losses(reference), strict=True):
+        assert abs(a - b) <= 1e-4 * abs(b)
+    eval_losses = [e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e]
+    reference_eval = [e["eval_loss"] for e in reference.state.log_history if "eval_loss" in e]
+    assert len(eval_losses) == 2
+    torch.testing.assert_close(torch.tensor(eval_losses), torch.tensor(reference_eval), rtol=1e-4, atol=0)
+    # save_total_limit=1 keeps the newest checkpoint only.
+    assert sorted(p.name for p in (tmp_path / "ort").glob("checkpoint-*")) == ["checkpoint-4"]
+    final = _params(trainer.model)
+
+    # Resume into a longer run: steps 5 and 6 continue from the saved optimizer state.
+    longer = _args(
+        tmp_path / "ort", args_class=ORTTrainingArguments, optim="adamw_ort_fused", max_steps=6, **common
+    )
+    resumed = ORTTrainer(model=tiny_gpt2(seed=3), args=longer, train_dataset=train, eval_dataset=evaluation)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 6
+    assert any(not torch.equal(p, final[n]) for n, p in _params(resumed.model).items())
+    loaded = GPT2LMHeadModel.from_pretrained(tmp_path / "ort" / "checkpoint-6")
+    for name, value in _params(loaded).items():
+        torch.testing.assert_close(value, _params(resumed.model)[name], rtol=0, atol=0)
+
+
+def test_import_ortrain_does_not_import_transformers() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch; from ortrain import ORTModule; m = ORTModule(torch.nn.Linear(2, 2)); m.forward; "
+        "import ortrain.cli, ortrain.bench; "
+        "names = ('transformers', 'accelerate', 'deepspeed', 'matplotlib'); "
+        "print(sorted(k for k in names if k in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

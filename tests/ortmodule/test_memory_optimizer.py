@@ -1,0 +1,258 @@
+"""Memory optimizer: plans found on a GPT block, levels, the config, and what really crosses to backward."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import onnxruntime
+import pytest
+import test_parity_zoo
+import torch
+from _parity import assert_same_state, train_side_by_side
+from torch import nn
+
+from ortrain import ORTModule
+from ortrain.capture.aot_capture import Capture, capture
+from ortrain.capture.memory_optimizer import MemoryOptimizerConfig, MemoryReport, RecomputeRequest
+from ortrain.capture.memory_summary import format_summary
+from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
+from ortrain.ortmodule.memory_reports import memory_reports
+from ortrain.ortmodule.options import parse_memory_opt_config, runtime_options
+
+SOFTMAX_CHAIN = "Trilu+Where+MatMul+Add+Softmax+"
+
+
+class _Loss(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.model(idx, targets)[1],)
+
+
+def _gpt(n_layer: int = 2, attention: str = "sdpa") -> TinyGPT:
+    torch.manual_seed(0)
+    config = GPTConfig(64, block_size=16, n_layer=n_layer, n_head=2, d_model=16, attention=attention)
+    return TinyGPT(config)
+
+
+def _capture(model: nn.Module, level: int = 0, config: str = "") -> tuple[Capture, list[torch.Tensor]]:
+    torch.manual_seed(1)
+    idx = torch.randint(0, 64, (4, 16))
+    inputs = [idx, torch.roll(idx, -1, dims=1)]
+    memory = MemoryOptimizerConfig(level, parse_memory_opt_config(config))
+    return capture(_Loss(model), inputs, training=True, memory=memory), inputs
+
+
+def _saved_bytes(captured: Capture, model: nn.Module, inputs: list[torch.Tensor]) -> int:
+    """Bytes autograd saves between this forward and its backward, but parameters and inputs."""
+    alive_anyway = {t.data_ptr() for t in (*model.parameters(), *inputs)}
+    total = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        if tensor.data_ptr() not in alive_anyway:
+            total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    state = dict(_Loss(model).named_parameters(remove_duplicate=False))
+    state.update(_Loss(model).named_buffers(remove_duplicate=False))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        (loss,) = captured([state[n] for n in captured.state_names], inputs)
+    loss.backward()
+    return total
+
+
+def _report(captured: Capture) -> MemoryReport:
+    assert captured.memory_report is not None
+    return captured.memory_report
+
+
+def test_summary_lists_the_patterns_of_a_gpt_block(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="ortrain.capture")
+    captured, _ = _capture(_gpt(n_layer=2))
+    report = _report(captured)
+    found = {p.pattern: p for p in report.plans}
+    # Two LayerNorms a block and the final one; one GELU and one attention softmax chain a block.
+    assert [o.layer for o in found["LayerNormalization+"].occurrences] == [
+        "model.blocks.0",
+        "model.blocks.0",
+        "model.blocks.1",
+        "model.blocks.1",
+        None,
+    ]
+    assert found["Gelu+"].layers == ["model.blocks.0", "model.blocks.1"]
+    assert found[SOFTMAX_CHAIN].layers == ["model.blocks.0", "model.blocks.1"]
+    assert found["MatMul+LogSoftmax+"].level == 2  # recomputing it costs the head's matmul
+    # Sizes and costs at the captured batch (4 x 16 tokens, d 16, 2 heads, MLP 64).
+    assert found["Gelu+"].shape == "(4, 16, 64)"
+    assert found["Gelu+"].bytes_per_occurrence == 4 * 16 * 64 * 4
+    assert found[SOFTMAX_CHAIN].bytes_per_occurrence == 4 * 2 * 16 * 16 * 4
+    assert found[SOFTMAX_CHAIN].flops_per_occurrence >= 2 * 4 * 2 * 16 * 16 * 8  # the q @ k^T matmul
+    assert found[SOFTMAX_CHAIN].level == 1
+    assert all(p.requested is None and p.applied == 0 for p in report.plans)  # level 0, no config
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "memory optimizer summary" in logged
+    assert "| Gelu+ " in logged and "2 (1/layer x 2)" in logged and "5 (2/layer x 2 + 1)" in logged
+
+
+def test_levels_and_config_choose_the_applied_counts(caplog: pytest.LogCaptureFixture) -> None:
+    model = _gpt(n_layer=2)
+    report = _report(_capture(model, level=1)[0])
+    applied = {p.pattern: p.applied for p in report.plans}
+    assert applied["LayerNormalization+"] == 5 and applied["Gelu+"] == 2 and applied[SOFTMAX_CHAIN] == 2
+    assert applied["Gemm+"] == 0 and applied["MatMul+LogSoftmax+"] == 0  # matmul plans wait for level 2
+    assert all(p.applied == len(p.occurrences) for p in _report(_capture(model, level=2)[0]).plans)
+
+    with caplog.at_level(logging.WARNING, logger="ortrain.capture"):
+        report = _report(_capture(model, level=1, config="LayerNormalization+:1:2,Gelu+:0:-1,Nope+:1:-1")[0])
+    applied = {p.pattern: p.applied for p in report.plans}
+    assert applied["LayerNormalization+"] == 2  # the count asked for, in forward order
+    assert applied["Gelu+"] == 0  # type 0 switches a level's plan off
+    assert applied[SOFTMAX_CHAIN] == 2  # the level's choice where the config says nothing
+    assert report.unknown_patterns == ["Nope+"]
+    assert any("Nope+" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "LayerNormalization+:1:2" in format_summary(report)
+
+
+def test_saved_activation_bytes_drop_as_the_summary_says() -> None:
+    model = _gpt(n_layer=1)
+    baseline, inputs = _capture(model)
+    before = _saved_bytes(baseline, model, inputs)
+    assert before == _report(baseline).stashed_bytes_before
+    for level, config in ((0, "Gelu+:1:-1,LayerNormalization+:1:1"), (1, ""), (2, "")):
+        captured, inputs = _capture(model, level, config)
+        report = _report(captured)
+        assert report.applied_bytes > 0
+        assert _saved_bytes(captured, model, inputs) == before - report.applied_bytes, (level, config)
+        assert report.stashed_bytes == before - report.applied_bytes
+    # Level 1 frees the GELU output, LayerNorm outputs and the attention probabilities of the block.
+    level1 = _report(_capture(model, 1)[0])
+    assert level1.applied_bytes >= 4 * 16 * 64 * 4 + 2 * 4 * 16 * 16 * 4 + 4 * 2 * 16 * 16 * 4
+
+
+@pytest.mark.parametrize(
+    ("level", "config", "attention"),
+    [(1, "", "softmax"), (2, "", "sdpa"), (0, "Gelu+:1:-1,Gemm+:1:1,LayerNormalization+:1:2", "sdpa")],
+)
+def test_training_matches_eager_with_recompute(
+    monkeypatch: pytest.MonkeyPatch, level: int, config: str, attention: str
+) -> None:
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", str(level))
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_CONFIG", config)
+    torch.manual_seed(2)
+    batches = [torch.randint(0, 64, (4, 16)) for _ in range(3)]
+    losses_ort, losses_eager, eager, wrapped = train_side_by_side(
+        _gpt(n_layer=1, attention=attention), batches, lambda m, b: m(b, torch.roll(b, -1, dims=1))[1]
+    )
+    torch.testing.assert_close(losses_ort, losses_eager, rtol=1e-5, atol=1e-5)
+    assert_same_state(wrapped, eager)
+    (report,) = memory_reports(wrapped)
+    assert report.applied_bytes > 0
+    if config:
+        assert report.plan("Gemm+").applied == 1 and report.plan("LayerNormalization+").applied == 2
+
+
+def test_dropout_is_never_recomputed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recomputed dropout would draw a new mask in backward: the gradient would be wrong."""
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "2")
+    test_parity_zoo.test_dropout_mask_is_the_same_in_forward_and_backward()
+
+
+def test_bad_config_is_an_error_naming_the_entry(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_CONFIG", "Gelu+:1:-1, Softmax+:one:2")
+    with pytest.raises(ValueError, match=r"entry 'Softmax\+:one:2' is not pattern:type:count"):
+        runtime_options()
+    for bad in ("Gelu+:3:-1", "Gelu+:1:0", "Gelu+:1", ":1:1"):
+        with pytest.raises(ValueError, match="ORTMODULE_MEMORY_OPT_CONFIG entry"):
+            parse_memory_opt_config(bad)
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_CONFIG", "")
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "3")
+    with pytest.raises(ValueError, match="ORTMODULE_MEMORY_OPT_LEVEL='3' is not a level"):
+        runtime_options()
+
+    plans = tmp_path / "plans.json"
+    plans.write_text(json.dumps(["Gelu+:1:-1", "LayerNormalization+:2:3"]))
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "1")
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_CONFIG", str(plans))
+    options = runtime_options()
+    assert options.memory_opt_level == 1
+    assert options.memory_opt_config == (
+        RecomputeRequest("Gelu+", 1, -1),
+        RecomputeRequest("LayerNormalization+", 2, 3),
+    )
+    plans.write_text('{"Gelu+": 1}')
+    with pytest.raises(ValueError, match="JSON list of strings"):
+        runtime_options()
+
+
+def _train_with_ort_seed(
+    monkeypatch: pytest.MonkeyPatch, level: int, steps: int = 2
+) -> tuple[list[float], ORTModule]:
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", str(level))
+    torch.manual_seed(3)
+    config = GPTConfig(64, block_size=16, n_layer=1, n_head=2, d_model=16, dropout=0.3, attention="softmax")
+    model = ORTModule(TinyGPT(config))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    onnxruntime.set_seed(7)  # ONNX Runtime's Dropout draws the masks
+    losses = []
+    for step in range(steps):
+        idx = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(step))
+        optimizer.zero_grad()
+        loss = model(idx, torch.roll(idx, -1, dims=1))[1]
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+def test_dropout_outputs_are_rebuilt_from_their_stashed_masks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Level 1 recomputes dropout outputs from the forward's masks: same training as level 0."""
+    losses_0, model_0 = _train_with_ort_seed(monkeypatch, 0)
+    losses_1, model_1 = _train_with_ort_seed(monkeypatch, 1)
+    (report,) = memory_reports(model_1)
+    assert report.plan("DropoutFromMask+").applied == 1  # the attention probabilities' dropout
+    # Not bitwise (the backward graphs differ, so do ONNX Runtime's fusions), but a redrawn mask
+    # (30% dropout) would move the parameters and the second loss by far more than this.
+    assert losses_0[0] == losses_1[0]
+    torch.testing.assert_close(losses_0, losses_1, rtol=1e-5, atol=1e-5)
+    assert_same_state(model_0, model_1, atol=1e-5)
+
+
+class _Noisy(nn.Module):
+    """Noise from a random op, then a float64 exp: its recompute must stash the float32 noise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp((x * self.w + 0.1 * torch.rand_like(x)).double())
+
+
+def test_compromise_plan_stashes_a_smaller_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.rand(8, 32)
+    report = _report(capture(_Noisy(), [x], training=True))
+    (plan,) = report.plans
+    assert plan.kind == 2 and plan.saved_fraction == 0.5 and plan.applied == 0
+    assert "recompute with compromise" in format_summary(report)
+    # Asked for as a plain recompute it is refused with a warning (it would stash the noise anyway).
+    refused = capture(
+        _Noisy(),
+        [x],
+        training=True,
+        memory=MemoryOptimizerConfig(0, parse_memory_opt_config(f"{plan.pattern}:1:-1")),
+    )
+    assert _report(refused).applied_bytes == 0
+
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "2")
+    model = ORTModule(_Noisy())
+    y = model(x)
+    y.sum().backward()
+    (report,) = memory_reports(model)
+    assert report.plans[0].applied == 1
+    assert report.stashed_bytes == report.stashed_bytes_before - 8 * 32 * 4
+    # d/dw sum(exp(x w + noise)) = sum_batch(exp(...) x): the recomputed exp saw the forward's noise.
+    torch.testing.assert_close(model.w.grad, (y * x).sum(0).float())

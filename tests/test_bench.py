@@ -1,0 +1,81 @@
+"""``ortrain bench`` and ``ortrain doctor``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from ortrain import bench
+from ortrain.cli import main
+
+
+def test_bench_quick_writes_table_json_and_chart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib", reason="the PNG chart needs the bench extra")
+    assert main(["bench", "--quick", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| MLP |")]
+    assert [row.split("|")[2].strip() for row in rows] == ["eager", "torch.compile", "ortrain"]
+    eager_row = rows[0].split("|")
+    assert eager_row[4].strip() == "1.00" and eager_row[8].strip() == "1.00"  # ratios to eager
+    assert rows[1].split("|")[5].strip() == "1.00"  # torch.compile against itself
+    payload = json.loads((tmp_path / "ortrain-bench.json").read_text())
+    assert payload["environment"]["torch"] == torch.__version__
+    assert {r["competitor"] for r in payload["results"]} == {"eager", "compile", "ortrain"}
+    for result in payload["results"]:
+        assert result["step_ms"] > 0 and result["peak_mib"] > 100 and result["first_s"] > 0
+    png = (tmp_path / "ortrain-bench.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 5000
+
+
+def test_sft_model_scores_half_the_labels_and_trains() -> None:
+    _, (_, targets) = bench.build_model("sft", bench.QUICK)
+    assert (targets == -100).float().mean().item() == 0.5
+    result = bench.run_competitor("sft", "eager", steps=2, sizes=bench.QUICK)
+    assert result["step_ms"] > 0
+
+
+def test_user_model_by_module_and_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_bench_model.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            class Net(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.linear = torch.nn.Linear(4, 1)
+
+                def forward(self, x, y):
+                    return {"loss": torch.nn.functional.mse_loss(self.linear(x), y)}
+
+            def build():
+                return Net(), {"x": torch.randn(8, 4), "y": torch.randn(8, 1)}
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for competitor in ("eager", "ortrain"):
+        assert bench.run_competitor("my_bench_model:build", competitor, steps=2)["step_ms"] > 0
+    with pytest.raises(ValueError, match="module:factory"):
+        bench.build_model("resnet")
+
+
+def test_chart_without_matplotlib_says_what_to_install(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = bench.BenchResult("mlp", "eager", step_ms=1.0, first_s=0.1, peak_mib=300.0)
+    with pytest.raises(ImportError, match=r'pip install "ortrain\[bench\]"'):
+        bench.write_chart([result], tmp_path / "x.png")
+
+
+def test_doctor_checks_providers_extras_and_a_training_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "ok  CPUExecutionProvider: runs a graph" in out
+    for extra in ("transformers", "deepspeed", "triton"):
+        assert f" {extra}: " in out
+    assert "ok  tiny MLP, 4 SGD steps on ONNX Runtime" in out
