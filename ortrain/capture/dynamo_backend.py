@@ -31,6 +31,7 @@ from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.capture.partition import partition
+from ortrain.capture.python_ops import UnsupportedFunctionError
 from ortrain.capture.size_carriers import carry_free_sizes, with_carriers
 from ortrain.capture.tracing_context import tracing_context
 
@@ -189,6 +190,9 @@ def is_data_dependent(error: BaseException) -> bool:
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        if isinstance(current, UnsupportedFunctionError):
+            # An opaque Function that cannot be a python op: named, and judged by the fallback policy.
+            return False
         if isinstance(current, kinds):
             return True
         if "data-dependent" in str(current) or "data dependent" in str(current):
