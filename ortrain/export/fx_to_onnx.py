@@ -24,6 +24,7 @@ import torch
 from torch.export import Dim
 
 from ortrain.capture.view_ops import RESHAPES
+from ortrain.export.index_dtypes import cast_indices_to_int64
 
 logger = logging.getLogger("ortrain.export")
 
@@ -34,12 +35,15 @@ _HINT_CANDIDATES = [17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 
 class OutputSource:
     """Where one graph output comes from at run time."""
 
-    kind: Literal["onnx", "input", "same", "none", "size", "view"]
+    kind: Literal["onnx", "input", "same", "none", "size", "view", "output_size"]
     index: int = -1  # onnx output / graph input / earlier output, by kind
     expr: sympy.Expr | None = None  # for "size": a formula over input sizes
     # For "view": a reshape of an ONNX output (from_input=False) or of a graph input, to ``shape``.
     from_input: bool = False
     shape: tuple[sympy.Expr, ...] = ()
+    # For "output_size": a size known only once the graph ran (a data-dependent, "unbacked" size,
+    # such as the number of rows a mask selects), read as dim ``dim`` of onnx output ``index``.
+    dim: int = -1
 
 
 def _reshape_base(node: torch.fx.Node, sources: dict[sympy.Symbol, tuple[int, int]]) -> torch.fx.Node | None:
@@ -67,7 +71,15 @@ class ExportedGraph:
 
 
 class ExportError(RuntimeError):
-    """The graph could not be exported; the message names the operator where it can."""
+    """The graph could not be exported; the message names the operator where it can.
+
+    ``operator`` is the qualified name (``aten._linalg_eigh.default``) of an operator without an
+    ONNX translation, when that was the cause.
+    """
+
+    def __init__(self, message: str, operator: str | None = None) -> None:
+        super().__init__(message)
+        self.operator = operator
 
 
 def _expr(value: Any) -> sympy.Expr:
@@ -110,6 +122,18 @@ def _size_node(
             acc = graph.call_function(op, (acc, part))
         return acc
     raise ExportError(f"cannot express size {expr} in ONNX")
+
+
+def _tensor_with_size(candidates: list[Any], size: sympy.Expr) -> tuple[torch.fx.Node, int] | None:
+    """A computed tensor among ``candidates`` with a dim equal to ``size``, and that dim."""
+    for node in candidates:
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if node is None or node.op == "placeholder" or not isinstance(val, torch.Tensor):
+            continue
+        for dim, dim_size in enumerate(val.shape):
+            if _expr(dim_size) == size:
+                return node, dim
+    return None
 
 
 def _example_inputs(
@@ -183,7 +207,12 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
         if not isinstance(out, torch.fx.Node):
             raise ExportError(f"graph output {position} is a constant {out!r}, which ortrain does not expect")
         if isinstance(out.meta.get("val"), torch.SymInt):
-            outputs.append(OutputSource("size", expr=_expr(out.meta["val"])))
+            size = _expr(out.meta["val"])
+            carrier = None if size.free_symbols <= sources.keys() else _tensor_with_size(raw_outputs, size)
+            if carrier is None:
+                outputs.append(OutputSource("size", expr=size))
+            else:
+                outputs.append(OutputSource("output_size", index=onnx_output(carrier[0]), dim=carrier[1]))
             continue
         if out in first_seen:
             outputs.append(OutputSource("same", index=first_seen[out]))
@@ -224,13 +253,22 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
                 verbose=False,
             )
     except Exception as error:  # the exporter raises many types; all mean "cannot export"
-        raise ExportError(_summarize_export_error(error)) from error
+        raise ExportError(*_summarize_export_error(error)) from error
+    cast = cast_indices_to_int64(program.model)
+    if cast:
+        logger.debug("cast %d int32 index inputs to int64", cast)
     model = program.model_proto
     name_to_position = {n.name: sources_by_node[n] for n in kept}
-    try:
-        input_positions = [name_to_position[i.name] for i in model.graph.input]
-    except KeyError as missing:
-        raise ExportError(f"exported graph has an input {missing} that matches no FX placeholder") from None
+    onnx_names = [i.name for i in model.graph.input]
+    if all(name in name_to_position for name in onnx_names):
+        input_positions = [name_to_position[name] for name in onnx_names]
+    elif len(onnx_names) == len(kept):
+        # The exporter renames an input that is also returned as is (``max`` of a 0-d tensor
+        # along dim 0, say) but keeps the placeholders' order.
+        input_positions = [sources_by_node[n] for n in kept]
+    else:
+        missing = next(name for name in onnx_names if name not in name_to_position)
+        raise ExportError(f"exported graph has an input {missing!r} that matches no FX placeholder")
     return ExportedGraph(model, input_positions, outputs, sources)
 
 
@@ -255,13 +293,14 @@ _NO_FUNCTION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)'
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _summarize_export_error(error: Exception) -> str:
-    """One line for the user: the operator that has no ONNX translation, or the exporter's summary."""
+def _summarize_export_error(error: Exception) -> tuple[str, str | None]:
+    """One line for the user, and the operator that has no ONNX translation if that is the cause."""
     text = _ANSI.sub("", str(error))
     missing = _NO_FUNCTION.search(text)
     if missing:
-        return f"operator {missing.group(1)}.{missing.group(2)} has no ONNX translation"
+        name = f"{missing.group(1)}.{missing.group(2)}"
+        return f"operator {name} has no ONNX translation", name
     if "## Exception summary" in text:
         text = text.split("## Exception summary", 1)[1]
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("(Refer")]
-    return " ".join(lines)[:600] or type(error).__name__
+    return " ".join(lines)[:600] or type(error).__name__, None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import sys
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -16,12 +17,14 @@ from ortrain.capture.aot_capture import Capture, GraphSlot, capture
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.huggingface import register_hf_cache_types
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
+from ortrain.inspector.runtime_inspector import RuntimeInspector
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
 from ortrain.ortmodule.eager_check import run_eagerly_leaving_no_trace
 from ortrain.ortmodule.fallback import (
     FallbackManager,
     ORTModuleDeviceException,
     ORTModuleFallbackException,
+    ORTModuleIOError,
     ORTModuleONNXModelException,
     ORTModuleTorchModelException,
 )
@@ -29,11 +32,17 @@ from ortrain.ortmodule.graph_breaks import GraphBreakPath, is_data_dependent
 from ortrain.ortmodule.graph_cache import GraphCache
 from ortrain.ortmodule.guards import ModelState, binding_order, describe_change, read_state
 from ortrain.ortmodule.inactive_options import announce_inactive_options
-from ortrain.ortmodule.options import DebugOptions, python_log_level, runtime_options
+from ortrain.ortmodule.options import (
+    DebugOptions,
+    RuntimeOptions,
+    openmp_wait_policy,
+    python_log_level,
+    runtime_options,
+)
 from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves
-from ortrain.ortmodule.schema import Spec, flatten, tensor_signature, unflatten
+from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, tensor_signature, unflatten
 from ortrain.ortmodule.signature import wrapped_module_signature
-from ortrain.passes.pipeline import StageSaver, default_passes
+from ortrain.passes.pipeline import ForwardRewrite, StageSaver, default_passes, forward_rewrites
 from ortrain.runtime.graph_executor import build_graph_executor
 from ortrain.runtime.memory import release_freed_memory
 
@@ -49,6 +58,7 @@ _OWN_ATTRIBUTES = frozenset(
         "_ortrain_fallback",
         "_ortrain_scalars",
         "_ortrain_graph_breaks",
+        "_ortrain_inspector",
         "training",
     }
 )
@@ -66,7 +76,7 @@ class _FlatCall(nn.Module):
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args, kwargs = unflatten(self.input_spec, list(tensors))
         out = self.module(*args, **kwargs)
-        flat, self.output_spec = flatten(out)
+        flat, self.output_spec = flatten_outputs(out)
         return tuple(flat)
 
 
@@ -105,6 +115,14 @@ def _autocast_state() -> tuple[Any, ...]:
     return state
 
 
+def _forward_rewrites(options: RuntimeOptions) -> list[ForwardRewrite]:
+    return forward_rewrites(
+        compute_optimizer=options.enable_compute_optimizer,
+        sparse_optimizer=options.enable_sparse_optimizer,
+        embedding_sparse_optimizer=options.enable_embedding_sparse_optimizer,
+    )
+
+
 class ORTModule(nn.Module):
     """Train ``module`` on ONNX Runtime.
 
@@ -134,6 +152,19 @@ class ORTModule(nn.Module):
         logging.getLogger("ortrain").setLevel(python_log_level(debug.log_level))
         register_hf_cache_types()
         self.training = module.training
+        self._init_inspector(options)
+
+    def _init_inspector(self, options: RuntimeOptions) -> None:
+        inspector = RuntimeInspector(
+            print_input_density=options.print_input_density, print_memory_stats=options.print_memory_stats
+        )
+        object.__setattr__(self, "_ortrain_inspector", inspector)
+        weakref.finalize(self, inspector.finish)
+
+    @property
+    def inspector(self) -> RuntimeInspector:
+        """Input density and memory figures (ORTMODULE_PRINT_INPUT_DENSITY / _PRINT_MEMORY_STATS)."""
+        return self._ortrain_inspector
 
     # ---- the wrapped module's own objects --------------------------------------------------
     @property
@@ -172,7 +203,7 @@ class ORTModule(nn.Module):
     # cannot be copied, and a copy has parameters of its own to capture with.
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for name in ("_ortrain_graphs", "_ortrain_scalars"):
+        for name in ("_ortrain_graphs", "_ortrain_scalars", "_ortrain_inspector"):
             state.pop(name, None)
         state["_ortrain_graph_breaks"] = None
         state["_ortrain_fallback"] = FallbackManager(self._ortrain_fallback.policy)
@@ -182,6 +213,7 @@ class ORTModule(nn.Module):
         super().__setstate__(state)
         object.__setattr__(self, "_ortrain_graphs", GraphCache(self._ortrain_options.graph_cache_size))
         object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
+        self._init_inspector(self._ortrain_options)
 
     # Registering goes to the wrapped module too: on the wrapper, the new state would be invisible
     # to the model's forward and to its state_dict.
@@ -262,11 +294,11 @@ class ORTModule(nn.Module):
         # PyTorch accepts the inputs is it ortrain's failure, for the fallback policy to judge.
         if entry is None:
             # Devices are part of the key: a graph that fits ran on these devices before.
-            for tensor in (*call.inputs, *state.tensors):
-                if tensor.device.type != "cpu":
-                    raise ORTModuleDeviceException(
-                        f"ortrain runs on the CPU execution provider; got a tensor on {tensor.device}"
-                    )
+            devices = {t.device for t in (*call.inputs, *state.tensors)}
+            if len(devices) > 1:  # each device gets its executors (runtime/selection.py); one at a time
+                raise ORTModuleDeviceException(
+                    f"ortrain runs a graph on one device; got tensors on {devices}"
+                )
             reason = self._why_no_graph_fits(key)
             logger.info("capturing a graph: %s", reason)
             try:
@@ -282,6 +314,10 @@ class ORTModule(nn.Module):
                 raise
             cache.add(key, entry, reason)
         state_tensors = [state.tensors[i] for i in entry.binding]
+        if self._ortrain_inspector.enabled:
+            self._ortrain_inspector.on_forward(
+                entry.capture, call.spec, self._ortrain_module.forward, call.inputs
+            )
         try:
             outputs = entry.capture(state_tensors, call.inputs)
         except Exception as error:
@@ -295,7 +331,7 @@ class ORTModule(nn.Module):
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[LiftedCall, ModelState, GraphKey]:
         """This step's inputs, the model's tensors, and the key of the graph that fits them."""
-        flat_inputs, flat_spec = flatten((args, kwargs))
+        flat_inputs, flat_spec = flatten_inputs(args, kwargs)
         call = self._ortrain_scalars.lift(flat_spec, flat_inputs)
         state = read_state(self._ortrain_module)
         key = GraphKey(
@@ -377,7 +413,11 @@ class ORTModule(nn.Module):
                 memory=MemoryOptimizerConfig(
                     self._ortrain_options.memory_opt_level, self._ortrain_options.memory_opt_config
                 ),
+                forward_rewrites=_forward_rewrites(self._ortrain_options),
+                trace_forward_graph=self._ortrain_options.print_input_density,
             )
+        except ORTModuleIOError:
+            raise  # an output ortrain cannot pass back: FALLBACK_UNSUPPORTED_DATA decides, not TORCH_MODEL
         except Exception as error:
             raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
         if flat_module.output_spec is None:
@@ -390,7 +430,7 @@ class ORTModule(nn.Module):
         slots: list[tuple[str, GraphSlot]] = [("forward", captured.forward)]
         if captured.backward is not None:
             slots.append(("backward", captured.backward))
-        device = inputs[0].device if inputs else torch.device("cpu")
+        device = next((t.device for t in (*inputs, *state.tensors)), torch.device("cpu"))
         for name, slot in slots:
             slot.runner = build_graph_executor(
                 slot.graph,
@@ -399,6 +439,8 @@ class ORTModule(nn.Module):
                 passes=passes,
                 saver=saver,
                 device=device,
+                policy=self._ortrain_options.fallback_policy,
+                openmp_passive=openmp_wait_policy() == "PASSIVE",
             )
         # Export keeps example tensors alive until collected; give their memory back now.
         gc.collect()
@@ -407,6 +449,8 @@ class ORTModule(nn.Module):
         fw_values = captured.forward.placeholder_values[first:]
         sizes = [tuple(s if isinstance(s, int) else None for s in value.shape) for value in fw_values]
         binding = binding_order(self._ortrain_module, captured.state_names, prefix="module")
+        if self._ortrain_inspector.enabled:
+            self._ortrain_inspector.attach(captured, device)
         return _CompiledEntry(captured, sizes, flat_module.output_spec, binding)
 
     def _switch_to_graph_breaks(self) -> bool:
