@@ -23,7 +23,7 @@ import torch
 
 from ortrain.capture.dynamo_backend import BACKEND_NAME, aot_backend, register
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
-from ortrain.ortmodule.options import DebugOptions, RuntimeOptions, runtime_options
+from ortrain.ortmodule.options import DebugOptions, RuntimeOptions, openmp_wait_policy, runtime_options
 from ortrain.passes.pipeline import StageSaver, default_passes
 from ortrain.runtime.graph_executor import build_graph_executor
 
@@ -77,6 +77,8 @@ def _graph_runner(
         passes=default_passes(compute_optimizer=options.enable_compute_optimizer),
         saver=saver,
         device=device,
+        policy=options.fallback_policy,
+        openmp_passive=openmp_wait_policy() == "PASSIVE",
     )
 
 
