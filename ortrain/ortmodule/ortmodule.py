@@ -34,6 +34,7 @@ from ortrain.ortmodule.signature import wrapped_module_signature
 from ortrain.passes.pipeline import StageSaver, default_passes
 from ortrain.runtime.graph_executor import build_graph_executor
 from ortrain.runtime.memory import release_freed_memory
+from ortrain.runtime.startup_timings import timed
 
 logger = logging.getLogger("ortrain.ortmodule")
 
@@ -357,18 +358,19 @@ class ORTModule(nn.Module):
             f" with dynamic sizes {dynamic}" if dynamic else "",
         )
         try:
-            captured = capture(
-                flat_module,
-                inputs,
-                training=training,
-                dynamic_dims=dynamic,
-                opaque_functions=key.opaque_functions,
-                checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
-                skipped_functions=self._ortrain_options.skipped_autograd_functions,
-                memory=MemoryOptimizerConfig(
-                    self._ortrain_options.memory_opt_level, self._ortrain_options.memory_opt_config
-                ),
-            )
+            with timed("capture"):
+                captured = capture(
+                    flat_module,
+                    inputs,
+                    training=training,
+                    dynamic_dims=dynamic,
+                    opaque_functions=key.opaque_functions,
+                    checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
+                    skipped_functions=self._ortrain_options.skipped_autograd_functions,
+                    memory=MemoryOptimizerConfig(
+                        self._ortrain_options.memory_opt_level, self._ortrain_options.memory_opt_config
+                    ),
+                )
         except Exception as error:
             raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
         if flat_module.output_spec is None:

@@ -26,6 +26,7 @@ from ortrain.passes.pipeline import Pass, StageSaver, run_passes
 from ortrain.runtime.ort_executor import OrtExecutor
 from ortrain.runtime.partitioner import OnnxSegment, Plan, PythonOpStep, Slot, contains_python_ops, partition
 from ortrain.runtime.python_op import run_backward, run_forward
+from ortrain.runtime.startup_timings import timed
 
 logger = logging.getLogger("ortrain.runtime")
 
@@ -41,9 +42,10 @@ def build_graph_executor(
 ) -> OrtExecutor | SegmentedExecutor:
     """Export ``graph`` (the ``name`` graph: "forward" or "backward") and load it into ONNX Runtime."""
     if not contains_python_ops(graph):
-        exported = _export(graph, what=f"the {name} graph", opset_version=opset_version)
-        exported.model = run_passes(exported.model, passes, graph=name, saver=saver)
-        return _load(exported, what=f"the {name} graph", device=device)
+        exported = _export(graph, what=f"the {name} graph", opset_version=opset_version, name=name)
+        with timed("passes", name):
+            exported.model = run_passes(exported.model, passes, graph=name, saver=saver)
+        return _load(exported, what=f"the {name} graph", device=device, name=name)
     plan = partition(graph)
     _advise_passive_openmp()
     runners: list[OrtExecutor | None] = []
@@ -58,11 +60,12 @@ def build_graph_executor(
             after.append(node)
             continue
         what = f"segment {position} of the {name} graph"
-        exported = _export(step.graph, what=what, opset_version=opset_version)
+        exported = _export(step.graph, what=what, opset_version=opset_version, name=f"{name}[{position}]")
         before.append(ViewSegment(exported.model, exported, step.inputs, step.outputs))
-        exported.model = run_passes(exported.model, passes, graph=name, saver=None)
+        with timed("passes", f"{name}[{position}]"):
+            exported.model = run_passes(exported.model, passes, graph=name, saver=None)
         after.append(ViewSegment(exported.model, exported, step.inputs, step.outputs))
-        runners.append(_load(exported, what=what, device=device))
+        runners.append(_load(exported, what=what, device=device, name=f"{name}[{position}]"))
     logger.info(
         "%s graph: %d ONNX segments around %d python ops",
         name,
@@ -96,16 +99,18 @@ def _advise_passive_openmp() -> None:
         )
 
 
-def _export(graph: torch.fx.GraphModule, *, what: str, opset_version: int) -> ExportedGraph:
+def _export(graph: torch.fx.GraphModule, *, what: str, opset_version: int, name: str) -> ExportedGraph:
     try:
-        return export_graph(graph, opset_version=opset_version)
+        with timed("export", name):
+            return export_graph(graph, opset_version=opset_version)
     except ExportError as error:
         raise ORTModuleONNXModelException(f"{what} could not be exported to ONNX: {error}") from error
 
 
-def _load(exported: ExportedGraph, *, what: str, device: torch.device) -> OrtExecutor:
+def _load(exported: ExportedGraph, *, what: str, device: torch.device, name: str) -> OrtExecutor:
     try:
-        return OrtExecutor(exported, device=device)
+        with timed("session", name):
+            return OrtExecutor(exported, device=device)
     except Exception as error:
         raise ORTModuleONNXModelException(
             f"ONNX Runtime could not load {what}: {type(error).__name__}: {error}"
