@@ -392,6 +392,7 @@ class ORTModule(nn.Module):
                 passes=passes,
                 saver=saver,
                 device=device,
+                cache_dir=self._ortrain_options.cache_dir,
             )
         # Export keeps example tensors alive until collected; give their memory back now.
         gc.collect()

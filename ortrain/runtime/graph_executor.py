@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import functools
 import logging
+from pathlib import Path
 from typing import Any
 
 import onnx
 import torch
 from torch.fx.node import map_aggregate
 
+from ortrain.cache.cached_export import export_graph_cached
 from ortrain.capture.python_ops import lookup_call
-from ortrain.export.fx_to_onnx import ExportedGraph, ExportError, export_graph
+from ortrain.export.fx_to_onnx import ExportedGraph, ExportError
 from ortrain.export.python_op_view import PythonOpNode, ViewSegment, python_op_view
 from ortrain.ortmodule.fallback import ORTModuleONNXModelException
 from ortrain.ortmodule.options import openmp_wait_policy
@@ -39,10 +41,16 @@ def build_graph_executor(
     passes: list[tuple[str, Pass]],
     saver: StageSaver | None,
     device: torch.device,
+    cache_dir: Path | None = None,
 ) -> OrtExecutor | SegmentedExecutor:
-    """Export ``graph`` (the ``name`` graph: "forward" or "backward") and load it into ONNX Runtime."""
+    """Export ``graph`` (the ``name`` graph: "forward" or "backward") and load it into ONNX Runtime.
+
+    With ``cache_dir`` (ORTMODULE_CACHE_DIR) each export is looked up there first.
+    """
     if not contains_python_ops(graph):
-        exported = _export(graph, what=f"the {name} graph", opset_version=opset_version, name=name)
+        exported = _export(
+            graph, what=f"the {name} graph", opset_version=opset_version, name=name, cache_dir=cache_dir
+        )
         with timed("passes", name):
             exported.model = run_passes(exported.model, passes, graph=name, saver=saver)
         return _load(exported, what=f"the {name} graph", device=device, name=name)
@@ -60,7 +68,13 @@ def build_graph_executor(
             after.append(node)
             continue
         what = f"segment {position} of the {name} graph"
-        exported = _export(step.graph, what=what, opset_version=opset_version, name=f"{name}[{position}]")
+        exported = _export(
+            step.graph,
+            what=what,
+            opset_version=opset_version,
+            name=f"{name}[{position}]",
+            cache_dir=cache_dir,
+        )
         before.append(ViewSegment(exported.model, exported, step.inputs, step.outputs))
         with timed("passes", f"{name}[{position}]"):
             exported.model = run_passes(exported.model, passes, graph=name, saver=None)
@@ -99,10 +113,11 @@ def _advise_passive_openmp() -> None:
         )
 
 
-def _export(graph: torch.fx.GraphModule, *, what: str, opset_version: int, name: str) -> ExportedGraph:
+def _export(
+    graph: torch.fx.GraphModule, *, what: str, opset_version: int, name: str, cache_dir: Path | None
+) -> ExportedGraph:
     try:
-        with timed("export", name):
-            return export_graph(graph, opset_version=opset_version)
+        return export_graph_cached(graph, opset_version=opset_version, cache_dir=cache_dir, name=name)
     except ExportError as error:
         raise ORTModuleONNXModelException(f"{what} could not be exported to ONNX: {error}") from error
 
