@@ -99,3 +99,24 @@ def test_unusable_directory_warns_once(tmp_path: Path, caplog: pytest.LogCapture
             assert not store.save("export", KEY, b"x", {})
             assert store.load("export", KEY) is None
     assert len(caplog.records) == 1 and "running uncached" in caplog.text
+
+
+def test_cli_lists_and_clears(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ortrain.cli import main
+
+    store = CacheStore(tmp_path)
+    store.save("export", KEY, b"x" * 3000, {"what": "backward", "nodes": 42, "versions": {"torch": "9.9"}})
+    (tmp_path / "export-damaged.ortc").write_bytes(b"junk")
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path))
+    assert main(["cache", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert "2 entries" in listing and "backward" in listing and "42" in listing and "torch 9.9" in listing
+    assert "(unreadable)" in listing
+    assert main(["cache", "clear", "--dir", str(tmp_path)]) == 0
+    assert "removed 2 files" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())
+    monkeypatch.delenv("ORTMODULE_CACHE_DIR")
+    assert main(["cache", "list"]) == 2
+    assert "ORTMODULE_CACHE_DIR" in capsys.readouterr().err
