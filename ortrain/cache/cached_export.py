@@ -15,6 +15,12 @@ from ortrain.runtime.startup_timings import timed
 
 logger = logging.getLogger("ortrain.cache")
 KIND = "export"
+_exports_run = 0
+
+
+def exports_run() -> int:
+    """How many graphs this process has exported (not loaded from the cache) so far."""
+    return _exports_run
 
 
 def export_graph_cached(
@@ -22,8 +28,7 @@ def export_graph_cached(
 ) -> ExportedGraph:
     """Export ``gm`` (``name`` is for logs: "forward", "backward[2]"), or load it from ``cache_dir``."""
     if cache_dir is None:
-        with timed("export", name):
-            return export_graph(gm, opset_version=opset_version)
+        return _export(gm, opset_version=opset_version, name=name)
     store = CacheStore(cache_dir)
     key = export_key(gm, opset_version=opset_version)
     payload = store.load(KIND, key)
@@ -35,9 +40,15 @@ def export_graph_cached(
             return exported
         except Exception as error:  # a checksummed entry written by a broken writer
             logger.warning("cache entry %s cannot be read (%s); rebuilding it", store.path(KIND, key), error)
-    with timed("export", name):
-        exported = export_graph(gm, opset_version=opset_version)
+    exported = _export(gm, opset_version=opset_version, name=name)
     header = {"what": name or "graph", "nodes": len(gm.graph.nodes), "versions": versions()}
     if store.save(KIND, key, exported_graph_to_bytes(exported), header):
         logger.debug("%s graph: stored in %s", name, store.path(KIND, key))
     return exported
+
+
+def _export(gm: torch.fx.GraphModule, *, opset_version: int, name: str) -> ExportedGraph:
+    global _exports_run
+    _exports_run += 1
+    with timed("export", name):
+        return export_graph(gm, opset_version=opset_version)
