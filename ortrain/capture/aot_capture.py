@@ -25,6 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ortrain.capture.checkpointing import CheckpointRegions
 from ortrain.capture.decompositions import decomposition_table
+from ortrain.capture.forward_rewrite import ForwardRewrite, ForwardTrace, rewrite_forward
 from ortrain.capture.function_calls import intercept_functions
 from ortrain.capture.huggingface import hf_masks_traceable
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig, MemoryReport
@@ -70,6 +71,8 @@ class Capture:
     training: bool
     dynamic_dims: dict[int, tuple[int, ...]] = field(default_factory=dict)
     memory_report: MemoryReport | None = None  # training captures: what the memory optimizer did
+    # The pre-dispatch forward graph the rewrites ran on (None where not traced).
+    forward_trace: ForwardTrace | None = None
 
     def __call__(self, state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Any:
         return self.fn(*state, *inputs)
@@ -103,6 +106,8 @@ def capture(
     checkpoint_ops: bool = False,
     skipped_functions: frozenset[str] = frozenset(),
     memory: MemoryOptimizerConfig | None = None,
+    forward_rewrites: Sequence[ForwardRewrite] = (),
+    trace_forward_graph: bool = False,
 ) -> Capture:
     """Trace ``module(*inputs)`` (a module over flat tensors returning a tuple of tensors).
 
@@ -115,6 +120,9 @@ def capture(
     the backward graph. ``skipped_functions`` (ORTMODULE_SKIPPED_AUTOGRAD_FUNCTIONS) names Functions,
     by module path and ``__qualname__``, that are traced through even when Functions are opaque.
     ``memory`` chooses the recompute plans of the memory optimizer.
+    ``forward_rewrites`` edit the forward before it is differentiated (see
+    :mod:`ortrain.capture.forward_rewrite`); ``trace_forward_graph`` keeps that pre-dispatch graph
+    on the result even without rewrites (the inspector reads it).
     """
     slots: dict[str, GraphSlot] = {}
 
@@ -147,8 +155,15 @@ def capture(
                 opaque=opaque_functions, hook=regions.function_hook, skipped=skipped_functions
             )
         )
+        traced_module, trace = module, None
+        if forward_rewrites or trace_forward_graph:
+            traced_module, trace = rewrite_forward(module, example, forward_rewrites)
+            if traced_module is not module and not dynamic_dims:
+                # A gather of the rows a data-dependent mask selects has a size known only at run
+                # time (an unbacked size): tracing it needs fake inputs with a shape environment.
+                example = _fake_inputs(inputs, {})
         joint = aot_autograd.aot_export_joint_with_descriptors(
-            stack, module, tuple(example), decompositions=decomposition_table()
+            stack, traced_module, tuple(example), decompositions=decomposition_table()
         )
         reports: list[MemoryReport] = []
         fn = aot_autograd.aot_compile_joint_with_descriptors(
@@ -170,6 +185,7 @@ def capture(
         training=training,
         dynamic_dims=dynamic_dims,
         memory_report=reports[0] if reports else None,
+        forward_trace=trace,
     )
     # The python ops' records live as long as the graphs that name them.
     weakref.finalize(captured, release_calls, call_ids)

@@ -206,10 +206,15 @@ def _tensor(node: torch.fx.Node) -> torch.Tensor | None:
 def _hint(size: Any) -> int:
     if isinstance(size, int):
         return size
-    try:
-        return int(size.node.hint)  # a SymInt: its value in the batch that was captured
-    except (AttributeError, TypeError):
+    node = getattr(size, "node", None)
+    if node is None:
         return int(size)
+    if node.hint is not None:
+        return int(node.hint)  # a SymInt: its value in the batch that was captured
+    # A data-dependent size (the rows label sparsity keeps, say) has no value at capture: estimate
+    # with its upper bound where the shape environment knows one.
+    upper = node.shape_env.bound_sympy(node.expr).upper
+    return int(upper) if upper.is_finite else 1
 
 
 def _numel(node: torch.fx.Node) -> int:
@@ -236,7 +241,18 @@ def _recomputable(node: torch.fx.Node) -> bool:
     if node.target is operator.getitem:
         return _recomputable(node.args[0])  # type: ignore[arg-type]
     tags = getattr(node.target, "tags", ())
-    return torch.Tag.nondeterministic_seeded not in tags and "rng" not in str(node.target)
+    if torch.Tag.nondeterministic_seeded in tags or "rng" in str(node.target):
+        return False
+    # A value whose size is data-dependent (label sparsity's counted rows) stays saved: the
+    # backward's decompositions cannot guard on a size known only at run time.
+    return not _has_data_dependent_size(node)
+
+
+def _has_data_dependent_size(node: torch.fx.Node) -> bool:
+    value = _tensor(node)
+    if value is None:
+        return False
+    return any(getattr(size, "node", None) is not None and size.node.hint is None for size in value.shape)
 
 
 def _op_name(node: torch.fx.Node) -> str:

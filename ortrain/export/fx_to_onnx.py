@@ -34,12 +34,15 @@ _HINT_CANDIDATES = [17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 
 class OutputSource:
     """Where one graph output comes from at run time."""
 
-    kind: Literal["onnx", "input", "same", "none", "size", "view"]
+    kind: Literal["onnx", "input", "same", "none", "size", "view", "output_size"]
     index: int = -1  # onnx output / graph input / earlier output, by kind
     expr: sympy.Expr | None = None  # for "size": a formula over input sizes
     # For "view": a reshape of an ONNX output (from_input=False) or of a graph input, to ``shape``.
     from_input: bool = False
     shape: tuple[sympy.Expr, ...] = ()
+    # For "output_size": a size known only once the graph ran (a data-dependent, "unbacked" size,
+    # such as the number of rows a mask selects), read as dim ``dim`` of onnx output ``index``.
+    dim: int = -1
 
 
 def _reshape_base(node: torch.fx.Node, sources: dict[sympy.Symbol, tuple[int, int]]) -> torch.fx.Node | None:
@@ -110,6 +113,18 @@ def _size_node(
             acc = graph.call_function(op, (acc, part))
         return acc
     raise ExportError(f"cannot express size {expr} in ONNX")
+
+
+def _tensor_with_size(candidates: list[Any], size: sympy.Expr) -> tuple[torch.fx.Node, int] | None:
+    """A computed tensor among ``candidates`` with a dim equal to ``size``, and that dim."""
+    for node in candidates:
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if node is None or node.op == "placeholder" or not isinstance(val, torch.Tensor):
+            continue
+        for dim, dim_size in enumerate(val.shape):
+            if _expr(dim_size) == size:
+                return node, dim
+    return None
 
 
 def _example_inputs(
@@ -183,7 +198,12 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
         if not isinstance(out, torch.fx.Node):
             raise ExportError(f"graph output {position} is a constant {out!r}, which ortrain does not expect")
         if isinstance(out.meta.get("val"), torch.SymInt):
-            outputs.append(OutputSource("size", expr=_expr(out.meta["val"])))
+            size = _expr(out.meta["val"])
+            carrier = None if size.free_symbols <= sources.keys() else _tensor_with_size(raw_outputs, size)
+            if carrier is None:
+                outputs.append(OutputSource("size", expr=size))
+            else:
+                outputs.append(OutputSource("output_size", index=onnx_output(carrier[0]), dim=carrier[1]))
             continue
         if out in first_seen:
             outputs.append(OutputSource("same", index=first_seen[out]))

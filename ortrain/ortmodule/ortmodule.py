@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -16,6 +17,7 @@ from ortrain.capture.aot_capture import Capture, GraphSlot, capture
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.huggingface import register_hf_cache_types
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
+from ortrain.inspector.runtime_inspector import RuntimeInspector
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
 from ortrain.ortmodule.eager_check import run_eagerly_leaving_no_trace
 from ortrain.ortmodule.fallback import (
@@ -28,11 +30,11 @@ from ortrain.ortmodule.fallback import (
 from ortrain.ortmodule.graph_cache import GraphCache
 from ortrain.ortmodule.guards import ModelState, binding_order, describe_change, read_state
 from ortrain.ortmodule.inactive_options import announce_inactive_options
-from ortrain.ortmodule.options import DebugOptions, python_log_level, runtime_options
+from ortrain.ortmodule.options import DebugOptions, RuntimeOptions, python_log_level, runtime_options
 from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves
 from ortrain.ortmodule.schema import Spec, flatten, tensor_signature, unflatten
 from ortrain.ortmodule.signature import wrapped_module_signature
-from ortrain.passes.pipeline import StageSaver, default_passes
+from ortrain.passes.pipeline import ForwardRewrite, StageSaver, default_passes, forward_rewrites
 from ortrain.runtime.graph_executor import build_graph_executor
 from ortrain.runtime.memory import release_freed_memory
 from ortrain.runtime.startup_timings import timed
@@ -48,6 +50,7 @@ _OWN_ATTRIBUTES = frozenset(
         "_ortrain_graphs",
         "_ortrain_fallback",
         "_ortrain_scalars",
+        "_ortrain_inspector",
         "training",
     }
 )
@@ -104,6 +107,14 @@ def _autocast_state() -> tuple[Any, ...]:
     return state
 
 
+def _forward_rewrites(options: RuntimeOptions) -> list[ForwardRewrite]:
+    return forward_rewrites(
+        compute_optimizer=options.enable_compute_optimizer,
+        sparse_optimizer=options.enable_sparse_optimizer,
+        embedding_sparse_optimizer=options.enable_embedding_sparse_optimizer,
+    )
+
+
 class ORTModule(nn.Module):
     """Train ``module`` on ONNX Runtime.
 
@@ -132,6 +143,19 @@ class ORTModule(nn.Module):
         logging.getLogger("ortrain").setLevel(python_log_level(debug.log_level))
         register_hf_cache_types()
         self.training = module.training
+        self._init_inspector(options)
+
+    def _init_inspector(self, options: RuntimeOptions) -> None:
+        inspector = RuntimeInspector(
+            print_input_density=options.print_input_density, print_memory_stats=options.print_memory_stats
+        )
+        object.__setattr__(self, "_ortrain_inspector", inspector)
+        weakref.finalize(self, inspector.finish)
+
+    @property
+    def inspector(self) -> RuntimeInspector:
+        """Input density and memory figures (ORTMODULE_PRINT_INPUT_DENSITY / _PRINT_MEMORY_STATS)."""
+        return self._ortrain_inspector
 
     # ---- the wrapped module's own objects --------------------------------------------------
     @property
@@ -170,7 +194,7 @@ class ORTModule(nn.Module):
     # cannot be copied, and a copy has parameters of its own to capture with.
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for name in ("_ortrain_graphs", "_ortrain_scalars"):
+        for name in ("_ortrain_graphs", "_ortrain_scalars", "_ortrain_inspector"):
             state.pop(name, None)
         state["_ortrain_fallback"] = FallbackManager(self._ortrain_fallback.policy)
         return state
@@ -179,6 +203,7 @@ class ORTModule(nn.Module):
         super().__setstate__(state)
         object.__setattr__(self, "_ortrain_graphs", GraphCache(self._ortrain_options.graph_cache_size))
         object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
+        self._init_inspector(self._ortrain_options)
 
     # Registering goes to the wrapped module too: on the wrapper, the new state would be invisible
     # to the model's forward and to its state_dict.
@@ -275,6 +300,10 @@ class ORTModule(nn.Module):
                 raise
             cache.add(key, entry, reason)
         state_tensors = [state.tensors[i] for i in entry.binding]
+        if self._ortrain_inspector.enabled:
+            self._ortrain_inspector.on_forward(
+                entry.capture, call.spec, self._ortrain_module.forward, call.inputs
+            )
         try:
             outputs = entry.capture(state_tensors, call.inputs)
         except Exception as error:
@@ -371,6 +400,8 @@ class ORTModule(nn.Module):
                     memory=MemoryOptimizerConfig(
                         self._ortrain_options.memory_opt_level, self._ortrain_options.memory_opt_config
                     ),
+                    forward_rewrites=_forward_rewrites(self._ortrain_options),
+                    trace_forward_graph=self._ortrain_options.print_input_density,
                 )
         except Exception as error:
             raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
@@ -405,6 +436,8 @@ class ORTModule(nn.Module):
         fw_values = captured.forward.placeholder_values[first:]
         sizes = [tuple(s if isinstance(s, int) else None for s in value.shape) for value in fw_values]
         binding = binding_order(self._ortrain_module, captured.state_names, prefix="module")
+        if self._ortrain_inspector.enabled:
+            self._ortrain_inspector.attach(captured, device)
         return _CompiledEntry(captured, sizes, flat_module.output_spec, binding)
 
     def _raise_if_user_error(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

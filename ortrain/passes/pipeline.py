@@ -8,10 +8,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
+import torch
+
+from ortrain.passes.compute_optimizer import upstream_selections
+from ortrain.passes.label_sparsity import gather_counted_labels
+from ortrain.passes.padding_elimination import eliminate_padding
 
 logger = logging.getLogger("ortrain.passes")
 
 Pass = Callable[[onnx.ModelProto], onnx.ModelProto]
+# A rewrite of the pre-dispatch forward graph, before AOTAutograd differentiates it: edits the
+# graph in place and returns one line per change.
+ForwardRewrite = Callable[[torch.fx.GraphModule], list[str]]
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,25 @@ def default_passes(*, compute_optimizer: bool) -> list[tuple[str, Pass]]:
     """The passes in the order they run. ``compute_optimizer`` is ORTMODULE_ENABLE_COMPUTE_OPTIMIZER."""
     del compute_optimizer  # no pass has landed yet that changes what is computed
     return []
+
+
+def forward_rewrites(
+    *, compute_optimizer: bool, sparse_optimizer: bool, embedding_sparse_optimizer: bool
+) -> list[ForwardRewrite]:
+    """The forward-graph rewrites in the order they run, as the ORTMODULE_ENABLE_* switches ask.
+
+    Label sparsity inserts a gather before each loss; the compute optimizer then moves gathers and
+    slices (that one included) up past token-wise layers; padding elimination drops pad tokens
+    after the embedding.
+    """
+    rewrites: list[ForwardRewrite] = []
+    if sparse_optimizer:
+        rewrites.append(gather_counted_labels)
+    if embedding_sparse_optimizer:
+        rewrites.append(eliminate_padding)
+    if compute_optimizer:
+        rewrites.append(upstream_selections)
+    return rewrites
 
 
 def run_passes(

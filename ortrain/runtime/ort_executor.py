@@ -115,6 +115,8 @@ class OrtExecutor:
                 results.append(results[source.index])
             elif source.kind == "none":
                 results.append(None)
+            elif source.kind == "output_size":
+                results.append(produced[source.index].shape[source.dim])
             elif source.kind == "view":
                 base = args[source.index] if source.from_input else produced[source.index]
                 # reshape, not view: a graph input may be non-contiguous (then this copies).

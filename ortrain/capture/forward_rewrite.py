@@ -1,0 +1,140 @@
+"""Rewrite a module's forward as an FX graph before AOTAutograd differentiates it.
+
+Rewrites that change what is computed (gather the counted rows before a loss, move a gather up
+past token-wise layers) are done here, on the forward alone: AOTAutograd then derives the backward
+of the rewritten forward, so the two graphs agree by construction and the gradients are those of
+the rewritten forward, which computes the same function.
+
+The module is traced with ``make_fx(pre_dispatch=True)``: ATen ops above autograd, so ``linear``,
+``layer_norm``, ``cross_entropy_loss`` and ``embedding`` keep their names and the passes can
+recognise layers by their op. When no pass changes anything the original module is captured as
+before, so a model without sparsity gets exactly the graphs it got without this stage.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+logger = logging.getLogger("ortrain.capture")
+
+# A rewrite edits the graph in place and returns one line per change (empty: nothing changed).
+ForwardRewrite = Callable[[torch.fx.GraphModule], list[str]]
+
+
+@dataclass
+class ForwardTrace:
+    """The pre-dispatch forward graph: placeholders are the state tensors first, then the inputs."""
+
+    graph_module: torch.fx.GraphModule
+    state_count: int
+    changes: list[str] = field(default_factory=list)
+
+    @property
+    def input_placeholders(self) -> list[torch.fx.Node]:
+        placeholders = [n for n in self.graph_module.graph.nodes if n.op == "placeholder"]
+        return placeholders[self.state_count :]
+
+
+class RewrittenCall(nn.Module):
+    """Runs the rewritten graph with the wrapped module's own parameters and buffers.
+
+    The wrapped module stays registered under the same attribute (``module``) as in the flat
+    call it replaces, so AOTAutograd names the state exactly as it would without the rewrite.
+    """
+
+    def __init__(self, flat_module: nn.Module, graph_module: torch.fx.GraphModule) -> None:
+        super().__init__()
+        self.module = flat_module.module  # type: ignore[assignment]
+        object.__setattr__(self, "_graph_module", graph_module)
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        state = [t for _, t in self.named_parameters(remove_duplicate=False)]
+        state += [t for _, t in self.named_buffers(remove_duplicate=False)]
+        return self._graph_module(state, *inputs)
+
+
+def _state(module: nn.Module) -> tuple[list[str], list[torch.Tensor]]:
+    names, tensors = [], []
+    for name, tensor in (
+        *module.named_parameters(remove_duplicate=False),
+        *module.named_buffers(remove_duplicate=False),
+    ):
+        names.append(name)
+        tensors.append(tensor)
+    return names, tensors
+
+
+def trace_forward(flat_module: nn.Module, example: Sequence[torch.Tensor]) -> ForwardTrace | None:
+    """The flat module's forward as a pre-dispatch ATen graph, or None where it cannot be traced.
+
+    ``flat_module`` holds the user's model as ``flat_module.module``. Fake (symbolic) examples
+    give a graph whose sizes are symbolic too.
+    """
+    holder = nn.Module()
+    holder.module = flat_module.module
+    names, tensors = _state(holder)
+
+    def call(state: list[torch.Tensor], *inputs: torch.Tensor) -> Any:
+        return torch.func.functional_call(flat_module, dict(zip(names, state, strict=True)), inputs)
+
+    # Fake tensors only: running the model for real would, for one, update BatchNorm statistics.
+    fake_mode = next((t.fake_mode for t in example if isinstance(t, FakeTensor)), None)
+    if fake_mode is None:
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        example = [fake_mode.from_tensor(t, static_shapes=True) for t in example]
+    tensors = [fake_mode.from_tensor(t, static_shapes=True) for t in tensors]
+    try:
+        gm = make_fx(call, pre_dispatch=True, tracing_mode="symbolic")(tensors, *example)
+    except Exception as error:  # any failure means: capture the module as it is
+        logger.info(
+            "forward rewrites skipped: the pre-dispatch trace failed (%s: %s)", type(error).__name__, error
+        )
+        return None
+    foreign = sorted(
+        {str(n.target) for n in gm.graph.nodes if n.op == "call_function" and not _is_plain_op(n.target)}
+    )
+    if foreign:
+        logger.info("forward rewrites skipped: the graph holds %s", ", ".join(foreign))
+        return None
+    return ForwardTrace(gm, len(tensors))
+
+
+_SIZE_FUNCTIONS = {torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_float, torch.sym_int, torch.sym_ite}
+
+
+def _is_plain_op(target: Any) -> bool:
+    """ATen ops and size arithmetic; not python ops, checkpoint regions or other higher-order ops."""
+    if getattr(target, "__module__", None) == "_operator" or target in _SIZE_FUNCTIONS:
+        return True
+    if isinstance(target, torch._ops.OpOverload):
+        return target.namespace in ("aten", "prims")
+    return False
+
+
+def rewrite_forward(
+    flat_module: nn.Module, example: Sequence[torch.Tensor], rewrites: Sequence[ForwardRewrite]
+) -> tuple[nn.Module, ForwardTrace | None]:
+    """Apply ``rewrites`` to the traced forward; the module AOTAutograd should capture, and the trace.
+
+    Returns ``flat_module`` itself when nothing changed (or nothing could be traced).
+    """
+    trace = trace_forward(flat_module, example)
+    if trace is None or not rewrites:
+        return flat_module, trace
+    for rewrite in rewrites:
+        trace.changes += rewrite(trace.graph_module)
+    if not trace.changes:
+        return flat_module, trace
+    trace.graph_module.graph.eliminate_dead_code()
+    trace.graph_module.graph.lint()
+    trace.graph_module.recompile()
+    return RewrittenCall(flat_module, trace.graph_module), trace

@@ -1,0 +1,1 @@
+"""Runtime inspector: how sparse the training data is, and how much memory each step phase holds."""

@@ -1,0 +1,157 @@
+"""Which inputs feed an embedding's indices or a loss's labels, and how dense they are each step.
+
+At capture the pre-dispatch forward graph is searched from every ``embedding`` (its indices and
+``padding_idx``) and every class-label loss (its target and ``ignore_index``) back to the graph
+input they come from, through reshapes, slices, shifts and pads (Hugging Face causal LMs shift
+the labels inside the model). Each step the density of those inputs is measured on the real
+tensors: embedding density = tokens that are not ``padding_idx`` / all tokens; label density =
+labels that are not ``ignore_index`` / all labels. The figures say whether the sparsity
+optimizers (ORTMODULE_ENABLE_SPARSE_OPTIMIZER, ..._EMBEDDING_SPARSE_OPTIMIZER) will pay off.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+logger = logging.getLogger("ortrain.inspector")
+
+aten = torch.ops.aten
+
+# Ops that move or copy index values without computing new ones (argument 0 is the source).
+_PASS_THROUGH = {
+    aten.view.default,
+    aten.reshape.default,
+    aten._unsafe_view.default,
+    aten.slice.Tensor,
+    aten.select.int,
+    aten.clone.default,
+    aten.contiguous.default,
+    aten._to_copy.default,
+    aten.to.dtype,
+    aten.to.dtype_layout,
+    aten.expand.default,
+    aten.flatten.using_ints,
+    aten.squeeze.dim,
+    aten.unsqueeze.default,
+    aten.constant_pad_nd.default,
+    aten.pad.default,
+    aten.index_select.default,
+    aten.alias.default,
+}
+_LOSSES = {
+    aten.cross_entropy_loss.default: (4, -100),
+    aten.nll_loss_nd.default: (4, -100),
+    aten.nll_loss.default: (4, -100),
+    aten.nll_loss_forward.default: (4, -100),
+    aten.nll_loss2d.default: (4, -100),
+}
+
+
+@dataclass(frozen=True)
+class DensitySource:
+    """One graph input that feeds an embedding (``kind="embedding"``) or a loss (``kind="label"``)."""
+
+    input_index: int  # position among the flat user inputs
+    kind: str
+    ignored_value: int  # padding_idx or ignore_index
+
+
+@dataclass(frozen=True)
+class DensityRecord:
+    step: int
+    input_name: str
+    embedding_density: float | None  # None: the input feeds no embedding with a padding_idx
+    label_density: float | None  # None: the input feeds no loss
+
+
+def _source_input(node: object, inputs: dict[torch.fx.Node, int]) -> int | None:
+    seen = 0
+    while isinstance(node, torch.fx.Node) and seen < 64:
+        if node in inputs:
+            return inputs[node]
+        if node.op != "call_function" or node.target not in _PASS_THROUGH or not node.args:
+            return None
+        node = node.args[0]
+        seen += 1
+    return None
+
+
+def find_density_sources(
+    graph: torch.fx.Graph, input_placeholders: list[torch.fx.Node]
+) -> list[DensitySource]:
+    """The inputs that feed embeddings with a ``padding_idx`` and losses with labels, in ``graph``."""
+    inputs = {node: i for i, node in enumerate(input_placeholders)}
+    sources: list[DensitySource] = []
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is aten.embedding.default:
+            padding_idx = node.args[2] if len(node.args) > 2 else node.kwargs.get("padding_idx", -1)
+            index = _source_input(node.args[1], inputs)
+            if index is not None and isinstance(padding_idx, int) and padding_idx >= 0:
+                sources.append(DensitySource(index, "embedding", padding_idx))
+        elif node.target in _LOSSES:
+            position, default = _LOSSES[node.target]
+            ignore_index = (
+                node.args[position] if len(node.args) > position else node.kwargs.get("ignore_index", default)
+            )
+            index = _source_input(node.args[1], inputs)
+            if index is not None and isinstance(ignore_index, int):
+                sources.append(DensitySource(index, "label", ignore_index))
+    return list(dict.fromkeys(sources))
+
+
+def _density(tensor: torch.Tensor, ignored: int) -> float:
+    total = tensor.numel()
+    return float((tensor != ignored).sum().item()) / total if total else 1.0
+
+
+@dataclass
+class InputDensity:
+    """Density figures per step, logged as a table every ``interval`` steps and at the end."""
+
+    interval: int = 10
+    records: list[DensityRecord] = field(default_factory=list)
+    _printed: int = 0
+
+    def record(
+        self, step: int, sources: list[DensitySource], names: list[str], inputs: list[torch.Tensor]
+    ) -> list[DensityRecord]:
+        by_input: dict[int, dict[str, float]] = {}
+        for source in sources:
+            tensor = inputs[source.input_index]
+            by_input.setdefault(source.input_index, {})[source.kind] = _density(tensor, source.ignored_value)
+        new = [
+            DensityRecord(step, names[i], kinds.get("embedding"), kinds.get("label"))
+            for i, kinds in sorted(by_input.items())
+        ]
+        self.records += new
+        if step == 1 or step % self.interval == 0:
+            self.log(f"input density at step {step}")
+        return new
+
+    def table(self, records: list[DensityRecord] | None = None) -> str:
+        rows = self.records if records is None else records
+        lines = ["| step | input | embedding density | label density |", "|---:|---|---:|---:|"]
+        for r in rows:
+            embedding, label = _percent(r.embedding_density), _percent(r.label_density)
+            lines.append(f"| {r.step} | {r.input_name} | {embedding} | {label} |")
+        return "\n".join(lines)
+
+    def log(self, title: str) -> None:
+        """Log the records not printed yet, under ``title``."""
+        fresh = self.records[self._printed :]
+        if fresh:
+            logger.info("%s\n%s", title, self.table(fresh))
+            self._printed = len(self.records)
+
+    def summary(self) -> str:
+        """Every step recorded so far as one table (what is logged at the end)."""
+        return self.table()
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}%"

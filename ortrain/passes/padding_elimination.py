@@ -1,0 +1,222 @@
+"""Padding elimination (``ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER``): token-wise layers skip pad tokens.
+
+After an ``embedding`` with a ``padding_idx`` (BERT's word embeddings, say), the real tokens are
+gathered into one ``[tokens, features]`` tensor:
+
+    idx = nonzero(input_ids.view(-1) != padding_idx).view(-1)
+    rows = embedding(...).view(-1, C).index_select(0, idx)
+
+and every token-wise op downstream (linear, layer norm, activations, residual adds, dropout) runs
+on those rows. Where the layout matters (attention, a reduction over the sequence, a graph
+output) the rows are scattered back into a zero-padded ``[batch, seq, C]`` tensor; a linear that
+reads such a tensor (the attention output projection) gathers the real tokens again.
+
+Exact for every position that is not a pad, hence for the loss and all gradients, as long as
+the model ignores pad positions (an attention mask hides pad keys, the loss ignores pad labels):
+pad rows then only ever meet a zero attention weight or an ignored label. Outputs at pad
+positions are 0 instead of whatever the dense model computed there. That condition is the
+user's to know, which is why the switch is off by default (as upstream).
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Any
+
+import sympy
+import torch
+from torch.fx.node import map_arg
+
+from ortrain.passes.rowwise import LAST_DIM_ARG, expr, is_full_slice, is_leading_reshape, row_arguments, value
+
+logger = logging.getLogger("ortrain.passes")
+
+aten = torch.ops.aten
+_HEAVY = {aten.linear.default, aten.matmul.default}
+
+
+def _same(a: sympy.Expr, b: sympy.Expr) -> bool:
+    return sympy.simplify(a - b) == 0
+
+
+class _CannotExpress(Exception):
+    pass
+
+
+class _Eliminator:
+    def __init__(self, graph: torch.fx.Graph, embedding: torch.fx.Node, ids: torch.fx.Node, pad: int) -> None:
+        self.graph = graph
+        self.embedding = embedding
+        self.ids = ids
+        self.pad = pad
+        ids_val = value(ids)
+        assert ids_val is not None
+        self.rows = tuple(expr(s) for s in ids_val.shape)
+        self.flat_rows = self.rows[0] * self.rows[1]
+        self.sparse: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.repadded: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.after_repad: set[torch.fx.Node] = set()
+        self.index: torch.fx.Node | None = None
+
+    # ---- shapes ----------------------------------------------------------------------------
+    def has_rows(self, val: torch.Tensor) -> bool:
+        """Leading dims are (batch, seq), or those flattened into one."""
+        if val.dim() < 2:
+            return False
+        leading = [expr(s) for s in val.shape[:-1]]
+        if len(leading) == 2 and all(_same(a, b) for a, b in zip(leading, self.rows, strict=True)):
+            return True
+        return len(leading) == 1 and _same(leading[0], self.flat_rows)
+
+    def broadcasts(self, val: torch.Tensor) -> bool:
+        """A bias ``[C]`` or a tensor such as position embeddings ``[1, seq, C]`` broadcast over rows."""
+        if val.dim() <= 1:
+            return True
+        if val.dim() != 3:
+            return False
+        leading = [expr(s) for s in val.shape[:-1]]
+        return all(a == 1 or _same(a, b) for a, b in zip(leading, self.rows, strict=True))
+
+    def size_node(self, size: Any) -> Any:
+        """A graph value for ``size`` (an int, or batch / seq / batch*seq of the ids)."""
+        e = expr(size)
+        if e.is_Integer:
+            return int(e)
+        if sympy.simplify(e - self.rows[0]) == 0:
+            return self._dim(0)
+        if sympy.simplify(e - self.rows[1]) == 0:
+            return self._dim(1)
+        if sympy.simplify(e - self.flat_rows) == 0:
+            return self.graph.call_function(operator.mul, (self._dim(0), self._dim(1)))
+        raise _CannotExpress(str(e))
+
+    def _dim(self, dim: int) -> torch.fx.Node:
+        return self.graph.call_function(aten.sym_size.int, (self.ids, dim))
+
+    # ---- the two conversions ---------------------------------------------------------------
+    def gather(self, node: torch.fx.Node) -> torch.fx.Node:
+        """The real-token rows of a dense ``node`` (broadcast over rows first where it is a bias-like)."""
+        val = value(node)
+        assert val is not None and self.index is not None
+        source = node
+        if not self.has_rows(val):
+            features = self.size_node(val.shape[-1])
+            shape = [self.size_node(self.rows[0]), self.size_node(self.rows[1]), features]
+            source = self.graph.call_function(aten.expand.default, (node, shape))
+        flat = self.graph.call_function(aten.reshape.default, (source, [-1, self.size_node(val.shape[-1])]))
+        return self.graph.call_function(aten.index_select.default, (flat, 0, self.index))
+
+    def repad(self, node: torch.fx.Node) -> torch.fx.Node:
+        """``node``'s dense layout again: its real-token rows scattered into zeros."""
+        if node not in self.repadded:
+            val = value(node)
+            assert val is not None
+            rows = self.sparse[node]
+            sizes = [self.size_node(self.flat_rows), self.size_node(val.shape[-1])]
+            zeros = self.graph.call_function(aten.new_zeros.default, (rows, sizes))
+            filled = self.graph.call_function(aten.index_copy.default, (zeros, 0, self.index, rows))
+            shape = [self.size_node(s) for s in val.shape]
+            self.repadded[node] = self.graph.call_function(aten.view.default, (filled, shape))
+        return self.repadded[node]
+
+    # ---- the walk --------------------------------------------------------------------------
+    def run(self) -> int:
+        graph = self.graph
+        order = list(graph.nodes)
+        following = order[order.index(self.embedding) + 1]
+        with graph.inserting_before(following):
+            flat_ids = graph.call_function(aten.reshape.default, (self.ids, [-1]))
+            kept = graph.call_function(aten.ne.Scalar, (flat_ids, self.pad))
+            positions = graph.call_function(aten.nonzero.default, (kept,))
+            self.index = graph.call_function(aten.view.default, (positions, [-1]))
+            self.sparse[self.embedding] = self.gather(self.embedding)
+        for node in order[order.index(self.embedding) + 1 :]:
+            if node.op == "placeholder":
+                continue
+            with graph.inserting_before(node):
+                if node.op != "output" and self._make_sparse(node):
+                    continue
+                self._feed_dense(node)
+        return len(self.sparse) - 1
+
+    def _make_sparse(self, node: torch.fx.Node) -> bool:
+        positions = row_arguments(node, self.has_rows, leading_reshapes=True, broadcasts=self.broadcasts)
+        if positions is None:
+            return False
+        row_args = [node.args[p] for p in positions if p < len(node.args)]
+        reads_sparse = any(a in self.sparse for a in row_args if isinstance(a, torch.fx.Node))
+        heavy_after_repad = node.target in _HEAVY and any(a in self.after_repad for a in row_args)
+        if not (reads_sparse or heavy_after_repad):
+            return False
+        args = list(node.args)
+        for p in positions:
+            arg = args[p] if p < len(args) else None
+            val = value(arg)
+            if val is None:
+                continue
+            assert isinstance(arg, torch.fx.Node)
+            if arg in self.sparse:
+                args[p] = self.sparse[arg]
+            elif val.dim() > 1:
+                args[p] = self.gather(arg)
+        if is_leading_reshape(node) or is_full_slice(node):
+            self.sparse[node] = args[0]  # rows are rows, whatever the leading layout
+            return True
+        if node.target in LAST_DIM_ARG:
+            position = LAST_DIM_ARG[node.target]
+            args[position] = [-1] if isinstance(args[position], (list, tuple)) else -1
+        self.sparse[node] = self.graph.call_function(node.target, tuple(args), dict(node.kwargs))
+        return True
+
+    def _feed_dense(self, node: torch.fx.Node) -> None:
+        reads_repadded = False
+
+        def convert(arg: torch.fx.Node) -> torch.fx.Node:
+            nonlocal reads_repadded
+            if arg in self.sparse:
+                reads_repadded = True
+                return self.repad(arg)
+            if arg in self.after_repad:
+                reads_repadded = True
+            return arg
+
+        node.args = map_arg(node.args, convert)
+        node.kwargs = map_arg(node.kwargs, convert)
+        if reads_repadded:
+            self.after_repad.add(node)
+
+
+def eliminate_padding(gm: torch.fx.GraphModule) -> list[str]:
+    """Run token-wise layers on real tokens only, after the first embedding with a padding_idx."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.embedding.default:
+            continue
+        padding_idx = node.args[2] if len(node.args) > 2 else node.kwargs.get("padding_idx", -1)
+        ids, ids_val, out = node.args[1], value(node.args[1]), value(node)
+        if not isinstance(padding_idx, int) or padding_idx < 0 or ids_val is None or out is None:
+            continue
+        if ids_val.dim() != 2 or out.dim() != 3:
+            logger.info("padding elimination: %s skipped (indices are not [batch, seq])", node.name)
+            continue
+        assert isinstance(ids, torch.fx.Node)
+        snapshot = _copy_graph(gm)
+        try:
+            moved = _Eliminator(graph, node, ids, padding_idx).run()
+        except _CannotExpress as error:
+            gm.graph = snapshot
+            logger.info("padding elimination skipped: size %s has no source among the indices' sizes", error)
+            return []
+        graph.eliminate_dead_code()
+        change = f"padding elimination: {moved} token-wise ops after {node.name} run on real tokens only"
+        logger.info("%s", change)
+        return [change]
+    return []
+
+
+def _copy_graph(gm: torch.fx.GraphModule) -> torch.fx.Graph:
+    copy = torch.fx.Graph()
+    output = copy.graph_copy(gm.graph, {})
+    copy.output(output)
+    return copy

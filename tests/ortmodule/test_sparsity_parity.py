@@ -1,0 +1,229 @@
+"""Label sparsity, compute optimizer and padding elimination: same losses and gradients as eager.
+
+Each test trains one capture for four steps whose batches have the label (or token) densities
+0, 0.1, 0.5 and 1, and compares the loss and every gradient with eager PyTorch at every step.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from ortrain import ORTModule
+from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
+
+DENSITIES = (0.0, 0.1, 0.5, 1.0)
+IGNORE = -100
+
+
+def _counted_mask(shape: tuple[int, ...], density: float, generator: torch.Generator) -> torch.Tensor:
+    """A mask with exactly round(density * numel) True entries, at random places."""
+    numel = int(torch.Size(shape).numel())
+    mask = torch.zeros(numel, dtype=torch.bool)
+    mask[torch.randperm(numel, generator=generator)[: round(density * numel)]] = True
+    return mask.view(shape)
+
+
+def _set_switches(monkeypatch: pytest.MonkeyPatch, **switches: bool) -> None:
+    names = {
+        "sparse": "ORTMODULE_ENABLE_SPARSE_OPTIMIZER",
+        "compute": "ORTMODULE_ENABLE_COMPUTE_OPTIMIZER",
+        "embedding": "ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER",
+    }
+    for key, on in switches.items():
+        monkeypatch.setenv(names[key], "1" if on else "0")
+
+
+def _changes(model: ORTModule) -> list[str]:
+    entries = [e for group in model._ortrain_graphs.values() for e in group]
+    assert len(entries) == 1, "one capture serves every density"
+    trace = entries[0].capture.forward_trace
+    return [] if trace is None else trace.changes
+
+
+def _train_and_compare(
+    model: nn.Module, batches: list[Any], loss_fn: Callable[[nn.Module, Any], torch.Tensor]
+) -> ORTModule:
+    """SGD steps on an ORTModule and an eager copy; loss and every gradient compared at each step."""
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    opt_ort = torch.optim.SGD(wrapped.parameters(), lr=0.05, momentum=0.9)
+    opt_eager = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    for step, batch in enumerate(batches):
+        opt_ort.zero_grad()
+        opt_eager.zero_grad()
+        loss_ort, loss_eager = loss_fn(wrapped, batch), loss_fn(eager, batch)
+        loss_ort.backward()
+        loss_eager.backward()
+        torch.testing.assert_close(loss_ort, loss_eager, rtol=1e-5, atol=1e-6, equal_nan=True)
+        grads_eager = dict(eager.named_parameters())
+        for name, param in wrapped.named_parameters():
+            expected = grads_eager[name].grad
+            if expected is None:
+                assert param.grad is None or not param.grad.any(), name
+                continue
+            torch.testing.assert_close(
+                param.grad,
+                expected,
+                rtol=1e-4,
+                atol=1e-6,
+                msg=lambda m, n=name, s=step: f"step {s}, {n}: {m}",
+            )
+        opt_ort.step()
+        opt_eager.step()
+    return wrapped
+
+
+class _LossOnly(nn.Module):
+    """The usual training call: only the loss is used, so nothing reads the dense logits."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.model(idx, targets)[1]
+
+
+def _gpt_batches(vocab: int, shape: tuple[int, int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    batches = []
+    for density in DENSITIES:
+        idx = torch.randint(0, vocab, shape, generator=generator)
+        targets = torch.randint(0, vocab, shape, generator=generator)
+        targets[~_counted_mask(shape, density, generator)] = IGNORE
+        batches.append((idx, targets))
+    return batches
+
+
+def _tiny_gpt() -> TinyGPT:
+    torch.manual_seed(0)
+    return TinyGPT(GPTConfig(vocab_size=97, block_size=16, n_layer=2, n_head=2, d_model=16))
+
+
+@pytest.mark.parametrize(
+    ("sparse", "compute"), [(True, True), (True, False), (False, True), (False, False)], ids=str
+)
+def test_tiny_gpt_loss_only(monkeypatch: pytest.MonkeyPatch, sparse: bool, compute: bool) -> None:
+    _set_switches(monkeypatch, sparse=sparse, compute=compute)
+    wrapped = _train_and_compare(_LossOnly(_tiny_gpt()), _gpt_batches(97, (2, 10)), lambda m, b: m(*b))
+    changes = _changes(wrapped)
+    assert any(c.startswith("label sparsity") for c in changes) == sparse
+    # With both on, the gather climbs through the LM head, the final norm and the last MLP.
+    assert any(c.startswith("compute optimizer") for c in changes) == (sparse and compute)
+
+
+def test_tiny_gpt_returning_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The logits are an output too: the head stays dense, the softmax and loss shrink."""
+    _set_switches(monkeypatch, sparse=True, compute=True)
+    batches = _gpt_batches(97, (2, 10))
+
+    def loss_fn(m: nn.Module, b: Any) -> torch.Tensor:
+        logits, loss = m(*b)
+        return loss + 1e-3 * logits.square().mean()  # the dense logits get a gradient of their own
+
+    wrapped = _train_and_compare(_tiny_gpt(), batches, loss_fn)
+    changes = _changes(wrapped)
+    assert any(c.startswith("label sparsity") for c in changes)
+    assert not any(c.startswith("compute optimizer") for c in changes)
+
+
+def _hf_gpt2() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=101, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    return transformers.GPT2LMHeadModel(config)
+
+
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
+def test_hf_gpt2_with_ignored_labels(monkeypatch: pytest.MonkeyPatch, sparse: bool) -> None:
+    _set_switches(monkeypatch, sparse=sparse, compute=True)
+    batches = [(ids, labels) for ids, labels in _gpt_batches(101, (2, 9))]
+    wrapped = _train_and_compare(_hf_gpt2(), batches, lambda m, b: m(input_ids=b[0], labels=b[1]).loss)
+    assert any(c.startswith("label sparsity") for c in _changes(wrapped)) == sparse
+
+
+def _bert_config(**extra: Any) -> Any:
+    transformers = pytest.importorskip("transformers")
+    return transformers.BertConfig(
+        vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        pad_token_id=0, **extra,
+    )  # fmt: skip
+
+
+def _padded_batches(shape: tuple[int, int], with_mlm_labels: bool) -> list[dict[str, torch.Tensor]]:
+    """Right-padded batches whose real-token density is 0.1 .. 1 (at least one token per row)."""
+    generator = torch.Generator().manual_seed(2)
+    batches = []
+    rows, length = shape
+    for density in DENSITIES:
+        ids = torch.randint(1, 101, shape, generator=generator)
+        mask = torch.zeros(shape, dtype=torch.long)
+        for row in range(rows):
+            real = max(1, round(density * length) - row)
+            mask[row, :real] = 1
+        ids[mask == 0] = 0
+        batch = {"input_ids": ids, "attention_mask": mask}
+        if with_mlm_labels:
+            labels = ids.clone()
+            labels[~_counted_mask(shape, density, generator) | (mask == 0)] = IGNORE
+            batch["labels"] = labels
+        else:
+            batch["labels"] = torch.randint(0, 3, (rows,), generator=generator)
+        batches.append(batch)
+    return batches
+
+
+@pytest.mark.parametrize(
+    ("sparse", "embedding"), [(True, False), (False, False), (True, True), (False, True)], ids=str
+)
+def test_bert_masked_lm_padded(monkeypatch: pytest.MonkeyPatch, sparse: bool, embedding: bool) -> None:
+    transformers = pytest.importorskip("transformers")
+    _set_switches(monkeypatch, sparse=sparse, compute=True, embedding=embedding)
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM(_bert_config())
+    wrapped = _train_and_compare(model, _padded_batches((2, 10), True), lambda m, b: m(**b).loss)
+    changes = _changes(wrapped)
+    assert any(c.startswith("label sparsity") for c in changes) == sparse
+    assert any(c.startswith("padding elimination") for c in changes) == embedding
+
+
+@pytest.mark.parametrize(("compute", "embedding"), [(True, False), (False, False), (True, True)], ids=str)
+def test_bert_sequence_classification(
+    monkeypatch: pytest.MonkeyPatch, compute: bool, embedding: bool
+) -> None:
+    """The pooler reads token 0: the last layer's MLP and output norm run on that token only."""
+    transformers = pytest.importorskip("transformers")
+    _set_switches(monkeypatch, sparse=True, compute=compute, embedding=embedding)
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(_bert_config(num_labels=3))
+    wrapped = _train_and_compare(model, _padded_batches((2, 10), False), lambda m, b: m(**b).loss)
+    changes = _changes(wrapped)
+    moved = [c for c in changes if c.startswith("compute optimizer: moved a select")]
+    assert bool(moved) == (compute and not embedding)  # with padding elimination, the last layer is sparse
+    assert any(c.startswith("padding elimination") for c in changes) == embedding
+
+
+def test_model_without_sparsity_is_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No loss and no row selection inside the model: the captured graphs are those without passes."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    codes = []
+    for on in (True, False):
+        _set_switches(monkeypatch, sparse=on, compute=on, embedding=on)
+        wrapped = ORTModule(copy.deepcopy(model))
+        wrapped(x).sum().backward()
+        entry = next(e for group in wrapped._ortrain_graphs.values() for e in group)
+        assert entry.capture.forward_trace is None or entry.capture.forward_trace.changes == []
+        codes.append((entry.capture.forward.graph.code, entry.capture.backward.graph.code))
+    assert codes[0] == codes[1]
