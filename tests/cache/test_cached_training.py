@@ -81,3 +81,30 @@ def test_cache_cold_warm_corrupt_and_unwritable(
     assert rebuilt[2] == ["export"] * 4 and caplog.text.count("is corrupt") == 4
     _assert_identical(rebuilt, uncached)
     assert _train(model, batches)[2] == ["export (cached)"] * 4
+
+
+def test_warm_cache_gpt_with_label_sparsity_is_bit_identical(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SFT GPT's graphs hold data-dependent sizes (the count of scored labels)."""
+    from ortrain import bench
+
+    model, batch = bench.build_model("sft", bench.QUICK)
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path))
+    runs = []
+    for _ in range(2):
+        startup_timings.RECORDED.clear()
+        wrapped = ORTModule(copy.deepcopy(model))
+        optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
+        losses = []
+        for _ in range(2):
+            loss = wrapped(*batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        stages = [t.stage for t in startup_timings.RECORDED if t.stage.startswith("export")]
+        runs.append((losses, [p.detach().clone() for p in wrapped.parameters()], stages))
+    assert runs[0][2] == ["export"] * 2 and runs[1][2] == ["export (cached)"] * 2
+    assert runs[1][0] == runs[0][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[1][1], runs[0][1], strict=True))
