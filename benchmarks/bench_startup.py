@@ -56,8 +56,8 @@ def _child(model_name: str, quick: bool) -> None:
         stages: dict[str, float] = defaultdict(float)
         for timing in startup_timings.RECORDED:
             stages[timing.stage] += timing.seconds
-            if timing.graph:
-                stages[f"{timing.stage} {timing.graph}"] += timing.seconds
+            if timing.stage.startswith("export"):
+                stages[f"graph {timing.graph}"] += timing.seconds
         stages["first run"] = total - sum(stages[s] for s in STAGES)
         rows.append({"phase": label, "total": total, "stages": dict(stages)})
     second = step(batch)
@@ -81,15 +81,16 @@ def _format(label: str, result: dict) -> list[str]:
     for row in result["rows"]:
         s = row["stages"]
         export = s.get("export", 0.0) + s.get("export (cached)", 0.0)
+        loaded, exported = s.get("export (cached)", 0.0) > 0, s.get("export", 0.0) > 0
+        export_label = ("partly loaded" if exported else "loaded") if loaded else ""
         per_graph = ", ".join(
-            f"{k.split(' ', 1)[1]} {v:.2f}"
-            for k, v in sorted(s.items())
-            if k.startswith("export ") and " " in k and k not in ("export (cached)",)
+            f"{k.split(' ', 1)[1]} {v:.2f}" for k, v in sorted(s.items()) if k.startswith("graph ")
         )
         lines.append(
             f"| {result['model']} | {label} | {row['phase']} | {row['total']:.2f} "
             f"| {s.get('capture', 0):.2f} "
-            f"| {export:.2f} ({per_graph}) | {s.get('passes', 0):.2f} | {s.get('session', 0):.2f} "
+            f"| {export:.2f} {export_label} ({per_graph}) "
+            f"| {s.get('passes', 0):.2f} | {s.get('session', 0):.2f} "
             f"| {s['first run']:.2f} |"
         )
     return lines
