@@ -10,8 +10,8 @@ class object, not by its name, is what keeps two Functions that share a name apa
 ``python_op`` returns the Function's outputs plus, when a backward will follow, a zero-size
 ``int64`` "handle" tensor. At run time the handle carries the real autograd graph (and so the real
 ``ctx``) from the forward to the backward, riding along with AOTAutograd's saved tensors and
-freed with them. The run-time kernels live in :mod:`ortrain.runtime.python_op`; this module
-defines the operators, their shape functions and their autograd formula.
+freed with them. The python op executor (:mod:`ortrain.runtime.executors.python_op`) runs them;
+this module defines the operators, their shape functions and their autograd formula.
 """
 
 from __future__ import annotations
@@ -292,41 +292,20 @@ def _backward(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[list[torch.Te
 
 torch.library.register_autograd("ortrain::python_op", _backward, setup_context=_setup_context, lib=LIBRARY)
 
-Kernel = Callable[..., list[torch.Tensor]]
-_kernels: dict[str, Kernel] = {}
 
-
-def install_kernels(forward: Kernel, backward: Kernel) -> None:
-    """Give the operators their run-time kernels (``ortrain.runtime.python_op`` does, on import)."""
-    _kernels["python_op"] = forward
-    _kernels["python_op_grad"] = backward
-
-
-@contextlib.contextmanager
-def _autograd_dispatch() -> Iterator[None]:
-    # The dispatcher reaches a kernel below the Autograd keys, with them excluded for the thread;
-    # the Function's own code must record autograd history again, as it does in eager mode.
-    exclude = torch._C._dispatch_tls_local_exclude_set()
-    for key in ("AutogradFunctionality", "AutogradOther", "AutogradNestedTensor"):
-        exclude = exclude.remove(getattr(torch._C.DispatchKey, key))
-    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude):
-        yield
-
-
-def _dispatched(name: str) -> Kernel:
+def _not_in_torch(name: str) -> Callable[..., list[torch.Tensor]]:
     def kernel(*args: Any) -> list[torch.Tensor]:
-        if name not in _kernels:
-            raise RuntimeError("import ortrain.runtime.python_op to run ortrain python ops")
-        with _autograd_dispatch():
-            return _kernels[name](*args)
+        raise RuntimeError(
+            f"ortrain::{name} runs only inside ortrain's python op executor "
+            "(ortrain.runtime.executors.python_op), which calls the Function itself"
+        )
 
     return kernel
 
 
-# Through the dispatcher only when a graph runs in PyTorch as a whole (the reference path);
-# ortrain's executor calls the kernels directly.
-LIBRARY.impl("python_op", _dispatched("python_op"), "CompositeExplicitAutograd")
-LIBRARY.impl("python_op_grad", _dispatched("python_op_grad"), "CompositeExplicitAutograd")
+# Graphs holding python ops run through ortrain's executors, never as a whole in PyTorch.
+LIBRARY.impl("python_op", _not_in_torch("python_op"), "CompositeExplicitAutograd")
+LIBRARY.impl("python_op_grad", _not_in_torch("python_op_grad"), "CompositeExplicitAutograd")
 
 
 _state = threading.local()

@@ -70,7 +70,15 @@ class ExportedGraph:
 
 
 class ExportError(RuntimeError):
-    """The graph could not be exported; the message names the operator where it can."""
+    """The graph could not be exported; the message names the operator where it can.
+
+    ``operator`` is the qualified name (``aten._linalg_eigh.default``) of an operator without an
+    ONNX translation, when that was the cause.
+    """
+
+    def __init__(self, message: str, operator: str | None = None) -> None:
+        super().__init__(message)
+        self.operator = operator
 
 
 def _expr(value: Any) -> sympy.Expr:
@@ -244,7 +252,7 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
                 verbose=False,
             )
     except Exception as error:  # the exporter raises many types; all mean "cannot export"
-        raise ExportError(_summarize_export_error(error)) from error
+        raise ExportError(*_summarize_export_error(error)) from error
     model = program.model_proto
     name_to_position = {n.name: sources_by_node[n] for n in kept}
     try:
@@ -310,13 +318,14 @@ _NO_FUNCTION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)'
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _summarize_export_error(error: Exception) -> str:
-    """One line for the user: the operator that has no ONNX translation, or the exporter's summary."""
+def _summarize_export_error(error: Exception) -> tuple[str, str | None]:
+    """One line for the user, and the operator that has no ONNX translation if that is the cause."""
     text = _ANSI.sub("", str(error))
     missing = _NO_FUNCTION.search(text)
     if missing:
-        return f"operator {missing.group(1)}.{missing.group(2)} has no ONNX translation"
+        name = f"{missing.group(1)}.{missing.group(2)}"
+        return f"operator {name} has no ONNX translation", name
     if "## Exception summary" in text:
         text = text.split("## Exception summary", 1)[1]
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("(Refer")]
-    return " ".join(lines)[:600] or type(error).__name__
+    return " ".join(lines)[:600] or type(error).__name__, None

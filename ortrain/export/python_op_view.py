@@ -1,4 +1,5 @@
-"""One ONNX model showing a partitioned graph whole: its ONNX segments joined by PythonOp nodes.
+"""One ONNX model showing a partitioned graph whole: its ONNX segments joined by PythonOp nodes
+(opaque Functions) and TorchRegion nodes (regions that run in PyTorch).
 
 Execution runs each segment in its own session (see ``ortrain.runtime.graph_executor``); this
 view is what ``DebugOptions(save_onnx=True)`` writes, so that a reader sees, as with upstream,
@@ -50,6 +51,19 @@ class PythonOpNode:
     outputs: dict[int, int]  # result index -> slot
 
 
+@dataclass
+class TorchRegionNode:
+    """A region run by the torch executor; ``operators`` lists its ATen operators in order."""
+
+    name: str
+    operators: list[str]
+    inputs: list[int]  # slots read
+    outputs: dict[int, int]  # result index -> slot
+
+
+TORCH_REGION_DOMAIN = "org.pytorch"
+
+
 def _rename(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
     for node in graph.node:
         node.input[:] = [mapping.get(n, n) for n in node.input]
@@ -72,7 +86,7 @@ def _value_info(name: str, value: object) -> onnx.ValueInfoProto | None:
 
 
 def python_op_view(
-    steps: list[ViewSegment | PythonOpNode],
+    steps: list[ViewSegment | PythonOpNode | TorchRegionNode],
     *,
     input_names: list[str],
     outputs: list[int],
@@ -91,13 +105,26 @@ def python_op_view(
     opsets: dict[str, int] = {"": opset_version, PYTHON_OP_DOMAIN: 1}
     ir_version = onnx.IR_VERSION
     for position, step in enumerate(steps):
-        if isinstance(step, PythonOpNode):
+        if isinstance(step, (PythonOpNode, TorchRegionNode)):
             results = [f"{step.name}_out{i}" for i in range(max(step.outputs, default=-1) + 1)]
             for index, slot in step.outputs.items():
                 names[slot] = results[index] = f"v{slot}"
                 info = _value_info(names[slot], values.get(slot))
                 if info is not None:
                     graph.value_info.append(info)
+            if isinstance(step, TorchRegionNode):
+                graph.node.append(
+                    onnx.helper.make_node(
+                        "TorchRegion",
+                        [names[s] for s in step.inputs if s in names],
+                        results,
+                        name=step.name,
+                        domain=TORCH_REGION_DOMAIN,
+                        operators=step.operators,
+                    )
+                )
+                opsets[TORCH_REGION_DOMAIN] = 1
+                continue
             graph.node.append(
                 onnx.helper.make_node(
                     "PythonOpGrad" if step.is_grad else "PythonOp",

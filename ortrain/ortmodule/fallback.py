@@ -2,41 +2,35 @@
 
 When a model cannot be captured, exported or run, ortrain either keeps training it in PyTorch
 (after one warning naming the cause) or raises, depending on the policy. Policy names are
-upstream's, alone or joined with ``|``.
+upstream's, alone or joined with ``|``. The policy enum and the exceptions live in
+:mod:`ortrain.errors` (below every layer) and are re-exported here.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 
+from ortrain.errors import (
+    FallbackPolicy,
+    ORTModuleDeviceException,
+    ORTModuleFallbackException,
+    ORTModuleIOError,
+    ORTModuleONNXModelException,
+    ORTModuleTorchModelException,
+)
+
+__all__ = [
+    "FallbackManager",
+    "FallbackPolicy",
+    "ORTModuleDeviceException",
+    "ORTModuleFallbackException",
+    "ORTModuleIOError",
+    "ORTModuleONNXModelException",
+    "ORTModuleTorchModelException",
+    "parse_fallback_policy",
+]
+
 logger = logging.getLogger("ortrain.ortmodule")
-
-
-class FallbackPolicy(enum.IntFlag):
-    FALLBACK_DISABLE = 0
-    FALLBACK_FORCE_TORCH_FORWARD = 1
-    FALLBACK_FORCE_TORCH_BACKWARD = 2
-    FALLBACK_UNSUPPORTED_DEVICE = 4
-    FALLBACK_UNSUPPORTED_DATA = 8
-    FALLBACK_UNSUPPORTED_TORCH_MODEL = 16
-    FALLBACK_UNSUPPORTED_ONNX_MODEL = 32
-    FALLBACK_BAD_INITIALIZATION = 64
-
-    @classmethod
-    def default(cls) -> FallbackPolicy:
-        return (
-            cls.FALLBACK_UNSUPPORTED_DEVICE
-            | cls.FALLBACK_UNSUPPORTED_DATA
-            | cls.FALLBACK_UNSUPPORTED_TORCH_MODEL
-            | cls.FALLBACK_UNSUPPORTED_ONNX_MODEL
-        )
-
-    def forces_torch(self) -> bool:
-        return bool(
-            self
-            & (FallbackPolicy.FALLBACK_FORCE_TORCH_FORWARD | FallbackPolicy.FALLBACK_FORCE_TORCH_BACKWARD)
-        )
 
 
 def parse_fallback_policy(text: str) -> FallbackPolicy:
@@ -52,28 +46,6 @@ def parse_fallback_policy(text: str) -> FallbackPolicy:
             valid = ", ".join(["FALLBACK_DISABLE", *(p.name for p in FallbackPolicy if p.name)])
             raise ValueError(f"ORTMODULE_FALLBACK_POLICY has unknown policy {name!r}; use {valid}") from None
     return policy
-
-
-class ORTModuleFallbackException(RuntimeError):
-    """A failure a fallback policy decides about; ``policy`` is the flag that allows falling back."""
-
-    policy: FallbackPolicy = FallbackPolicy.FALLBACK_DISABLE
-
-
-class ORTModuleDeviceException(ORTModuleFallbackException):
-    policy = FallbackPolicy.FALLBACK_UNSUPPORTED_DEVICE
-
-
-class ORTModuleIOError(ORTModuleFallbackException):
-    policy = FallbackPolicy.FALLBACK_UNSUPPORTED_DATA
-
-
-class ORTModuleTorchModelException(ORTModuleFallbackException):
-    policy = FallbackPolicy.FALLBACK_UNSUPPORTED_TORCH_MODEL
-
-
-class ORTModuleONNXModelException(ORTModuleFallbackException):
-    policy = FallbackPolicy.FALLBACK_UNSUPPORTED_ONNX_MODEL
 
 
 class FallbackManager:

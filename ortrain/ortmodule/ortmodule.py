@@ -30,7 +30,13 @@ from ortrain.ortmodule.fallback import (
 from ortrain.ortmodule.graph_cache import GraphCache
 from ortrain.ortmodule.guards import ModelState, binding_order, describe_change, read_state
 from ortrain.ortmodule.inactive_options import announce_inactive_options
-from ortrain.ortmodule.options import DebugOptions, RuntimeOptions, python_log_level, runtime_options
+from ortrain.ortmodule.options import (
+    DebugOptions,
+    RuntimeOptions,
+    openmp_wait_policy,
+    python_log_level,
+    runtime_options,
+)
 from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves
 from ortrain.ortmodule.schema import Spec, flatten, tensor_signature, unflatten
 from ortrain.ortmodule.signature import wrapped_module_signature
@@ -282,11 +288,11 @@ class ORTModule(nn.Module):
         # PyTorch accepts the inputs is it ortrain's failure, for the fallback policy to judge.
         if entry is None:
             # Devices are part of the key: a graph that fits ran on these devices before.
-            for tensor in (*call.inputs, *state.tensors):
-                if tensor.device.type != "cpu":
-                    raise ORTModuleDeviceException(
-                        f"ortrain runs on the CPU execution provider; got a tensor on {tensor.device}"
-                    )
+            devices = {t.device for t in (*call.inputs, *state.tensors)}
+            if len(devices) > 1:  # each device gets its executors (runtime/selection.py); one at a time
+                raise ORTModuleDeviceException(
+                    f"ortrain runs a graph on one device; got tensors on {devices}"
+                )
             reason = self._why_no_graph_fits(key)
             logger.info("capturing a graph: %s", reason)
             try:
@@ -415,7 +421,7 @@ class ORTModule(nn.Module):
         slots: list[tuple[str, GraphSlot]] = [("forward", captured.forward)]
         if captured.backward is not None:
             slots.append(("backward", captured.backward))
-        device = inputs[0].device if inputs else torch.device("cpu")
+        device = next((t.device for t in (*inputs, *state.tensors)), torch.device("cpu"))
         exports_before = exports_run()
         for name, slot in slots:
             slot.runner = build_graph_executor(
@@ -425,6 +431,8 @@ class ORTModule(nn.Module):
                 passes=passes,
                 saver=saver,
                 device=device,
+                policy=self._ortrain_options.fallback_policy,
+                openmp_passive=openmp_wait_policy() == "PASSIVE",
                 cache_dir=self._ortrain_options.cache_dir,
             )
         # Export keeps example tensors alive until collected; give their memory back now. Graphs

@@ -1,36 +1,44 @@
-"""Turn one captured FX graph into the callable that runs it: export, passes, executor.
+"""Turn one captured FX graph into the callable that runs it: partition, build, run.
 
-A graph without python ops becomes one ONNX model in one :class:`OrtExecutor`. A graph with python
-ops (opaque ``torch.autograd.Function`` calls) is split by :mod:`ortrain.runtime.partitioner` into
-ONNX segments, each exported and run by its own executor, and python-op steps run in PyTorch; all
-tensors cross by pointer. The debug files then show one ONNX "view" of the whole graph in which
-each python op is a ``PythonOp``/``PythonOpGrad`` node named by its Function.
+The executors chosen for the graph's device (:mod:`ortrain.runtime.selection`) claim its nodes
+and the partitioner (:mod:`ortrain.runtime.partitioner`) makes regions of them; each region gets
+a runner from its executor. When the ONNX Runtime executor finds, while building a region, nodes
+its execution provider cannot run (no kernel for that dtype, no ONNX translation after all), the
+graph is partitioned again without them. Nodes that ONNX Runtime cannot run then run in PyTorch,
+with one warning per graph naming them and why; under a fallback policy without
+``FALLBACK_UNSUPPORTED_ONNX_MODEL`` (``FALLBACK_DISABLE``) that is an error naming them.
+
+A graph that ONNX Runtime runs whole is one session over the original graph (the fast path). For
+other graphs the debug files show one ONNX "view" of the whole graph: ONNX regions joined by
+``PythonOp``/``PythonOpGrad`` nodes (opaque Functions) and ``TorchRegion`` nodes (PyTorch).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import operator
+import time
 from pathlib import Path
 from typing import Any
 
-import onnx
 import torch
 from torch.fx.node import map_aggregate
 
-from ortrain.cache.cached_export import export_graph_cached
-from ortrain.capture.python_ops import lookup_call
-from ortrain.export.fx_to_onnx import ExportedGraph, ExportError
-from ortrain.export.python_op_view import PythonOpNode, ViewSegment, python_op_view
-from ortrain.ortmodule.fallback import ORTModuleONNXModelException
-from ortrain.ortmodule.options import openmp_wait_policy
-from ortrain.passes.pipeline import Pass, StageSaver, run_passes
-from ortrain.runtime.ort_executor import OrtExecutor
-from ortrain.runtime.partitioner import OnnxSegment, Plan, PythonOpStep, Slot, contains_python_ops, partition
-from ortrain.runtime.python_op import run_backward, run_forward
-from ortrain.runtime.startup_timings import timed
+from ortrain.errors import FallbackPolicy, ORTModuleDeviceException, ORTModuleONNXModelException
+from ortrain.export.python_op_view import PythonOpNode, TorchRegionNode, ViewSegment, python_op_view
+from ortrain.passes.pipeline import Pass, StageSaver
+from ortrain.runtime.executors.base import RegionRejected, Runner, fx_target_name
+from ortrain.runtime.executors.ort import OnnxRuntimeExecutor, OrtSessionRunner
+from ortrain.runtime.executors.python_op import PythonOpExecutor
+from ortrain.runtime.executors.torch import TorchExecutor
+from ortrain.runtime.partitioner import Plan, Slot, partition
+from ortrain.runtime.selection import select_executors
 
 logger = logging.getLogger("ortrain.runtime")
+
+# Each retry follows a rejection that names at least one new node, so this only bounds surprises.
+_MAX_PARTITIONS = 16
 
 
 def build_graph_executor(
@@ -41,135 +49,206 @@ def build_graph_executor(
     passes: list[tuple[str, Pass]],
     saver: StageSaver | None,
     device: torch.device,
+    policy: FallbackPolicy | None = None,
+    available_providers: list[str] | None = None,
+    openmp_passive: bool = True,
     cache_dir: Path | None = None,
-) -> OrtExecutor | SegmentedExecutor:
-    """Export ``graph`` (the ``name`` graph: "forward" or "backward") and load it into ONNX Runtime.
+) -> PlanRunner:
+    """Build the runner of ``graph`` (the ``name`` graph: "forward" or "backward").
 
-    With ``cache_dir`` (ORTMODULE_CACHE_DIR) each export is looked up there first.
+    ``openmp_passive``: PyTorch's OpenMP threads do not spin (``OMP_WAIT_POLICY=PASSIVE``); when
+    they do and the graph mixes PyTorch work with ONNX Runtime regions, a warning advises it.
+    ``cache_dir`` (ORTMODULE_CACHE_DIR): each region's export is looked up there first.
     """
-    if not contains_python_ops(graph):
-        exported = _export(
-            graph, what=f"the {name} graph", opset_version=opset_version, name=name, cache_dir=cache_dir
+    policy = FallbackPolicy.default() if policy is None else policy
+    selection = select_executors(
+        device,
+        opset_version=opset_version,
+        passes=passes,
+        graph_name=name,
+        available_providers=available_providers,
+        cache_dir=cache_dir,
+    )
+    if selection.no_onnxruntime is not None:
+        if not policy & FallbackPolicy.FALLBACK_UNSUPPORTED_DEVICE:
+            raise ORTModuleDeviceException(selection.no_onnxruntime)
+        _warn_once_per_device(str(device.type), selection.no_onnxruntime)
+    executors = selection.executors
+    onnxruntime = next((e for e in executors if isinstance(e, OnnxRuntimeExecutor)), None)
+    allow_torch = bool(policy & FallbackPolicy.FALLBACK_UNSUPPORTED_ONNX_MODEL)
+    for _ in range(_MAX_PARTITIONS):
+        plan = partition(graph, executors)
+        if onnxruntime is not None and not allow_torch:
+            refused = _refused(plan, onnxruntime)
+            if refused:
+                raise ORTModuleONNXModelException(_refusal_message(name, refused, disabled=True))
+        # Build every region, collecting what each rejects, so one re-partition answers them all.
+        runners: list[Runner] = []
+        rejected: dict[str, str] = {}
+        for step in plan.steps:
+            try:
+                runners.append(
+                    step.executor.build(
+                        step.region, what=f"region {step.name} of the {name} graph", whole=plan.whole
+                    )
+                )
+            except RegionRejected as rejection:
+                rejected.update(rejection.reasons)
+        if not rejected:
+            break
+        assert onnxruntime is not None
+        new = {k: v for k, v in rejected.items() if k not in onnxruntime.rejected}
+        if not new:
+            raise ORTModuleONNXModelException(f"ONNX Runtime cannot run the {name} graph: {rejected}")
+        onnxruntime.rejected.update(new)
+        if not allow_torch:
+            targets = {n.name: fx_target_name(n) for n in graph.graph.nodes}
+            refused = {n: (targets.get(n, n), why) for n, why in new.items()}
+            raise ORTModuleONNXModelException(_refusal_message(name, refused, disabled=True))
+    else:
+        raise ORTModuleONNXModelException(
+            f"the {name} graph could not be partitioned in {_MAX_PARTITIONS} tries"
         )
-        with timed("passes", name):
-            exported.model = run_passes(exported.model, passes, graph=name, saver=saver)
-        return _load(exported, what=f"the {name} graph", device=device, name=name)
-    plan = partition(graph)
-    _advise_passive_openmp()
-    runners: list[OrtExecutor | None] = []
-    before: list[ViewSegment | PythonOpNode] = []
-    after: list[ViewSegment | PythonOpNode] = []
-    for position, step in enumerate(plan.steps):
-        if isinstance(step, PythonOpStep):
-            runners.append(None)
-            call = lookup_call(step.call_id)
-            node = PythonOpNode(step.name, call.func_name, step.is_grad, step.input_slots, step.outputs)
-            before.append(node)
-            after.append(node)
-            continue
-        what = f"segment {position} of the {name} graph"
-        exported = _export(
-            step.graph,
-            what=what,
-            opset_version=opset_version,
-            name=f"{name}[{position}]",
-            cache_dir=cache_dir,
-        )
-        before.append(ViewSegment(exported.model, exported, step.inputs, step.outputs))
-        with timed("passes", f"{name}[{position}]"):
-            exported.model = run_passes(exported.model, passes, graph=name, saver=None)
-        after.append(ViewSegment(exported.model, exported, step.inputs, step.outputs))
-        runners.append(_load(exported, what=what, device=device, name=f"{name}[{position}]"))
+    if onnxruntime is not None:
+        onnxruntime.forget_builds()
+        refused = _refused(plan, onnxruntime)
+        if refused:
+            logger.warning(_refusal_message(name, refused, disabled=False))
+        if (
+            any(not isinstance(s.executor, OnnxRuntimeExecutor) for s in plan.steps)
+            and any(isinstance(s.executor, OnnxRuntimeExecutor) for s in plan.steps)
+            and not openmp_passive
+        ):
+            _advise_passive_openmp()
     logger.info(
-        "%s graph: %d ONNX segments around %d python ops",
+        "%s graph: %s",
         name,
-        sum(r is not None for r in runners),
-        sum(r is None for r in runners),
+        ", ".join(f"{count} nodes in {e}" for e, count in plan.nodes_by_executor().items()),
     )
     if saver is not None:
-        returned: list[int] = []
-        map_aggregate(plan.outputs, lambda a: returned.append(a.index) if isinstance(a, Slot) else None)
-        for stage, steps in (("exported", before), ("optimized", after)):
-            view = python_op_view(
-                steps,
-                input_names=[p.name for p in plan.placeholders],
-                outputs=returned,
-                values=plan.values,
-                opset_version=opset_version,
-            )
-            saver.save(view, name, stage)
-    return SegmentedExecutor(plan, runners)
+        _save_views(plan, runners, saver, name, opset_version)
+    return PlanRunner(plan, runners)
+
+
+def _refused(plan: Plan, onnxruntime: OnnxRuntimeExecutor) -> dict[str, tuple[str, str]]:
+    """Nodes running in PyTorch that ONNX Runtime refused: name -> (operator, why)."""
+    refused: dict[str, tuple[str, str]] = {}
+    for step in plan.steps:
+        if not isinstance(step.executor, TorchExecutor):
+            continue
+        for node in step.nodes:
+            if node.op != "call_function" or node.target is operator.getitem:
+                continue
+            why = onnxruntime.refusal(node)
+            if why is not None:
+                refused[node.name] = (fx_target_name(node), why)
+    return refused
+
+
+def _refusal_message(name: str, refused: dict[str, tuple[str, str]], *, disabled: bool) -> str:
+    by_reason: dict[tuple[str, str], int] = {}
+    for target, why in refused.values():
+        by_reason[(target, why)] = by_reason.get((target, why), 0) + 1
+    listed = "; ".join(
+        f"{target} ({why}){f' x{count}' if count > 1 else ''}"
+        for (target, why), count in sorted(by_reason.items())
+    )
+    if disabled:
+        return (
+            f"ONNX Runtime cannot run {len(refused)} operator(s) of the {name} graph: {listed}. "
+            "ORTMODULE_FALLBACK_POLICY without FALLBACK_UNSUPPORTED_ONNX_MODEL forbids running them in "
+            "PyTorch; add it (it is in the default policy) to run just these in PyTorch"
+        )
+    return (
+        f"{name} graph: {len(refused)} operator(s) run in PyTorch because ONNX Runtime cannot run them "
+        f"(everything else runs in ONNX Runtime): {listed}"
+    )
+
+
+@functools.cache
+def _warn_once_per_device(device: str, reason: str) -> None:
+    logger.warning("graphs on %s run in PyTorch, not ONNX Runtime: %s", device, reason)
 
 
 @functools.cache
 def _advise_passive_openmp() -> None:
-    if openmp_wait_policy() != "PASSIVE":
-        # Measured on the tiny GPT with a custom GELU: 1.12x the built-in GELU's step time
-        # with the default policy, 0.98x with PASSIVE.
-        logger.warning(
-            "this model runs PyTorch Functions between ONNX Runtime segments; start Python with "
-            "OMP_WAIT_POLICY=PASSIVE so that PyTorch's spinning OpenMP threads do not slow ONNX "
-            "Runtime's kernels down"
+    # Measured on the tiny GPT with a custom GELU: 1.12x the built-in GELU's step time with the
+    # default policy, 0.98x with PASSIVE.
+    logger.warning(
+        "this model runs PyTorch work between ONNX Runtime regions; start Python with "
+        "OMP_WAIT_POLICY=PASSIVE so that PyTorch's spinning OpenMP threads do not slow ONNX "
+        "Runtime's kernels down"
+    )
+
+
+def _save_views(plan: Plan, runners: list[Runner], saver: StageSaver, name: str, opset_version: int) -> None:
+    if plan.whole and isinstance(runners[0], OrtSessionRunner):
+        saver.save(runners[0].model_before_passes, name, "exported")  # type: ignore[attr-defined]
+        saver.save(runners[0].exported.model, name, "optimized")
+        return
+    before: list[Any] = []
+    after: list[Any] = []
+    for step, runner in zip(plan.steps, runners, strict=True):
+        if isinstance(runner, OrtSessionRunner):
+            before.append(ViewSegment(runner.model_before_passes, runner.exported, step.inputs, step.outputs))  # type: ignore[attr-defined]
+            after.append(ViewSegment(runner.exported.model, runner.exported, step.inputs, step.outputs))
+            continue
+        if isinstance(step.executor, PythonOpExecutor):
+            call = runner.call  # type: ignore[attr-defined]
+            node: Any = PythonOpNode(
+                step.name,
+                call.func_name,
+                runner.is_grad,
+                step.inputs,
+                dict(enumerate(step.outputs)),  # type: ignore[attr-defined]
+            )
+        else:
+            operators = [fx_target_name(n) for n in step.nodes if n.op == "call_function"]
+            node = TorchRegionNode(step.name, operators, step.inputs, dict(enumerate(step.outputs)))
+        before.append(node)
+        after.append(node)
+    returned: list[int] = []
+    map_aggregate(plan.outputs, lambda a: returned.append(a.index) if isinstance(a, Slot) else None)
+    for stage, steps in (("exported", before), ("optimized", after)):
+        view = python_op_view(
+            steps,
+            input_names=[p.name for p in plan.placeholders],
+            outputs=returned,
+            values=plan.values,
+            opset_version=opset_version,
         )
+        saver.save(view, name, stage)
 
 
-def _export(
-    graph: torch.fx.GraphModule, *, what: str, opset_version: int, name: str, cache_dir: Path | None
-) -> ExportedGraph:
-    try:
-        return export_graph_cached(graph, opset_version=opset_version, cache_dir=cache_dir, name=name)
-    except ExportError as error:
-        raise ORTModuleONNXModelException(f"{what} could not be exported to ONNX: {error}") from error
+class PlanRunner:
+    """Runs a partitioned graph: each region by its executor's runner, values crossing by slot."""
 
-
-def _load(exported: ExportedGraph, *, what: str, device: torch.device, name: str) -> OrtExecutor:
-    try:
-        with timed("session", name):
-            return OrtExecutor(exported, device=device)
-    except Exception as error:
-        raise ORTModuleONNXModelException(
-            f"ONNX Runtime could not load {what}: {type(error).__name__}: {error}"
-        ) from error
-
-
-class SegmentedExecutor:
-    """Runs a partitioned graph: ONNX segments in ONNX Runtime, python ops in PyTorch."""
-
-    def __init__(self, plan: Plan, runners: list[OrtExecutor | None]) -> None:
+    def __init__(self, plan: Plan, runners: list[Runner]) -> None:
         self.plan = plan
         self.runners = runners
-        # The executor holds its Functions' records itself, so they outlive the capture's registry
-        # entries for as long as a pending backward may need them.
-        calls = [lookup_call(s.call_id) if isinstance(s, PythonOpStep) else None for s in plan.steps]
-        self._schedule = list(zip(plan.steps, runners, calls, plan.frees, strict=True))
-
-    @property
-    def onnx_models(self) -> list[onnx.ModelProto]:
-        return [r.exported.model for r in self.runners if r is not None]
+        self._schedule = [
+            (runner, step.inputs, step.outputs, frees, step.executor.name)
+            for step, runner, frees in zip(plan.steps, runners, plan.frees, strict=True)
+        ]
+        # Set to a dict to accumulate seconds per executor name (benchmarks/bench_ortmodule.py).
+        self.profile: dict[str, float] | None = None
 
     def __call__(self, args: list[Any]) -> list[Any]:
         plan = self.plan
         env: list[Any] = [None] * plan.num_slots
         env[: plan.num_inputs] = args
-
-        def read(value: Any) -> Any:
-            return env[value.index] if isinstance(value, Slot) else value
-
-        for step, runner, call, frees in self._schedule:
-            if isinstance(step, OnnxSegment):
-                assert runner is not None
-                produced = runner([env[s] for s in step.inputs])
-                for slot, value in zip(step.outputs, produced, strict=True):
-                    env[slot] = value
+        for slot, value in plan.constants.items():
+            env[slot] = value
+        profile = self.profile
+        for runner, inputs, outputs, frees, executor in self._schedule:
+            if profile is not None:
+                start = time.perf_counter()
+                produced = runner([env[s] for s in inputs])
+                profile[executor] = profile.get(executor, 0.0) + time.perf_counter() - start
             else:
-                assert call is not None
-                values = map_aggregate(step.args, read)
-                if step.is_grad:  # (handle, grad_outputs, call_id, sizes)
-                    result = run_backward(call, values[0], list(values[1]))
-                else:  # (inputs, call_id)
-                    result = run_forward(call, list(values[0]))
-                for index, slot in step.outputs.items():
-                    env[slot] = result[index]
+                produced = runner([env[s] for s in inputs])
+            for slot, value in zip(outputs, produced, strict=True):
+                env[slot] = value
             for slot in frees:
                 env[slot] = None
-        return list(map_aggregate(plan.outputs, read))
+        return list(map_aggregate(plan.outputs, lambda v: env[v.index] if isinstance(v, Slot) else v))

@@ -1,67 +1,58 @@
-"""Split an FX graph that contains python ops into ONNX segments and python-op steps.
+"""Give every node of a captured FX graph to the first executor that claims it, as regions.
 
-Each node gets a depth: the largest number of python ops on any path from the graph inputs to
-it. A python op of depth ``d`` runs after segment ``d - 1`` and before segment ``d``; an ordinary
-node runs in the latest segment that precedes all its readers (never earlier than its depth). So
-each segment is as large as the data dependencies allow (a graph with ``k`` python ops in a chain
-gets ``k + 1`` segments, however the ops are interleaved in the node order), independent python
-ops share a stage, and values cross segment boundaries only where a python op sits between.
+Executors are asked in priority order (python op, ONNX Runtime, torch). Each executor's claimed
+nodes are merged into the largest acyclic regions by torch.fx's ``CapabilityBasedPartitioner``
+and fused into one ``call_module`` node per region before the next executor partitions what is
+left, so the regions of a later executor see the earlier ones as single nodes and no two
+regions can depend on each other both ways. Work that depends on the graph inputs alone (a
+weight's transpose) joins the region of its reader, so it never crosses a region boundary as a
+copy. A region of layout-only nodes (views, transposes) is not worth a boundary: those nodes go
+to the next executor. A graph that one executor claims whole stays one region: the original
+graph, with no copying or fusing (the one-session fast path).
 
-Values that cross steps live in numbered slots: the graph's inputs are slots ``0..n-1``; every
+Values that cross regions live in numbered slots: the graph's inputs are slots ``0..n-1``; every
 other slot is written by one step. A slot is dropped after its last reader so that activations
 are freed as early as in one graph.
 """
 
 from __future__ import annotations
 
-import copy
+import itertools
 import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.fx.node import map_aggregate
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from ortrain.capture.python_ops import PYTHON_OPS, python_op
+from ortrain.capture.view_ops import RELAYOUTS
+from ortrain.runtime.executors.base import Executor
+
+_LAYOUT_ONLY = RELAYOUTS | {operator.getitem}
 
 
 @dataclass(frozen=True)
 class Slot:
-    """A reference to a value slot inside a python op's argument structure or the graph outputs."""
+    """A reference to a value slot inside the graph outputs."""
 
     index: int
 
 
 @dataclass
-class OnnxSegment:
-    graph: torch.fx.GraphModule
+class Step:
+    executor: Executor
+    name: str  # the region's name: "onnxruntime_0", "torch_1", "python_op_0", or "whole"
+    region: torch.fx.GraphModule  # placeholders: its inputs; output: the tuple of its outputs
     inputs: list[int]  # the slot feeding each placeholder, in order
     outputs: list[int]  # the slot receiving each output, in order
 
-
-@dataclass
-class PythonOpStep:
-    name: str
-    target: Any  # torch.ops.ortrain.python_op(_grad).default
-    args: tuple[Any, ...]  # the node's arguments, with Slot where a value flows in
-    outputs: dict[int, int]  # index in the op's result list -> slot
-
     @property
-    def call_id(self) -> int:
-        return int(self.args[1] if self.target is python_op else self.args[2])
-
-    @property
-    def is_grad(self) -> bool:
-        return self.target is not python_op
-
-    @property
-    def input_slots(self) -> list[int]:
-        found: list[int] = []
-        map_aggregate(self.args, lambda a: found.append(a.index) if isinstance(a, Slot) else None)
-        return found
-
-
-Step = OnnxSegment | PythonOpStep
+    def nodes(self) -> list[torch.fx.Node]:
+        return [n for n in self.region.graph.nodes if n.op not in ("placeholder", "output")]
 
 
 @dataclass
@@ -71,111 +62,168 @@ class Plan:
     steps: list[Step]
     outputs: Any  # the graph's output structure, with Slot where a value is returned
     placeholders: list[torch.fx.Node]  # of the original graph: slot i is placeholder i
+    whole: bool  # one step runs the original graph
     values: dict[int, Any] = field(default_factory=dict)  # slot -> fake value (node.meta["val"])
+    constants: dict[int, Any] = field(default_factory=dict)  # slot -> the graph's constant tensor
     frees: list[list[int]] = field(default_factory=list)  # per step: slots last read there
 
+    def nodes_by_executor(self) -> dict[str, int]:
+        """How many compute nodes (not getitems) each executor runs."""
+        counts: dict[str, int] = {}
+        for step in self.steps:
+            computed = sum(n.op == "call_function" and n.target is not operator.getitem for n in step.nodes)
+            counts[step.executor.name] = counts.get(step.executor.name, 0) + computed
+        return counts
 
-def contains_python_ops(gm: torch.fx.GraphModule) -> bool:
-    return any(n.op == "call_function" and n.target in PYTHON_OPS for n in gm.graph.nodes)
+
+class _Claimed(OperatorSupportBase):
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: torch.fx.Node) -> bool:
+        return node.name in self.names
 
 
-def partition(gm: torch.fx.GraphModule) -> Plan:
-    nodes = list(gm.graph.nodes)
-    placeholders = [n for n in nodes if n.op == "placeholder"]
-    output_node = gm.graph.output_node()
-    depth: dict[torch.fx.Node, int] = {}
-    owner: dict[torch.fx.Node, torch.fx.Node] = {}  # getitem -> the python op it unpacks
-    python_ops: list[torch.fx.Node] = []
-    for node in nodes:
-        if node.op == "placeholder":
-            depth[node] = 0
-        elif node.op == "output":
+def claim(gm: torch.fx.GraphModule, executors: Sequence[Executor]) -> dict[str, int]:
+    """Node name -> index of the first executor claiming it; a getitem goes with what it unpacks."""
+    owners: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        # Constants (get_attr) belong to no executor: a region reads them like graph inputs.
+        if node.op not in ("call_function", "call_method", "call_module"):
             continue
-        elif node.op == "call_function" and node.target in PYTHON_OPS:
-            depth[node] = 1 + max((depth[i] for i in node.all_input_nodes), default=0)
-            python_ops.append(node)
-        elif node.op == "call_function" and node.target is operator.getitem and node.args[0] in python_ops:
-            owner[node] = node.args[0]  # type: ignore[assignment]
-            depth[node] = depth[node.args[0]]  # type: ignore[index]
+        source = node.args[0] if node.target is operator.getitem and node.args else None
+        if isinstance(source, torch.fx.Node) and source.name in owners:
+            owners[node.name] = owners[source.name]
+            continue
+        owner = next((i for i, e in enumerate(executors) if e.claims(node)), None)
+        if owner is None:
+            raise ValueError(f"no executor claims node {node.name} ({node.target})")
+        owners[node.name] = owner
+    return owners
+
+
+def partition(gm: torch.fx.GraphModule, executors: Sequence[Executor]) -> Plan:
+    owners = claim(gm, executors)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    claimants = set(owners.values())
+    if len(claimants) <= 1:
+        index = claimants.pop() if claimants else next(i for i, e in enumerate(executors) if e.merges)
+        if executors[index].merges:
+            return _whole(gm, executors[index], placeholders)
+    work = torch.fx.GraphModule(gm, _copy(gm.graph))
+    regions: dict[str, Executor] = {}
+    for index, executor in enumerate(executors):
+        mine = {n for n in work.graph.nodes if owners.get(n.name) == index}
+        if not mine:
+            continue
+        key = executor.name.replace(" ", "_")
+        if executor.merges:
+            partitioner = CapabilityBasedPartitioner(
+                work, _Claimed({n.name for n in mine}), allows_single_node_partition=True
+            )
+            groups = [set(p.nodes) for p in partitioner.propose_partitions()]
+            if index != len(executors) - 1:
+                dropped = [g for g in groups if all(n.target in _LAYOUT_ONLY for n in g)]
+                groups = [g for g in groups if g not in dropped]
+                for node in (n for g in dropped for n in g):
+                    # The next executor that claims it takes it.
+                    owners[node.name] = next(
+                        i for i in range(index + 1, len(executors)) if executors[i].claims(node)
+                    )
         else:
-            depth[node] = max((depth[i] for i in node.all_input_nodes), default=0)
-
-    def in_segment(node: torch.fx.Node) -> bool:
-        return node.op not in ("placeholder", "output") and node not in owner and node not in python_ops
-
-    # Each ordinary node then runs in the latest segment that still precedes all its readers. Work
-    # that depends on the graph inputs alone (a weight's transpose, say) thus lands beside the
-    # node that reads it: in the earliest segment it would have to cross a boundary, as a copy
-    # ONNX Runtime cannot fold into the reader (measured: 16% slower steps on the tiny GPT).
-    max_depth = max(depth.values(), default=0)
-    place: dict[torch.fx.Node, int] = {}
-    for node in reversed(nodes):
-        if not in_segment(node):
+            groups = [
+                {node, *(u for u in node.users if u.target is operator.getitem)}
+                for node in mine
+                if node.target is not operator.getitem
+            ]
+        if not groups:
             continue
-        latest = [
-            max_depth if user.op == "output" else depth[user] - 1 if user in python_ops else place[user]
-            for user in node.users
-        ]
-        place[node] = min(latest, default=depth[node])
-    for node in nodes:
-        # A multi-output op's tuple cannot cross a boundary: its getitems stay in its segment.
-        if node in place and node.target is operator.getitem and node.args[0] in place:
-            place[node] = place[node.args[0]]  # type: ignore[index]
+        fuse_by_partitions(
+            work, [dict.fromkeys(g) for g in groups], prefix=f"{key}_", always_return_tuple=True
+        )
+        regions.update({f"{key}_{i}": executor for i in range(len(groups))})
+    return _plan(work, regions, placeholders)
 
-    slots: dict[torch.fx.Node, int] = {n: i for i, n in enumerate(placeholders)}
 
-    def slot_of(node: torch.fx.Node) -> int:
-        if node not in slots:
-            slots[node] = len(slots)
-        return slots[node]
+def _copy(graph: torch.fx.Graph) -> torch.fx.Graph:
+    copied = torch.fx.Graph()
+    output = copied.graph_copy(graph, {})
+    copied.output(output)
+    return copied
 
-    def to_slots(value: Any) -> Any:
-        return map_aggregate(value, lambda a: Slot(slot_of(a)) if isinstance(a, torch.fx.Node) else a)
 
+def _whole(gm: torch.fx.GraphModule, executor: Executor, placeholders: list[torch.fx.Node]) -> Plan:
+    returned = list(gm.graph.output_node().args[0])  # type: ignore[arg-type]
+    n = len(placeholders)
+    step = Step(executor, "whole", gm, list(range(n)), list(range(n, n + len(returned))))
+    values = {i: p.meta.get("val") for i, p in enumerate(placeholders)}
+    for slot, value in zip(step.outputs, returned, strict=True):
+        values[slot] = value.meta.get("val") if isinstance(value, torch.fx.Node) else value
+    plan = Plan(n, n + len(returned), [step], [Slot(s) for s in step.outputs], placeholders, True, values)
+    plan.frees = _last_reads(plan)
+    return plan
+
+
+def _plan(
+    work: torch.fx.GraphModule, regions: dict[str, Executor], placeholders: list[torch.fx.Node]
+) -> Plan:
+    slots: dict[torch.fx.Node, int] = {
+        p: i for i, p in enumerate(n for n in work.graph.nodes if n.op == "placeholder")
+    }
+    fresh = itertools.count(len(slots))
+    constants: dict[int, Any] = {}
     steps: list[Step] = []
-    for d in range(max_depth + 1):
-        for op_node in (n for n in python_ops if depth[n] == d):
-            unpacked = [user for user in op_node.users if owner.get(user) is op_node]
-            results = {int(user.args[1]): slot_of(user) for user in unpacked}  # type: ignore[arg-type]
-            steps.append(PythonOpStep(op_node.name, op_node.target, to_slots(op_node.args), results))
-        members = [n for n in nodes if in_segment(n) and place[n] == d]
-        if members:
-            steps.append(_build_segment(gm, members, slot_of))
+    for node in work.graph.nodes:
+        if node.op == "call_module":
+            region = getattr(work, node.target)  # type: ignore[arg-type]
+            _placeholders_first(region)
+            width = len(region.graph.output_node().args[0])  # type: ignore[arg-type]
+            outputs: list[int] = [-1] * width
+            for user in node.users:
+                if user.target is not operator.getitem:
+                    raise AssertionError(f"region {node.target} is read whole by {user.name}")
+                slots[user] = outputs[user.args[1]] = next(fresh)  # type: ignore[index]
+            # An output nobody reads still needs a place to land.
+            outputs = [slot if slot >= 0 else next(fresh) for slot in outputs]
+            inputs = [slots[a] for a in node.args]  # type: ignore[index]
+            steps.append(Step(regions[node.target], str(node.target), region, inputs, outputs))  # type: ignore[index]
+        elif node.op == "get_attr":
+            slots[node] = next(fresh)
+            constants[slots[node]] = getattr(work, node.target)  # type: ignore[arg-type]
+        elif node.op == "call_function" and node.target is operator.getitem:
+            if node.args[0].op != "call_module":  # type: ignore[union-attr]
+                raise AssertionError(f"{node.name} unpacks a value outside any region")
+        elif node.op not in ("placeholder", "output"):
+            raise AssertionError(f"node {node.name} belongs to no region")
     plan = Plan(
         num_inputs=len(placeholders),
-        num_slots=len(slots),
+        num_slots=next(fresh),
         steps=steps,
-        outputs=to_slots(output_node.args[0]),
+        outputs=map_aggregate(
+            work.graph.output_node().args[0], lambda a: Slot(slots[a]) if isinstance(a, torch.fx.Node) else a
+        ),
         placeholders=placeholders,
+        whole=False,
         values={slot: node.meta.get("val") for node, slot in slots.items()},
+        constants=constants,
     )
     plan.frees = _last_reads(plan)
     return plan
 
 
-def _build_segment(gm: torch.fx.GraphModule, members: list[torch.fx.Node], slot_of: Any) -> OnnxSegment:
-    member_set = set(members)
-    external: list[torch.fx.Node] = []
-    for node in members:
-        for used in node.all_input_nodes:
-            if used not in member_set and used not in external:
-                external.append(used)
-    graph = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for node in external:
-        placeholder = graph.placeholder(node.name)
-        # export_graph reads the fake value of each input (shapes, dtypes, size symbols).
-        placeholder.meta = copy.copy(node.meta)
-        env[node] = placeholder
-    for node in members:
-        env[node] = graph.node_copy(node, lambda n: env[n])
-    produced = [n for n in members if any(u not in member_set for u in n.users)]
-    graph.output(tuple(env[n] for n in produced))
-    return OnnxSegment(
-        graph=torch.fx.GraphModule(gm, graph),
-        inputs=[slot_of(n) for n in external],
-        outputs=[slot_of(n) for n in produced],
-    )
+def _placeholders_first(region: torch.fx.GraphModule) -> None:
+    """Fusing declares a region's inputs where first used; exporters expect them all up front."""
+    placeholders = [n for n in region.graph.nodes if n.op == "placeholder"]
+    anchor: torch.fx.Node | None = None
+    for placeholder in placeholders:
+        if anchor is None:
+            first = next(iter(region.graph.nodes))
+            if first is not placeholder:
+                first.prepend(placeholder)
+        else:
+            anchor.append(placeholder)
+        anchor = placeholder
+    region.recompile()
 
 
 def _last_reads(plan: Plan) -> list[list[int]]:
@@ -183,8 +231,7 @@ def _last_reads(plan: Plan) -> list[list[int]]:
     map_aggregate(plan.outputs, lambda a: returned.add(a.index) if isinstance(a, Slot) else None)
     last: dict[int, int] = {}
     for position, step in enumerate(plan.steps):
-        reads = step.inputs if isinstance(step, OnnxSegment) else step.input_slots
-        for slot in reads:
+        for slot in step.inputs:
             last[slot] = position
     frees: list[list[int]] = [[] for _ in plan.steps]
     for slot, position in last.items():

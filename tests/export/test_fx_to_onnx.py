@@ -8,7 +8,7 @@ from torch import nn
 
 from ortrain.capture.aot_capture import capture
 from ortrain.export.fx_to_onnx import export_graph
-from ortrain.runtime.ort_executor import OrtExecutor
+from ortrain.runtime.executors.ort import OrtSessionRunner
 
 
 class _SavesInputs(nn.Module):
@@ -41,9 +41,9 @@ def test_executor_reproduces_the_fx_graph() -> None:
     state = dict(module.named_parameters())
     args = [state[name] for name in captured.state_names] + [x]
     want = captured.forward.graph(*args)
-    got = OrtExecutor(export_graph(captured.forward.graph, opset_version=18), device=torch.device("cpu"))(
-        args
-    )
+    got = OrtSessionRunner(
+        export_graph(captured.forward.graph, opset_version=18), device=torch.device("cpu")
+    )(args)
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b)
@@ -53,7 +53,9 @@ def test_executor_reproduces_the_fx_graph() -> None:
 def test_dynamic_sizes_export_once_and_run_every_size() -> None:
     module = _SavesInputs()
     captured = capture(module, [torch.randn(3, 4)], training=True, dynamic_dims={0: (0,)})
-    executor = OrtExecutor(export_graph(captured.forward.graph, opset_version=18), device=torch.device("cpu"))
+    executor = OrtSessionRunner(
+        export_graph(captured.forward.graph, opset_version=18), device=torch.device("cpu")
+    )
     state = dict(module.named_parameters())
     for rows in (2, 5, 11):
         args = [state[name] for name in captured.state_names] + [torch.randn(rows, 4)]

@@ -9,7 +9,16 @@ from typing import Any
 import torch
 
 from ortrain import ORTModule
-from ortrain.runtime.ort_executor import OrtExecutor
+from ortrain.runtime.executors.ort import OnnxRuntimeExecutor
+from ortrain.runtime.graph_executor import PlanRunner
+
+
+def runs_whole_in_onnxruntime(runner: object) -> bool:
+    """The graph is one ONNX Runtime session over the whole captured graph (the fast path)."""
+    if not isinstance(runner, PlanRunner):
+        return False
+    plan = runner.plan
+    return plan.whole and isinstance(plan.steps[0].executor, OnnxRuntimeExecutor)
 
 
 def ort_graph_count(model: ORTModule) -> int:
@@ -17,9 +26,9 @@ def ort_graph_count(model: ORTModule) -> int:
     count = 0
     for entries in model._ortrain_graphs.values():
         for entry in entries:
-            assert isinstance(entry.capture.forward.runner, OrtExecutor)
+            assert runs_whole_in_onnxruntime(entry.capture.forward.runner)
             if entry.capture.backward is not None:
-                assert isinstance(entry.capture.backward.runner, OrtExecutor)
+                assert runs_whole_in_onnxruntime(entry.capture.backward.runner)
             count += 1
     return count
 

@@ -32,8 +32,8 @@ from ortrain.ortmodule import (
 from ortrain.ortmodule._custom_autograd_function import (
     enable_custom_autograd_support as enable_from_upstream_path,
 )
-from ortrain.runtime.graph_executor import SegmentedExecutor
-from ortrain.runtime.partitioner import PythonOpStep
+from ortrain.runtime.executors.python_op import PythonOpExecutor
+from ortrain.runtime.graph_executor import PlanRunner
 
 BACKWARD_CALLS: dict[str, int] = {}
 
@@ -558,8 +558,8 @@ def python_op_counts(model: ORTModule) -> list[tuple[int, int]]:
             pair = []
             for slot in (entry.capture.forward, entry.capture.backward):
                 runner = slot.runner if slot is not None else None
-                steps = runner.plan.steps if isinstance(runner, SegmentedExecutor) else []
-                pair.append(sum(isinstance(s, PythonOpStep) for s in steps))
+                steps = runner.plan.steps if isinstance(runner, PlanRunner) else []
+                pair.append(sum(isinstance(s.executor, PythonOpExecutor) for s in steps))
             counts.append((pair[0], pair[1]))
     return counts
 

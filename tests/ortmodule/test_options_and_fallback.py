@@ -84,7 +84,7 @@ def test_fallback_policy_names_parse_alone_and_joined() -> None:
         parse_fallback_policy("FALLBACK_DISABLE|FALLBACK_NOPE")
 
 
-def test_default_policy_trains_on_in_pytorch_after_one_warning(monkeypatch, caplog) -> None:
+def test_default_policy_runs_just_the_unsupported_operator_in_pytorch(monkeypatch, caplog) -> None:
     monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
     torch.manual_seed(0)
     inner = _Lgamma()
@@ -95,15 +95,21 @@ def test_default_policy_trains_on_in_pytorch_after_one_warning(monkeypatch, capl
             x = torch.randn(3, 4)
             wrapped(x).backward()
             eager(x).backward()
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1
-    assert "prims.lgamma" in warnings[0].getMessage()
+    # One warning per graph, naming the operators that run in PyTorch; the rest stays in ORT.
+    warnings = [r.getMessage() for r in caplog.records if "run in PyTorch because" in r.getMessage()]
+    assert len(warnings) == 2
+    assert warnings[0].startswith("forward graph") and "lgamma" in warnings[0]
+    assert warnings[1].startswith("backward graph") and "digamma" in warnings[1]
+    assert wrapped._ortrain_fallback.reason is None
+    (entry,) = [e for entries in wrapped._ortrain_graphs.values() for e in entries]
+    forward = entry.capture.forward.runner.plan.nodes_by_executor()
+    assert forward["torch"] == 1 and forward["onnxruntime"] >= 4
     for a, b in zip(inner.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad)
 
 
 def test_fallback_disable_raises_naming_the_operator() -> None:
-    with pytest.raises(ORTModuleONNXModelException, match=r"prims\.lgamma"):
+    with pytest.raises(ORTModuleONNXModelException, match=r"aten\.lgamma"):
         ORTModule(_Lgamma())(torch.randn(3, 4))
 
 
@@ -164,7 +170,7 @@ def test_sizes_a_dynamic_graph_assumed_equal_raise_pytorchs_error_when_they_diff
 
 
 def test_a_run_time_failure_that_pytorch_accepts_falls_back(monkeypatch, caplog) -> None:
-    from ortrain.runtime.ort_executor import OrtExecutor
+    from ortrain.runtime.executors.ort import OrtSessionRunner
 
     monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_ONNX_MODEL")
     inner = nn.Linear(4, 3)
@@ -175,7 +181,7 @@ def test_a_run_time_failure_that_pytorch_accepts_falls_back(monkeypatch, caplog)
     def broken(self, args):
         raise RuntimeError("simulated ONNX Runtime failure")
 
-    monkeypatch.setattr(OrtExecutor, "__call__", broken)
+    monkeypatch.setattr(OrtSessionRunner, "__call__", broken)
     with caplog.at_level(logging.WARNING, logger="ortrain"):
         torch.testing.assert_close(wrapped(x), inner(x))
     assert "simulated ONNX Runtime failure" in caplog.text

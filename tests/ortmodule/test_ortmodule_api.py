@@ -116,7 +116,7 @@ def test_train_and_eval_switch_graphs_and_no_grad_saves_nothing() -> None:
         capture = modes[mode]
         assert capture.backward is None
         # An inference graph returns the user outputs and buffer updates only: nothing saved.
-        outputs = capture.forward.runner.exported.outputs
+        outputs = capture.forward.runner.runners[0].exported.outputs
         n_mutations = 3 if mode == (True, False) else 0
         assert len(outputs) == 1 + n_mutations
     assert ort_graph_count(wrapped) == 3

@@ -1,4 +1,6 @@
-"""Run-time kernels of ``ortrain::python_op`` / ``ortrain::python_op_grad``: the Function in PyTorch.
+"""The python op executor: runs ``ortrain::python_op`` / ``ortrain::python_op_grad`` nodes, the
+opaque ``torch.autograd.Function`` calls of a captured graph, in PyTorch. It has the highest
+priority: no other executor can run a Function's Python code.
 
 The forward kernel calls the Function's own ``apply`` under ``torch.enable_grad()`` on detached
 inputs (the same tensors, by pointer) that require grad exactly as they did when traced. That
@@ -22,8 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.fx.node import map_aggregate
 
-from ortrain.capture.python_ops import FunctionCall, install_kernels, lookup_call
+from ortrain.capture.python_ops import PYTHON_OPS, FunctionCall, lookup_call, python_op
+from ortrain.runtime.executors.base import Runner
 
 logger = logging.getLogger("ortrain.runtime")
 
@@ -117,14 +121,42 @@ def run_backward(
     return grads
 
 
-def _python_op_kernel(inputs: list[torch.Tensor], call_id: int) -> list[torch.Tensor]:
-    return run_forward(lookup_call(call_id), inputs)
+class PythonOpExecutor:
+    """Claims each python op node; its region is that node and the getitems unpacking its results."""
 
+    name = "python op"
+    merges = False
 
-def _python_op_grad_kernel(
-    handle: torch.Tensor, grad_outputs: list[torch.Tensor | None], call_id: int, sizes: list[int]
-) -> list[torch.Tensor]:
-    return run_backward(lookup_call(call_id), handle, grad_outputs)
+    def claims(self, node: torch.fx.Node) -> bool:
+        return node.op == "call_function" and node.target in PYTHON_OPS
 
+    def refusal(self, node: torch.fx.Node) -> str | None:
+        return None if self.claims(node) else "not an opaque autograd Function"
 
-install_kernels(_python_op_kernel, _python_op_grad_kernel)
+    def build(self, region: torch.fx.GraphModule, *, what: str, whole: bool) -> Runner:
+        nodes = list(region.graph.nodes)
+        placeholders = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
+        (op_node,) = (n for n in nodes if self.claims(n))
+        is_grad = op_node.target is not python_op
+        # The executor holds its Function's record itself, so it outlives the capture's registry
+        # entry for as long as a pending backward may need it.
+        call = lookup_call(int(op_node.args[2] if is_grad else op_node.args[1]))  # type: ignore[arg-type]
+        outputs = region.graph.output_node().args[0]
+        if whole:
+            raise ValueError("a python op is never a whole graph")
+        picks = [int(n.args[1]) for n in outputs]  # type: ignore[union-attr]
+        args_template = op_node.args
+
+        def run(args: list[Any]) -> list[Any]:
+            values = map_aggregate(
+                args_template, lambda a: args[placeholders[a]] if isinstance(a, torch.fx.Node) else a
+            )
+            if is_grad:  # (handle, grad_outputs, call_id, sizes)
+                result = run_backward(call, values[0], list(values[1]))
+            else:  # (inputs, call_id)
+                result = run_forward(call, list(values[0]))
+            return [result[k] for k in picks]
+
+        run.call = call  # type: ignore[attr-defined]
+        run.is_grad = is_grad  # type: ignore[attr-defined]
+        return run

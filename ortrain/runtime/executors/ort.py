@@ -1,0 +1,413 @@
+"""The ONNX Runtime executor: exports a region of FX nodes to ONNX and runs it in one session.
+
+It claims a node when torch.onnx has an ONNX translation for it; while building a region it checks
+every exported ONNX node against ONNX Runtime's kernel registry for the session's execution
+provider and the node's element types (bfloat16 ``Gemm`` has no CPU kernel, say), and rejects
+the FX nodes that produced the ones without a kernel, so that the partitioner gives them to the
+next executor. A session that still refuses a node when it is created is handled the same way.
+
+Tensors cross by pointer: inputs (parameters read fresh each call, so in-place optimizer updates
+are seen) are bound by ``data_ptr()`` with IOBinding, for every dtype including bfloat16 (bound
+by ONNX element type, as numpy has none); outputs are allocated by ONNX Runtime and handed to
+PyTorch through DLPack, so saved activations stay in ONNX Runtime's memory until the backward
+graph has used them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import operator
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnxruntime as ort
+import sympy
+import torch
+
+from ortrain.cache.cached_export import export_graph_cached
+from ortrain.export.fx_to_onnx import ExportedGraph, ExportError
+from ortrain.export.onnx_translations import decomposed_at_export, fx_origins, has_onnx_translation
+from ortrain.passes.pipeline import Pass, run_passes
+from ortrain.runtime.executors.base import RegionRejected
+from ortrain.runtime.startup_timings import timed
+
+logger = logging.getLogger("ortrain.runtime")
+
+_ELEMENT_TYPES: dict[torch.dtype, int] = {
+    torch.float32: onnx.TensorProto.FLOAT,
+    torch.float64: onnx.TensorProto.DOUBLE,
+    torch.float16: onnx.TensorProto.FLOAT16,
+    torch.bfloat16: onnx.TensorProto.BFLOAT16,
+    torch.int64: onnx.TensorProto.INT64,
+    torch.int32: onnx.TensorProto.INT32,
+    torch.int16: onnx.TensorProto.INT16,
+    torch.int8: onnx.TensorProto.INT8,
+    torch.uint8: onnx.TensorProto.UINT8,
+    torch.bool: onnx.TensorProto.BOOL,
+}
+
+# The ONNX Runtime execution provider that runs a graph whose tensors live on this device type.
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+def provider_for(device: torch.device, available: list[str]) -> str | None:
+    """The execution provider for ``device`` if the installed onnxruntime has it, else None."""
+    provider = PROVIDERS.get(device.type)
+    return provider if provider in available else None
+
+
+def session_options() -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    # ORT's spin-waiting fights PyTorch's threads for the cores: measured 3-4x slower steps.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # The memory-pattern planner allocates beside the arena; without it peak memory drops.
+    options.enable_mem_pattern = False
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.log_severity_level = 3
+    return options
+
+
+class OrtSessionRunner:
+    """A callable ``list of arguments -> list of outputs`` over one ONNX Runtime session."""
+
+    def __init__(
+        self, exported: ExportedGraph, *, device: torch.device, provider: str = "CPUExecutionProvider"
+    ) -> None:
+        self.exported = exported
+        self.device = device
+        self._device_type = "cuda" if device.type == "cuda" else "cpu"
+        self._device_id = device.index or 0
+        self._sizes = [
+            self._size_formula(s.shape if s.kind == "view" else (s.expr,))
+            if s.kind in ("view", "size")
+            else None
+            for s in exported.outputs
+        ]
+        self._needs_sizes = any(
+            s.kind == "size" or any(e.free_symbols for e in s.shape) for s in exported.outputs
+        )
+        self.session: ort.InferenceSession | None = None
+        if exported.model.graph.node or exported.model.graph.output:
+            options: dict[str, str] = {}
+            if provider == "CUDAExecutionProvider":
+                # Run on PyTorch's current stream, so no synchronisation is needed in between.
+                stream = torch.cuda.current_stream(device).cuda_stream
+                options = {"device_id": str(self._device_id), "user_compute_stream": str(stream)}
+            self.session = ort.InferenceSession(
+                exported.model.SerializeToString(), session_options(), providers=[(provider, options)]
+            )
+            self._input_names = [i.name for i in self.session.get_inputs()]
+            self._output_names = [o.name for o in self.session.get_outputs()]
+            # The session may prune inputs it does not need; bind only those it kept.
+            positions = dict(
+                zip((i.name for i in exported.model.graph.input), exported.input_positions, strict=True)
+            )
+            self._bound = [(name, positions[name]) for name in self._input_names]
+
+    def _run_session(self, args: list[Any]) -> list[torch.Tensor]:
+        assert self.session is not None
+        binding = self.session.io_binding()
+        keep_alive = []
+        for name, position in self._bound:
+            tensor = args[position]
+            if not tensor.is_contiguous():
+                tensor = tensor.contiguous()
+                keep_alive.append(tensor)
+            element_type = _ELEMENT_TYPES.get(tensor.dtype)
+            if element_type is None:
+                raise TypeError(f"ONNX Runtime executor has no binding for dtype {tensor.dtype}")
+            binding.bind_input(
+                name, self._device_type, self._device_id, element_type, tuple(tensor.shape), tensor.data_ptr()
+            )
+        for name in self._output_names:
+            binding.bind_output(name, self._device_type, self._device_id)
+        self.session.run_with_iobinding(binding)
+        return [torch.from_dlpack(value._ortvalue) for value in binding.get_outputs()]
+
+    def _size_formula(self, exprs: tuple[sympy.Expr, ...]) -> Callable[[list[int]], list[int]]:
+        """Sizes as a function of the symbol values; constant sizes cost nothing per call."""
+        if not any(e.free_symbols for e in exprs):
+            constant = [int(e) for e in exprs]
+            return lambda _values: constant
+        formula = sympy.lambdify(list(self.exported.symbol_sources), list(exprs), modules="math")
+        return lambda values: [int(v) for v in formula(*values)]
+
+    def _symbol_values(self, args: list[Any]) -> list[int]:
+        return [args[p].shape[d] for p, d in self.exported.symbol_sources.values()]
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        produced = self._run_session(args) if self.session is not None else []
+        results: list[Any] = []
+        values = self._symbol_values(args) if self._needs_sizes else []
+        for source, sizes in zip(self.exported.outputs, self._sizes, strict=True):
+            if source.kind == "onnx":
+                results.append(produced[source.index])
+            elif source.kind == "input":
+                results.append(args[source.index])
+            elif source.kind == "same":
+                results.append(results[source.index])
+            elif source.kind == "none":
+                results.append(None)
+            elif source.kind == "output_size":
+                results.append(produced[source.index].shape[source.dim])
+            elif source.kind == "view":
+                base = args[source.index] if source.from_input else produced[source.index]
+                # reshape, not view: a graph input may be non-contiguous (then this copies).
+                results.append(base.reshape(sizes(values)))  # type: ignore[misc]
+            else:
+                results.append(sizes(values)[0])  # type: ignore[misc]
+        return results
+
+
+# ---- which ONNX nodes the execution provider has kernels for ----------------------------------
+
+
+@functools.cache
+def _kernel_registry() -> tuple[dict[tuple[str, str, str], list[Any]], dict[tuple[str, str], list[Any]]]:
+    """ONNX Runtime's registered kernels by (domain, op, provider), and its op schemas by (domain, op)."""
+    from onnxruntime.capi import _pybind_state as ort_c  # the only public listing of kernels
+
+    kernels: dict[tuple[str, str, str], list[Any]] = {}
+    for kernel in ort_c.get_all_opkernel_def():
+        kernels.setdefault((_domain(kernel.domain), kernel.op_name, kernel.provider), []).append(kernel)
+    schemas: dict[tuple[str, str], list[Any]] = {}
+    for schema in ort_c.get_all_operator_schema():
+        schemas.setdefault((_domain(schema.domain), schema.name), []).append(schema)
+    return kernels, schemas
+
+
+def _domain(domain: str) -> str:
+    return "" if domain == "ai.onnx" else domain
+
+
+def _type_string(element_type: int) -> str:
+    return f"tensor({onnx.TensorProto.DataType.Name(element_type).lower()})"
+
+
+def _element_types(model: onnx.ModelProto) -> dict[str, int]:
+    graph = model.graph
+    types: dict[str, int] = {}
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+            types[value.name] = value.type.tensor_type.elem_type
+    for initializer in graph.initializer:
+        types[initializer.name] = initializer.data_type
+    for node in graph.node:
+        if (
+            node.op_type == "Constant"
+            and node.attribute
+            and node.attribute[0].type == onnx.AttributeProto.TENSOR
+        ):
+            types[node.output[0]] = node.attribute[0].t.data_type
+    return types
+
+
+def _formal_types(params: Any, count: int) -> list[str]:
+    """The type string of each of ``count`` actual inputs or outputs (a variadic last one repeats)."""
+    found = [p.typeStr for p in params][:count]
+    if params and len(found) < count:
+        found += [params[-1].typeStr] * (count - len(found))
+    return found
+
+
+def missing_kernels(model: onnx.ModelProto, provider: str) -> list[tuple[onnx.NodeProto, str]]:
+    """The nodes of ``model`` that ``provider`` has no kernel for at their element types, and why."""
+    kernels, schemas = _kernel_registry()
+    opsets = {_domain(o.domain): o.version for o in model.opset_import}
+    local_functions = {(f.domain, f.name) for f in model.functions}
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception as error:  # types then come from the exporter's value_info alone
+        logger.debug("shape inference failed before the kernel check: %s", error)
+    types = _element_types(model)
+    missing: list[tuple[onnx.NodeProto, str]] = []
+    for node in model.graph.node:
+        domain = _domain(node.domain)
+        # Constants become initializers when the session loads; local functions are inlined.
+        if node.op_type == "Constant" or (node.domain, node.op_type) in local_functions:
+            continue
+        version = opsets.get(domain, 1)
+        candidates = [
+            k
+            for k in kernels.get((domain, node.op_type, provider), [])
+            if k.version_range[0] <= version <= k.version_range[1]
+        ]
+        if not candidates:
+            missing.append((node, f"{provider} has no {node.op_type}-{version} kernel"))
+            continue
+        known = [s for s in schemas.get((domain, node.op_type), []) if s.since_version <= version]
+        if not known:
+            continue
+        schema = max(known, key=lambda s: s.since_version)
+        actual: list[tuple[str, str]] = []  # (type parameter, actual type)
+        for formal, value in (
+            *zip(_formal_types(schema.inputs, len(node.input)), node.input, strict=True),
+            *zip(_formal_types(schema.outputs, len(node.output)), node.output, strict=True),
+        ):
+            if value and value in types:
+                actual.append((formal, _type_string(types[value])))
+
+        def fits(kernel: Any, actual: list[tuple[str, str]] = actual) -> bool:
+            constraints = kernel.type_constraints
+            return all(t in constraints[p] for p, t in actual if p in constraints)
+
+        if not any(fits(k) for k in candidates):
+            seen = sorted({t.removeprefix("tensor(").removesuffix(")") for _, t in actual})
+            missing.append((node, f"{provider} has no {node.op_type} kernel for {'/'.join(seen)}"))
+    return missing
+
+
+def _signature(node: torch.fx.Node) -> tuple[Any, ...]:
+    """An operator and the dtypes it sees: what decides whether a kernel exists."""
+    values = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
+    dtypes = tuple(v.dtype if isinstance(v, torch.Tensor) else None for v in values)
+    return (node.target, dtypes)
+
+
+# (provider, operator, dtypes) -> why ONNX Runtime cannot run it: learned once per process, so
+# later regions and graphs do not export a node only to reject it again.
+_learned_refusals: dict[tuple[Any, ...], str] = {}
+
+_REJECTED_NODE = re.compile(r"node with name '([^']*)'")
+
+
+class OnnxRuntimeExecutor:
+    """Claims nodes that have an ONNX translation and a kernel in ``provider``."""
+
+    name = "onnxruntime"
+    merges = True
+
+    def __init__(
+        self,
+        *,
+        device: torch.device,
+        provider: str,
+        opset_version: int,
+        passes: list[tuple[str, Pass]],
+        graph_name: str,
+        cache_dir: Path | None = None,
+    ) -> None:
+        self.device = device
+        self.cache_dir = cache_dir  # ORTMODULE_CACHE_DIR
+        self.provider = provider
+        self.opset_version = opset_version
+        self.passes = passes
+        self.graph_name = graph_name
+        self.rejected: dict[str, str] = {}  # FX node name -> why ONNX Runtime cannot run it
+        self._built: dict[str, OrtSessionRunner] = {}
+        self._regions_built = 0  # names regions in logs and timings: "backward[2]"
+
+    def refusal(self, node: torch.fx.Node) -> str | None:
+        if node.name in self.rejected:
+            return self.rejected[node.name]
+        learned = _learned_refusals.get((self.provider, *_signature(node)))
+        if learned is not None:
+            return learned
+        if not has_onnx_translation(node.target):
+            return "no ONNX translation"
+        return None
+
+    def claims(self, node: torch.fx.Node) -> bool:
+        return node.op == "call_function" and self.refusal(node) is None
+
+    def build(self, region: torch.fx.GraphModule, *, what: str, whole: bool) -> OrtSessionRunner:
+        # A region that a re-partition left as it was is not exported again.
+        key = str(region.graph)
+        if key not in self._built:
+            self._built[key] = self._build(region)
+        return self._built[key]
+
+    def forget_builds(self) -> None:
+        """Drop the sessions kept for re-partitions (those in use live on in their runners)."""
+        self._built.clear()
+
+    def _build(self, region: torch.fx.GraphModule) -> OrtSessionRunner:
+        nodes = [n.name for n in region.graph.nodes if n.op == "call_function"]
+        label = f"{self.graph_name}[{self._regions_built}]" if self._regions_built else self.graph_name
+        self._regions_built += 1
+        try:
+            exported = export_graph_cached(
+                region, opset_version=self.opset_version, cache_dir=self.cache_dir, name=label
+            )
+        except ExportError as error:
+            if error.operator is not None:
+                calls = [n for n in region.graph.nodes if n.op == "call_function"]
+                # The missing operator itself, or else the ops whose decomposition produced it.
+                culprits = [n for n in calls if str(n.target) == error.operator] or [
+                    n for n in calls if decomposed_at_export(n.target)
+                ]
+                why = (
+                    "no ONNX translation"
+                    if culprits and str(culprits[0].target) == error.operator
+                    else (f"its decomposition needs {error.operator}, which has no ONNX translation")
+                )
+                if culprits:
+                    raise RegionRejected({n.name: why for n in culprits}) from error
+            raise RegionRejected({name: f"export of its region failed: {error}" for name in nodes}) from error
+        before = exported.model
+        with timed("passes", label):
+            exported.model = run_passes(exported.model, self.passes, graph=self.graph_name, saver=None)
+        reasons = {**self._wrong_dtypes(region, exported), **self._missing_kernels(region, exported.model)}
+        by_name = {n.name: n for n in region.graph.nodes}
+        for name, why in reasons.items():
+            if name in by_name and "(in its translation)" not in why:  # blamed by name, not guessed
+                _learned_refusals[(self.provider, *_signature(by_name[name]))] = why
+        if reasons:
+            raise RegionRejected(reasons)
+        try:
+            with timed("session", label):
+                runner = OrtSessionRunner(exported, device=self.device, provider=self.provider)
+        except Exception as error:
+            text = f"{type(error).__name__}: {error}"
+            named = _REJECTED_NODE.search(str(error))
+            origin = fx_origins(exported.model, region.graph).get(named.group(1)) if named else None
+            if origin is not None:
+                raise RegionRejected({origin: f"ONNX Runtime refused it ({text})"}) from error
+            raise RegionRejected(
+                {name: f"ONNX Runtime could not load its region ({text})" for name in nodes}
+            ) from error
+        runner.model_before_passes = before  # type: ignore[attr-defined]
+        return runner
+
+    def _missing_kernels(self, region: torch.fx.GraphModule, model: onnx.ModelProto) -> dict[str, str]:
+        calls = [n for n in region.graph.nodes if n.op == "call_function"]
+        names = {n.name for n in calls}
+        # Ops the exporter decomposes yield ONNX nodes named after the decomposition's nodes.
+        decomposed = [n.name for n in calls if decomposed_at_export(n.target)]
+        reasons: dict[str, str] = {}
+        origins = fx_origins(model, region.graph)
+        for onnx_node, why in missing_kernels(model, self.provider):
+            origin = origins.get(onnx_node.name)
+            if origin in names:
+                reasons.setdefault(origin, why)  # type: ignore[arg-type]
+                continue
+            # Not traceable to one FX node: blame the decomposed ops, else the whole region.
+            for name in decomposed or sorted(names):
+                reasons.setdefault(name, f"{why} (in its translation)")
+        return reasons
+
+    @staticmethod
+    def _wrong_dtypes(region: torch.fx.GraphModule, exported: ExportedGraph) -> dict[str, str]:
+        """Region outputs whose ONNX element type is not PyTorch's dtype (the exporter's bfloat16
+        ``native_layer_norm`` returns float32 statistics, say): PyTorch would be handed the wrong
+        dtype. Inside a region such a difference is ONNX's own business."""
+        returned = list(region.graph.output_node().args[0])  # type: ignore[arg-type]
+        onnx_outputs = exported.model.graph.output
+        reasons: dict[str, str] = {}
+        for node, source in zip(returned, exported.outputs, strict=True):
+            from_onnx = source.kind == "onnx" or (source.kind == "view" and not source.from_input)
+            if not from_onnx or not isinstance(node, torch.fx.Node):
+                continue
+            value = node.meta.get("val")
+            got = onnx_outputs[source.index].type.tensor_type.elem_type
+            if isinstance(value, torch.Tensor) and _ELEMENT_TYPES.get(value.dtype, got) != got:
+                culprit = node.args[0] if node.target is operator.getitem else node
+                reasons[culprit.name] = (  # type: ignore[union-attr]
+                    f"its ONNX translation returns {onnx.TensorProto.DataType.Name(got).lower()} "
+                    f"where PyTorch returns {value.dtype}"
+                )
+        return reasons

@@ -1,0 +1,39 @@
+"""The torch executor: runs a region's FX nodes in PyTorch. It claims every node, so it is the
+universal last resort (and, for a whole graph, the reference the other executors match)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ortrain.runtime.executors.base import Runner
+
+_VIEWS = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default})
+
+
+class TorchExecutor:
+    name = "torch"
+    merges = True
+
+    def claims(self, node: torch.fx.Node) -> bool:
+        return True
+
+    def refusal(self, node: torch.fx.Node) -> str | None:
+        return None
+
+    def build(self, region: torch.fx.GraphModule, *, what: str, whole: bool) -> Runner:
+        if not whole:
+            # Values from other executors are contiguous where the capture may have seen strides
+            # (ONNX Runtime returns a transpose as a copy): a view must become a reshape, which
+            # is the same view where the strides allow one and a copy where they do not.
+            for node in region.graph.nodes:
+                if node.op == "call_function" and node.target in _VIEWS:
+                    node.target = torch.ops.aten.reshape.default
+            region.recompile()
+
+        def run(args: list[Any]) -> list[Any]:
+            return list(region(*args))
+
+        run.region = region  # type: ignore[attr-defined]
+        return run

@@ -1,0 +1,216 @@
+"""Each executor alone on hand-made FX graphs, the executor choice per device, and a graph that
+mixes python ops, torch-only ops and ONNX Runtime regions."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from ortrain.capture.aot_capture import capture
+from ortrain.errors import FallbackPolicy, ORTModuleDeviceException
+from ortrain.runtime.executors.base import RegionRejected
+from ortrain.runtime.executors.ort import OnnxRuntimeExecutor, OrtSessionRunner, missing_kernels
+from ortrain.runtime.executors.torch import TorchExecutor
+from ortrain.runtime.graph_executor import build_graph_executor
+from ortrain.runtime.selection import select_executors
+
+aten = torch.ops.aten
+
+
+def _graph(dtype: torch.dtype = torch.float32) -> torch.fx.GraphModule:
+    """x @ w + b, then relu and a sum: hand-made, with the fake values export needs."""
+    graph = torch.fx.Graph()
+    x, w, b = (graph.placeholder(n) for n in ("x", "w", "b"))
+    mm = graph.call_function(aten.mm.default, (x, w))
+    add = graph.call_function(aten.add.Tensor, (mm, b))
+    relu = graph.call_function(aten.relu.default, (add,))
+    total = graph.call_function(aten.sum.default, (relu,))
+    graph.output((relu, total))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fakes = [mode.from_tensor(torch.empty(s, dtype=dtype)) for s in ((4, 3), (3, 5), (5,))]
+        for node, fake in zip(gm.graph.nodes, fakes, strict=False):
+            node.meta["val"] = fake
+        for node in list(gm.graph.nodes)[3:-1]:
+            args = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in node.args]
+            node.meta["val"] = node.target(*args)
+    return gm
+
+
+def _args(dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    return [torch.randn(4, 3).to(dtype), torch.randn(3, 5).to(dtype), torch.randn(5).to(dtype)]
+
+
+def _ort(**kwargs) -> OnnxRuntimeExecutor:
+    return OnnxRuntimeExecutor(
+        device=torch.device("cpu"),
+        provider="CPUExecutionProvider",
+        opset_version=18,
+        passes=[],
+        graph_name="g",
+        **kwargs,
+    )
+
+
+def test_torch_executor_runs_any_region_as_pytorch_does() -> None:
+    gm = _graph()
+    run = TorchExecutor().build(gm, what="g", whole=True)
+    for got, want in zip(run(_args()), gm(*_args()), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_ort_executor_runs_a_float32_region_in_one_session() -> None:
+    gm = _graph()
+    executor = _ort()
+    assert all(executor.claims(n) for n in gm.graph.nodes if n.op == "call_function")
+    run = executor.build(gm, what="g", whole=True)
+    assert isinstance(run, OrtSessionRunner) and run.session is not None
+    for got, want in zip(run(_args()), gm(*_args()), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_ort_executor_rejects_the_nodes_without_a_bfloat16_kernel() -> None:
+    with pytest.raises(RegionRejected) as rejected:
+        _ort().build(_graph(torch.bfloat16), what="g", whole=True)
+    # Each ONNX node without a kernel is traced back to its FX node, even where torch.onnx's
+    # re-trace renamed the nodes (mm_default -> mm).
+    reasons = rejected.value.reasons
+    assert "no MatMul kernel for bfloat16" in reasons["mm_default"]
+    assert "no Relu kernel for bfloat16" in reasons["relu_default"]
+
+
+def test_ort_executor_binds_bfloat16_by_pointer() -> None:
+    # A bfloat16 region made of ops the CPU provider has bfloat16 kernels for (transpose, concat).
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    t = graph.call_function(aten.t.default, (x,))
+    cat = graph.call_function(aten.cat.default, ([t, t], 0))
+    graph.output((cat,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        x.meta["val"] = mode.from_tensor(torch.empty(2, 3, dtype=torch.bfloat16))
+        t.meta["val"] = x.meta["val"].t()
+        cat.meta["val"] = torch.cat([t.meta["val"], t.meta["val"]])
+    value = torch.randn(2, 3).to(torch.bfloat16)
+    (got,) = _ort().build(gm, what="g", whole=True)([value])
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, torch.cat([value.t(), value.t()]))
+
+
+def test_kernel_check_reads_the_type_constraints() -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    def model(element_type: int) -> onnx.ModelProto:
+        node = helper.make_node("Gemm", ["a", "b"], ["c"], name="gemm")
+        graph = helper.make_graph(
+            [node],
+            "g",
+            [helper.make_tensor_value_info(n, element_type, [2, 2]) for n in ("a", "b")],
+            [helper.make_tensor_value_info("c", element_type, [2, 2])],
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+    assert missing_kernels(model(TensorProto.FLOAT), "CPUExecutionProvider") == []
+    ((node, why),) = missing_kernels(model(TensorProto.BFLOAT16), "CPUExecutionProvider")
+    assert node.name == "gemm" and "bfloat16" in why
+
+
+def test_cuda_uses_the_cuda_provider_when_onnxruntime_has_it() -> None:
+    selection = select_executors(
+        torch.device("cuda", 1),
+        opset_version=18,
+        passes=[],
+        graph_name="forward",
+        available_providers=["CUDAExecutionProvider", "CPUExecutionProvider"],
+    )
+    assert selection.no_onnxruntime is None
+    names = [e.name for e in selection.executors]
+    assert names == ["python op", "onnxruntime", "torch"]
+    ort_executor = selection.executors[1]
+    assert ort_executor.provider == "CUDAExecutionProvider" and ort_executor.device == torch.device("cuda", 1)
+
+
+def test_cuda_without_onnxruntime_gpu_runs_in_pytorch_with_one_warning(caplog) -> None:
+    selection = select_executors(
+        torch.device("cuda"),
+        opset_version=18,
+        passes=[],
+        graph_name="forward",
+        available_providers=["CPUExecutionProvider"],
+    )
+    assert [e.name for e in selection.executors] == ["python op", "torch"]
+    assert "onnxruntime-gpu" in selection.no_onnxruntime
+    # The same selection, on a graph: everything runs in the torch executor after one warning.
+    gm = _graph()
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for _ in range(2):
+            runner = build_graph_executor(
+                gm, name="forward", opset_version=18, passes=[], saver=None, device=torch.device("cuda"),
+                available_providers=["CPUExecutionProvider"],
+            )  # fmt: skip
+    assert [s.executor.name for s in runner.plan.steps] == ["torch"]
+    assert sum("onnxruntime-gpu" in r.getMessage() for r in caplog.records) == 1
+    for got, want in zip(runner(_args()), gm(*_args()), strict=True):
+        torch.testing.assert_close(got, want)
+    with pytest.raises(ORTModuleDeviceException, match="onnxruntime-gpu"):
+        build_graph_executor(
+            gm, name="forward", opset_version=18, passes=[], saver=None, device=torch.device("cuda"),
+            policy=FallbackPolicy.FALLBACK_DISABLE, available_providers=["CPUExecutionProvider"],
+        )  # fmt: skip
+
+
+class _Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return grad * 3
+
+
+class _Mixed(torch.nn.Module):
+    """ONNX region, python op, torch-only op (lgamma has no ONNX translation), ONNX region."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(4, 4)
+        self.second = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        h = _Scale.apply(torch.tanh(self.first(x)))
+        return (self.second(torch.lgamma(h.abs() + 1) * h).sum(),)
+
+
+def test_a_graph_mixing_python_ops_torch_ops_and_onnx_regions() -> None:
+    torch.manual_seed(0)
+    model = _Mixed()
+    x = torch.randn(3, 4)
+    captured = capture(model, [x], training=True)
+    runners = {}
+    for name, slot in (("forward", captured.forward), ("backward", captured.backward)):
+        runners[name] = slot.runner = build_graph_executor(
+            slot.graph, name=name, opset_version=18, passes=[], saver=None, device=torch.device("cpu")
+        )
+    steps = [s.executor.name for s in runners["forward"].plan.steps]
+    # lgamma's input (abs, add) runs in ONNX Runtime after the python op; lgamma alone in PyTorch.
+    assert steps == ["onnxruntime", "python op", "onnxruntime", "torch", "onnxruntime"]
+    assert {s.executor.name for s in runners["backward"].plan.steps} == {"onnxruntime", "python op", "torch"}
+    state = [*model.parameters()]
+    (loss,) = captured(state, [x])
+    loss.backward()
+    got = [p.grad.clone() for p in state]
+    model.zero_grad()
+    (want,) = model(x)
+    want.backward()
+    torch.testing.assert_close(loss, want)
+    for a, b in zip(got, (p.grad for p in state), strict=True):
+        torch.testing.assert_close(a, b)
