@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections import defaultdict
 
-STAGES = ("capture", "export", "export (cached)", "passes", "session")
+STAGES = ("capture", "partition", "export", "export (cached)", "passes", "session")
 
 
 def _child(model_name: str, quick: bool) -> None:
@@ -88,7 +88,7 @@ def _format(label: str, result: dict) -> list[str]:
         )
         lines.append(
             f"| {result['model']} | {label} | {row['phase']} | {row['total']:.2f} "
-            f"| {s.get('capture', 0):.2f} "
+            f"| {s.get('capture', 0):.2f} | {s.get('partition', 0):.2f} "
             f"| {export:.2f} {export_label} ({per_graph}) "
             f"| {s.get('passes', 0):.2f} | {s.get('session', 0):.2f} "
             f"| {s['first run']:.2f} |"
@@ -109,8 +109,8 @@ def main() -> None:
         _child(args.child, args.quick)
         return
     print(
-        "| model | cache | phase | total s | capture | export (per graph) | passes | sessions | first run |\n"
-        "|---|---|---|---|---|---|---|---|---|"
+        "| model | cache | phase | total s | capture | partition | export (per graph) | passes | sessions "
+        "| first run |\n|---|---|---|---|---|---|---|---|---|---|"
     )
     for model_name in args.models.split(","):
         if args.cache:

@@ -28,6 +28,7 @@ import ortrain
 _EXPORT_SOURCES = (
     "export/fx_to_onnx.py",
     "export/exported_graph_io.py",
+    "export/onnx_translations.py",
     "capture/view_ops.py",
     "cache/graph_key.py",
     "cache/store.py",

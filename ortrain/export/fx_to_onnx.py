@@ -24,6 +24,7 @@ import torch
 from torch.export import Dim
 
 from ortrain.capture.view_ops import RESHAPES
+from ortrain.export.onnx_translations import reused_op_registry
 
 logger = logging.getLogger("ortrain.export")
 
@@ -241,7 +242,7 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
     if not onnx_nodes:
         return ExportedGraph(onnx.ModelProto(), [], outputs, sources)
     try:
-        with _quiet_exporter(), _reused_op_registry():
+        with _quiet_exporter(), reused_op_registry():
             program = torch.onnx.export(
                 gm,
                 tuple(examples),
@@ -277,41 +278,6 @@ def _quiet_exporter() -> Iterator[None]:
         finally:
             for lg, level in zip(loggers, levels, strict=True):
                 lg.setLevel(level)
-
-
-# The exporter's aten-to-ONNX table for each opset, built once per process.
-_OP_REGISTRIES: dict[int, Any] = {}
-
-
-@contextlib.contextmanager
-def _reused_op_registry() -> Iterator[None]:
-    """Build the exporter's aten-to-ONNX registry once per opset, not once per graph.
-
-    ``torch.onnx.export`` rebuilds it on every call (measured 1.1 s each on the 2-core machine).
-    The exporter only reads it; each call still gets its own copy of the table, so a caller that
-    registers ops on its registry changes no other's. Exports are serialized by the compile lock.
-    """
-    from torch.onnx._internal.exporter import _constants, _registration
-
-    registry_class = _registration.ONNXRegistry
-    original = registry_class.__dict__["from_torchlib"]
-
-    def from_torchlib(cls: type, opset_version: int = _constants.TORCHLIB_OPSET) -> Any:
-        master = _OP_REGISTRIES.get(opset_version)
-        if master is None:
-            master = _OP_REGISTRIES[opset_version] = original.__func__(
-                registry_class, opset_version=opset_version
-            )
-        registry = cls()
-        registry._opset_version = master._opset_version
-        registry.functions = {target: list(metas) for target, metas in master.functions.items()}
-        return registry
-
-    registry_class.from_torchlib = classmethod(from_torchlib)  # type: ignore[method-assign,assignment]
-    try:
-        yield
-    finally:
-        registry_class.from_torchlib = original  # type: ignore[method-assign]
 
 
 _NO_FUNCTION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)', overload='([^']+)'\)>")

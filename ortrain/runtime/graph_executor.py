@@ -34,6 +34,7 @@ from ortrain.runtime.executors.python_op import PythonOpExecutor
 from ortrain.runtime.executors.torch import TorchExecutor
 from ortrain.runtime.partitioner import Plan, Slot, partition
 from ortrain.runtime.selection import select_executors
+from ortrain.runtime.startup_timings import timed
 
 logger = logging.getLogger("ortrain.runtime")
 
@@ -77,7 +78,8 @@ def build_graph_executor(
     onnxruntime = next((e for e in executors if isinstance(e, OnnxRuntimeExecutor)), None)
     allow_torch = bool(policy & FallbackPolicy.FALLBACK_UNSUPPORTED_ONNX_MODEL)
     for _ in range(_MAX_PARTITIONS):
-        plan = partition(graph, executors)
+        with timed("partition", name):  # the first look-up builds torch.onnx's op registry (1.1 s)
+            plan = partition(graph, executors)
         if onnxruntime is not None and not allow_torch:
             refused = _refused(plan, onnxruntime)
             if refused:

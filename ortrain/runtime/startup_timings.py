@@ -1,4 +1,4 @@
-"""Where a first step's time goes: capture, export, passes, session creation.
+"""Where a first step's time goes: capture, partition, export, passes, session creation.
 
 Each stage is logged at DEBUG on ``ortrain.startup`` and appended to :data:`RECORDED`, which
 ``benchmarks/bench_startup.py`` reads; nothing else depends on it.
@@ -18,7 +18,7 @@ logger = logging.getLogger("ortrain.startup")
 
 @dataclass(frozen=True)
 class StageTiming:
-    stage: str  # "capture", "export", "export (cached)", "passes", "session"
+    stage: str  # "capture", "partition", "export", "export (cached)", "passes", "session"
     graph: str  # "forward", "backward", a segment's name, or "" for the whole capture
     seconds: float
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from torch.onnx._internal.exporter import _registration
 
-from ortrain.export import fx_to_onnx
+from ortrain.export import onnx_translations
 
 
 def test_registry_built_once_per_opset_and_copied(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fx_to_onnx, "_OP_REGISTRIES", {})
+    monkeypatch.setattr(onnx_translations, "_OP_REGISTRIES", {})
     original = _registration.ONNXRegistry.__dict__["from_torchlib"]
     built: list[int] = []
 
@@ -18,7 +18,7 @@ def test_registry_built_once_per_opset_and_copied(monkeypatch: pytest.MonkeyPatc
         return original.__func__(cls, opset_version=opset_version)
 
     monkeypatch.setattr(_registration.ONNXRegistry, "from_torchlib", classmethod(counting))
-    with fx_to_onnx._reused_op_registry():
+    with onnx_translations.reused_op_registry():
         first = _registration.ONNXRegistry().from_torchlib(opset_version=18)
         second = _registration.ONNXRegistry.from_torchlib(opset_version=18)
         assert built == [18]
@@ -29,4 +29,6 @@ def test_registry_built_once_per_opset_and_copied(monkeypatch: pytest.MonkeyPatc
         assert second.functions[target] and target in _registration.ONNXRegistry.from_torchlib(18).functions
         _registration.ONNXRegistry.from_torchlib(opset_version=19)
         assert built == [18, 19]
+        assert onnx_translations.torchlib_registry(18) is onnx_translations.torchlib_registry(18)
+        assert built == [18, 19]  # the partitioner's look-ups share the exports' registry
     assert _registration.ONNXRegistry.__dict__["from_torchlib"].__func__ is counting  # restored
