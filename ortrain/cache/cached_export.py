@@ -42,7 +42,12 @@ def export_graph_cached(
             logger.warning("cache entry %s cannot be read (%s); rebuilding it", store.path(KIND, key), error)
     exported = _export(gm, opset_version=opset_version, name=name)
     header = {"what": name or "graph", "nodes": len(gm.graph.nodes), "versions": versions()}
-    if store.save(KIND, key, exported_graph_to_bytes(exported), header):
+    try:
+        payload = exported_graph_to_bytes(exported)
+    except TypeError as error:  # a plan field the entry format cannot hold: run uncached
+        logger.warning("%s graph not cached: %s", name or "a", error)
+        return exported
+    if store.save(KIND, key, payload, header):
         logger.debug("%s graph: stored in %s", name, store.path(KIND, key))
     return exported
 

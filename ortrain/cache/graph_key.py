@@ -29,6 +29,7 @@ _EXPORT_SOURCES = (
     "export/fx_to_onnx.py",
     "export/exported_graph_io.py",
     "export/onnx_translations.py",
+    "export/index_dtypes.py",
     "capture/view_ops.py",
     "cache/graph_key.py",
     "cache/store.py",

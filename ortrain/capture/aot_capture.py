@@ -158,7 +158,11 @@ def capture(
         traced_module, trace = module, None
         if forward_rewrites or trace_forward_graph:
             traced_module, trace = rewrite_forward(module, example, forward_rewrites)
-            if traced_module is not module and not dynamic_dims:
+            if traced_module is not module and not inputs:
+                # The rewritten graph needs fake inputs that carry a shape environment (below); a
+                # model without inputs has none to carry it, so it is captured as written.
+                traced_module = module
+            elif traced_module is not module and not dynamic_dims:
                 # A gather of the rows a data-dependent mask selects has a size known only at run
                 # time (an unbacked size): tracing it needs fake inputs with a shape environment.
                 example = _fake_inputs(inputs, {})

@@ -1,12 +1,16 @@
 """ATen decompositions applied while capturing, for ops whose ONNX translation is missing or wrong.
 
 Each entry is here for a measured reason (see DESIGN.md):
-- ``nll_loss_forward``: onnxscript returns a fake ``total_weight`` of 1, so gradients come out too
-  large by the number of targets.
+- ``nll_loss_forward``: onnxscript returns a fake ``total_weight`` of 1, so gradients come out
+  too large by the number of targets.
 - ``_native_batch_norm_legit_functional``: onnxscript hard-codes inference mode, so train-mode
   BatchNorm would export without error but wrong.
-- ``native_batch_norm_backward``, ``silu_backward``, ``_adaptive_avg_pool2d_backward``,
-  ``convolution_backward``: no ONNX translation.
+- ``native_batch_norm_backward``, ``silu_backward``, ``convolution_backward`` (plain and
+  transposed): no ONNX translation.
+- pooling (``decompositions_pooling``), elementwise and distance ops (``decompositions_math``),
+  ``embedding_bag`` (``decompositions_embedding``), losses (``decompositions_losses``), 0-d
+  scatters and gathers
+  (``decompositions_indexing``): each module says why.
 """
 
 from __future__ import annotations
@@ -17,6 +21,12 @@ from typing import Any
 import torch
 from torch._decomp import get_decompositions
 
+from ortrain.capture import decompositions_embedding as embedding
+from ortrain.capture import decompositions_indexing as indexing
+from ortrain.capture import decompositions_losses as losses
+from ortrain.capture import decompositions_math as math_ops
+from ortrain.capture import decompositions_pooling as pooling
+
 aten = torch.ops.aten
 
 
@@ -26,6 +36,38 @@ def _conv_output_padding(
     # The transposed convolution that maps grad_output back to the input size can land a few
     # elements short when the forward stride did not divide evenly: pad those back.
     return in_size - ((out_size - 1) * stride - 2 * padding + dilation * (kernel - 1) + 1)
+
+
+def _weight_grad(
+    input: torch.Tensor,
+    grad_output: torch.Tensor,
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+) -> torch.Tensor:
+    """Weight gradient of ``grad_output = conv(input, w)``, shaped [out channels, in/groups, *kernel].
+
+    Correlate input with grad_output: the batch becomes the channel axis, and the forward stride
+    and dilation swap roles. Groups are folded into the channel axis so one grouped convolution
+    computes every group's weight gradient.
+    """
+    spatial = len(kernel)
+    n = input.shape[0]
+    c_in_g = input.shape[1] // groups
+    c_out_g = grad_output.shape[1] // groups
+    in_spatial = list(input.shape[2:])
+    out_spatial = list(grad_output.shape[2:])
+    perm_tail = list(range(3, 3 + spatial))
+    x = input.reshape([n, groups, c_in_g, *in_spatial]).permute([2, 1, 0, *perm_tail])
+    x = x.reshape([c_in_g, groups * n, *in_spatial])
+    g = grad_output.reshape([n, groups, c_out_g, *out_spatial]).permute([1, 2, 0, *perm_tail])
+    g = g.reshape([groups * c_out_g, n, *out_spatial])
+    gw = aten.convolution(x, g, None, dilation, padding, stride, False, [0] * spatial, groups)
+    for i in range(spatial):
+        gw = gw.narrow(2 + i, 0, kernel[i])
+    return gw.transpose(0, 1).contiguous()
 
 
 def convolution_backward(
@@ -41,73 +83,43 @@ def convolution_backward(
     groups: int,
     output_mask: Sequence[bool],
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """Gradients of a (non-transposed) convolution written as two forward convolutions and a sum."""
-    if transposed:
-        return NotImplemented
+    """Gradients of a convolution written as two forward convolutions and a sum.
+
+    A transposed convolution is the adjoint of the ordinary convolution by the same weight, so its
+    input gradient is that ordinary convolution of grad_output, and its weight gradient is the
+    ordinary convolution's weight gradient with input and grad_output swapped.
+    """
     spatial = weight.dim() - 2
+    kernel = list(weight.shape[2:])
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
-        pads = [
-            _conv_output_padding(
-                input.shape[2 + i],
-                grad_output.shape[2 + i],
-                weight.shape[2 + i],
-                stride[i],
-                padding[i],
-                dilation[i],
+        if transposed:
+            grad_input = aten.convolution(
+                grad_output, weight, None, stride, padding, dilation, False, [0] * spatial, groups
             )
-            for i in range(spatial)
-        ]
-        grad_input = aten.convolution(
-            grad_output, weight, None, stride, padding, dilation, True, pads, groups
-        )
+        else:
+            pads = [
+                _conv_output_padding(
+                    input.shape[2 + i],
+                    grad_output.shape[2 + i],
+                    kernel[i],
+                    stride[i],
+                    padding[i],
+                    dilation[i],
+                )
+                for i in range(spatial)
+            ]
+            grad_input = aten.convolution(
+                grad_output, weight, None, stride, padding, dilation, True, pads, groups
+            )
     if output_mask[1]:
-        # Correlate input with grad_output: the batch becomes the channel axis, and the forward
-        # stride and dilation swap roles. Groups are folded into the channel axis so one
-        # grouped convolution computes every group's weight gradient.
-        n = input.shape[0]
-        c_in_g = input.shape[1] // groups
-        c_out_g = grad_output.shape[1] // groups
-        in_spatial = list(input.shape[2:])
-        out_spatial = list(grad_output.shape[2:])
-        perm_tail = list(range(3, 3 + spatial))
-        x = input.reshape([n, groups, c_in_g, *in_spatial]).permute([2, 1, 0, *perm_tail])
-        x = x.reshape([c_in_g, groups * n, *in_spatial])
-        g = grad_output.reshape([n, groups, c_out_g, *out_spatial]).permute([1, 2, 0, *perm_tail])
-        g = g.reshape([groups * c_out_g, n, *out_spatial])
-        gw = aten.convolution(x, g, None, dilation, padding, stride, False, [0] * spatial, groups)
-        for i in range(spatial):
-            gw = gw.narrow(2 + i, 0, weight.shape[2 + i])
-        grad_weight = gw.transpose(0, 1).contiguous()
+        if transposed:
+            grad_weight = _weight_grad(grad_output, input, kernel, stride, padding, dilation, groups)
+        else:
+            grad_weight = _weight_grad(input, grad_output, kernel, stride, padding, dilation, groups)
     if output_mask[2]:
         grad_bias = grad_output.sum([0, *range(2, 2 + spatial)])
     return grad_input, grad_weight, grad_bias
-
-
-def adaptive_avg_pool2d_backward(grad_output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
-    """Gradient of adaptive average pooling: each output cell spreads its gradient evenly over its window."""
-    in_h, in_w = input.shape[-2:]
-    out_h, out_w = grad_output.shape[-2:]
-    if in_h % out_h == 0 and in_w % out_w == 0:
-        kh, kw = in_h // out_h, in_w // out_w
-        scaled = grad_output / (kh * kw)
-        return scaled.repeat_interleave(kh, dim=-2).repeat_interleave(kw, dim=-1)
-
-    # Uneven windows overlap: build the averaging matrices (rows = output cells) explicitly.
-    def weights(n_in: int, n_out: int) -> torch.Tensor:
-        rows = []
-        for o in range(n_out):
-            start = (o * n_in) // n_out
-            end = -((-(o + 1) * n_in) // n_out)
-            row = [0.0] * n_in
-            for i in range(start, end):
-                row[i] = 1.0 / (end - start)
-            rows.append(row)
-        return torch.tensor(rows, dtype=grad_output.dtype, device=grad_output.device)
-
-    wh = weights(in_h, out_h)
-    ww = weights(in_w, out_w)
-    return torch.matmul(torch.matmul(wh.t(), grad_output), ww)
 
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
@@ -119,6 +131,37 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
             aten.silu_backward,
         ]
     )
+    table.update(indexing.scalar_indexing_table())
     table[aten.convolution_backward.default] = convolution_backward
-    table[aten._adaptive_avg_pool2d_backward.default] = adaptive_avg_pool2d_backward
+    table[aten._adaptive_avg_pool2d_backward.default] = pooling.adaptive_avg_pool2d_backward
+    table[aten.avg_pool2d.default] = pooling.avg_pool2d
+    table[aten.avg_pool3d.default] = pooling.avg_pool3d
+    table[aten.avg_pool2d_backward.default] = pooling.avg_pool2d_backward
+    table[aten.avg_pool3d_backward.default] = pooling.avg_pool3d_backward
+    table[aten.max.dim] = math_ops.max_dim
+    table[aten.min.dim] = math_ops.min_dim
+    table[aten.argmax.default] = math_ops.argmax
+    table[aten.argmin.default] = math_ops.argmin
+    table[aten.amax.default] = math_ops.amax
+    table[aten.amin.default] = math_ops.amin
+    table[aten.adaptive_max_pool2d.default] = pooling.adaptive_max_pool2d
+    table[aten.adaptive_max_pool2d_backward.default] = pooling.adaptive_max_pool2d_backward
+    table[aten.binary_cross_entropy_with_logits.default] = losses.binary_cross_entropy_with_logits
+    table[aten.mv.default] = math_ops.mv
+    table[aten.addmv.default] = math_ops.addmv
+    table[aten.kthvalue.default] = math_ops.kthvalue
+    table[aten.sort.stable] = math_ops.sort_stable
+    table[aten.mode.default] = math_ops.mode
+    table[aten.hypot.default] = math_ops.hypot
+    table[aten.erfinv.default] = math_ops.erfinv
+    table[aten.cumprod.default] = math_ops.cumprod
+    table[aten._cdist_forward.default] = math_ops.cdist_forward
+    table[aten._cdist_backward.default] = math_ops.cdist_backward
+    table[aten._embedding_bag.default] = embedding.embedding_bag
+    table[aten._embedding_bag_forward_only.default] = embedding.embedding_bag
+    table[aten._embedding_bag_backward.default] = embedding.embedding_bag_backward
+    table[aten._embedding_bag_dense_backward.default] = embedding.embedding_bag_dense_backward
+    table[aten._embedding_bag_per_sample_weights_backward.default] = (
+        embedding.embedding_bag_per_sample_weights_backward
+    )
     return table

@@ -10,6 +10,7 @@ formulas and ``symbol_sources`` name the same symbols again. Reading them back e
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from typing import Any
 
 import onnx
@@ -18,26 +19,30 @@ import sympy
 from ortrain.export.fx_to_onnx import ExportedGraph, OutputSource
 
 
-def _expr_out(expr: sympy.Expr | None) -> str | None:
-    return None if expr is None else sympy.srepr(expr)
+def _encode(value: Any) -> Any:
+    if isinstance(value, sympy.Basic):
+        return {"sympy": sympy.srepr(value)}
+    if isinstance(value, tuple):
+        return {"tuple": [_encode(v) for v in value]}
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    raise TypeError(f"cannot store a {type(value).__name__} in the export cache")
 
 
-def _expr_in(text: str | None) -> sympy.Expr | None:
-    return None if text is None else sympy.sympify(text)
+def _decode(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "sympy" in value:
+            return sympy.sympify(value["sympy"])
+        return tuple(_decode(v) for v in value["tuple"])
+    return value
 
 
 def exported_graph_to_bytes(exported: ExportedGraph) -> bytes:
+    """Every field of each :class:`OutputSource`, so that fields added later are stored too."""
     description = {
         "input_positions": exported.input_positions,
         "outputs": [
-            {
-                "kind": o.kind,
-                "index": o.index,
-                "expr": _expr_out(o.expr),
-                "from_input": o.from_input,
-                "shape": [sympy.srepr(s) for s in o.shape],
-            }
-            for o in exported.outputs
+            {f.name: _encode(getattr(o, f.name)) for f in fields(OutputSource)} for o in exported.outputs
         ],
         "symbol_sources": [[sympy.srepr(s), p, d] for s, (p, d) in exported.symbol_sources.items()],
     }
@@ -50,15 +55,6 @@ def exported_graph_from_bytes(data: bytes) -> ExportedGraph:
     description: dict[str, Any] = json.loads(data[8 : 8 + length])
     model = onnx.ModelProto()
     model.ParseFromString(data[8 + length :])
-    outputs = [
-        OutputSource(
-            o["kind"],
-            index=o["index"],
-            expr=_expr_in(o["expr"]),
-            from_input=o["from_input"],
-            shape=tuple(sympy.sympify(s) for s in o["shape"]),
-        )
-        for o in description["outputs"]
-    ]
+    outputs = [OutputSource(**{k: _decode(v) for k, v in o.items()}) for o in description["outputs"]]
     sources = {sympy.sympify(s): (p, d) for s, p, d in description["symbol_sources"]}
     return ExportedGraph(model, list(description["input_positions"]), outputs, sources)

@@ -24,6 +24,7 @@ import torch
 from torch.export import Dim
 
 from ortrain.capture.view_ops import RESHAPES
+from ortrain.export.index_dtypes import cast_indices_to_int64
 from ortrain.export.onnx_translations import reused_op_registry
 
 logger = logging.getLogger("ortrain.export")
@@ -254,12 +255,21 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
             )
     except Exception as error:  # the exporter raises many types; all mean "cannot export"
         raise ExportError(*_summarize_export_error(error)) from error
+    cast = cast_indices_to_int64(program.model)
+    if cast:
+        logger.debug("cast %d int32 index inputs to int64", cast)
     model = program.model_proto
     name_to_position = {n.name: sources_by_node[n] for n in kept}
-    try:
-        input_positions = [name_to_position[i.name] for i in model.graph.input]
-    except KeyError as missing:
-        raise ExportError(f"exported graph has an input {missing} that matches no FX placeholder") from None
+    onnx_names = [i.name for i in model.graph.input]
+    if all(name in name_to_position for name in onnx_names):
+        input_positions = [name_to_position[name] for name in onnx_names]
+    elif len(onnx_names) == len(kept):
+        # The exporter renames an input that is also returned as is (``max`` of a 0-d tensor
+        # along dim 0, say) but keeps the placeholders' order.
+        input_positions = [sources_by_node[n] for n in kept]
+    else:
+        missing = next(name for name in onnx_names if name not in name_to_position)
+        raise ExportError(f"exported graph has an input {missing!r} that matches no FX placeholder")
     return ExportedGraph(model, input_positions, outputs, sources)
 
 

@@ -24,6 +24,7 @@ from ortrain.ortmodule.fallback import (
     FallbackManager,
     ORTModuleDeviceException,
     ORTModuleFallbackException,
+    ORTModuleIOError,
     ORTModuleONNXModelException,
     ORTModuleTorchModelException,
 )
@@ -38,7 +39,7 @@ from ortrain.ortmodule.options import (
     runtime_options,
 )
 from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves
-from ortrain.ortmodule.schema import Spec, flatten, tensor_signature, unflatten
+from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, tensor_signature, unflatten
 from ortrain.ortmodule.signature import wrapped_module_signature
 from ortrain.passes.pipeline import ForwardRewrite, StageSaver, default_passes, forward_rewrites
 from ortrain.runtime.graph_executor import build_graph_executor
@@ -74,7 +75,7 @@ class _FlatCall(nn.Module):
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args, kwargs = unflatten(self.input_spec, list(tensors))
         out = self.module(*args, **kwargs)
-        flat, self.output_spec = flatten(out)
+        flat, self.output_spec = flatten_outputs(out)
         return tuple(flat)
 
 
@@ -323,7 +324,7 @@ class ORTModule(nn.Module):
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[LiftedCall, ModelState, GraphKey]:
         """This step's inputs, the model's tensors, and the key of the graph that fits them."""
-        flat_inputs, flat_spec = flatten((args, kwargs))
+        flat_inputs, flat_spec = flatten_inputs(args, kwargs)
         call = self._ortrain_scalars.lift(flat_spec, flat_inputs)
         state = read_state(self._ortrain_module)
         key = GraphKey(
@@ -409,6 +410,8 @@ class ORTModule(nn.Module):
                     forward_rewrites=_forward_rewrites(self._ortrain_options),
                     trace_forward_graph=self._ortrain_options.print_input_density,
                 )
+        except ORTModuleIOError:
+            raise  # an output ortrain cannot pass back: FALLBACK_UNSUPPORTED_DATA decides, not TORCH_MODEL
         except Exception as error:
             raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
         if flat_module.output_spec is None:

@@ -1,6 +1,7 @@
 """Flatten nested inputs and outputs into a list of tensors plus a hashable spec, and back.
 
-Supported containers: tuple, list, dict, named tuples, dataclasses, Hugging Face ``ModelOutput``s
+Supported containers: tuple, list, dict, named tuples, ``torch.return_types`` structures (what
+``torch.min(x, dim)``, ``sort``, ``topk``... return), dataclasses, Hugging Face ``ModelOutput``s
 (an ordered dict that is also a dataclass) and types registered as torch pytree nodes (such as
 transformers' ``DynamicCache``). Leaves are tensors or constants
 (None, bool, int, float, str, torch.dtype, torch.device). Constants are part of the spec, so a new
@@ -30,13 +31,50 @@ def _is_model_output(value: object) -> bool:
     return type(value).__name__.endswith("Output") and hasattr(value, "to_tuple") and isinstance(value, dict)
 
 
-def flatten(value: Any) -> tuple[list[torch.Tensor], Spec]:
+def flatten(value: Any, what: str = "value") -> tuple[list[torch.Tensor], Spec]:
+    """Tensors of ``value`` in order, and its spec; ``what`` names it in errors ("output", say)."""
     tensors: list[torch.Tensor] = []
-    spec = _flatten(value, tensors)
+    spec = _flatten(value, tensors, (what, ""))
     return tensors, spec
 
 
-def _flatten(value: Any, tensors: list[torch.Tensor]) -> Spec:
+def flatten_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[torch.Tensor], Spec]:
+    """Flatten a call's arguments; an error names a keyword argument by its name (``input 'batch.mask'``)."""
+    tensors: list[torch.Tensor] = []
+    children = (
+        ("tuple", tuple, tuple(_flatten(v, tensors, ("input", f"[{i}]")) for i, v in enumerate(args))),
+        ("dict", dict, tuple(kwargs), tuple(_flatten(v, tensors, ("input", k)) for k, v in kwargs.items())),
+    )
+    return tensors, ("tuple", tuple, children)
+
+
+def flatten_outputs(value: Any) -> tuple[list[torch.Tensor], Spec]:
+    return flatten(value, "output")
+
+
+def _is_structseq(value: object) -> bool:
+    # torch.return_types.* (min, max, sort, topk, ...) are C struct sequences: tuples with field
+    # counts but no ``_fields``, rebuilt from one tuple argument.
+    return isinstance(value, tuple) and hasattr(type(value), "n_sequence_fields")
+
+
+def _describe(where: tuple[str, str]) -> str:
+    what, path = where
+    if not path:
+        return f"the {what}" if what in ("input", "output") else what
+    return f"{what} {path}" if path.startswith("[") else f"{what} {path!r}"
+
+
+def _child(where: tuple[str, str], key: Any) -> tuple[str, str]:
+    what, path = where
+    if isinstance(key, int):
+        return (what, f"{path}[{key}]")
+    if isinstance(key, str) and key.isidentifier():
+        return (what, f"{path}.{key}" if path else key)
+    return (what, f"{path}[{key!r}]")
+
+
+def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) -> Spec:
     if isinstance(value, torch.Tensor):
         tensors.append(value)
         return ("tensor",)
@@ -44,28 +82,42 @@ def _flatten(value: Any, tensors: list[torch.Tensor]) -> Spec:
         return ("const", type(value), value)
     if _is_model_output(value):
         keys = tuple(value.keys())
-        return ("model_output", type(value), keys, tuple(_flatten(value[k], tensors) for k in keys))
+        children = tuple(_flatten(value[k], tensors, _child(where, k)) for k in keys)
+        return ("model_output", type(value), keys, children)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         names = tuple(f.name for f in dataclasses.fields(value) if f.init)
-        return ("dataclass", type(value), names, tuple(_flatten(getattr(value, n), tensors) for n in names))
+        children = tuple(_flatten(getattr(value, n), tensors, _child(where, n)) for n in names)
+        return ("dataclass", type(value), names, children)
+    if _is_structseq(value):
+        return (
+            "structseq",
+            type(value),
+            tuple(_flatten(v, tensors, _child(where, i)) for i, v in enumerate(value)),
+        )
     if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return ("namedtuple", type(value), tuple(_flatten(v, tensors) for v in value))
+        children = tuple(
+            _flatten(v, tensors, _child(where, n)) for n, v in zip(value._fields, value, strict=True)
+        )
+        return ("namedtuple", type(value), children)
     if isinstance(value, (tuple, list)):
-        return (type(value).__name__, type(value), tuple(_flatten(v, tensors) for v in value))
+        kind = "tuple" if isinstance(value, tuple) else "list"
+        return (kind, type(value), tuple(_flatten(v, tensors, _child(where, i)) for i, v in enumerate(value)))
     if isinstance(value, dict):
         keys = tuple(value.keys())
         for k in keys:
             if not isinstance(k, _CONSTANT_TYPES):
                 raise ORTModuleIOError(
-                    f"ORTModule supports dict keys of plain types only, not {type(k).__name__}"
+                    f"ORTModule supports dict keys of plain types only, not {type(k).__name__} "
+                    f"(in {_describe(where)})"
                 )
-        return ("dict", type(value), keys, tuple(_flatten(value[k], tensors) for k in keys))
+        return ("dict", type(value), keys, tuple(_flatten(value[k], tensors, _child(where, k)) for k in keys))
     registered = flatten_registered(value)
     if registered is not None:
         children, context = registered
-        return ("pytree", type(value), context, tuple(_flatten(c, tensors) for c in children))
+        flat = tuple(_flatten(c, tensors, _child(where, i)) for i, c in enumerate(children))
+        return ("pytree", type(value), context, flat)
     raise ORTModuleIOError(
-        f"ORTModule cannot pass a value of type {type(value).__qualname__} to or from the model; "
+        f"ORTModule cannot pass {_describe(where)} (a {type(value).__qualname__}) to or from the model; "
         "use tensors, numbers, strings, None, or tuples, lists, dicts and dataclasses of them"
     )
 
@@ -93,6 +145,9 @@ def _unflatten(spec: Spec, take: Callable[[], Any]) -> Any:
     if kind == "namedtuple":
         _, cls, children = spec
         return cls(*(_unflatten(c, take) for c in children))
+    if kind == "structseq":
+        _, cls, children = spec
+        return cls(tuple(_unflatten(c, take) for c in children))
     if kind in ("tuple", "list"):
         _, cls, children = spec
         return cls(_unflatten(c, take) for c in children)

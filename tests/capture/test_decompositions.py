@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
 
-from ortrain.capture.decompositions import adaptive_avg_pool2d_backward, convolution_backward
+from ortrain.capture import decompositions_embedding as embedding
+from ortrain.capture import decompositions_indexing as indexing
+from ortrain.capture import decompositions_losses as losses
+from ortrain.capture import decompositions_math as math_ops
+from ortrain.capture import decompositions_pooling as pooling
+from ortrain.capture.decompositions import convolution_backward
+from ortrain.capture.decompositions_pooling import adaptive_avg_pool2d_backward
 
 aten = torch.ops.aten
 
@@ -42,12 +49,6 @@ def test_convolution_backward_matches_native(case: tuple, mask: tuple[bool, bool
             assert a is None
 
 
-def test_transposed_convolution_is_left_to_pytorch() -> None:
-    x, w = torch.randn(1, 2, 4, 4), torch.randn(2, 2, 3, 3)
-    result = convolution_backward(x, x, w, None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1, [True] * 3)
-    assert result is NotImplemented
-
-
 @pytest.mark.parametrize(
     ("size", "out"), list(itertools.product([(8, 8), (7, 10)], [(1, 1), (2, 4), (3, 3)]))
 )
@@ -56,3 +57,217 @@ def test_adaptive_avg_pool2d_backward_matches_native(size: tuple[int, int], out:
     x = torch.randn(2, 3, *size, dtype=torch.float64)
     g = torch.randn(2, 3, *out, dtype=torch.float64)
     torch.testing.assert_close(adaptive_avg_pool2d_backward(g, x), aten._adaptive_avg_pool2d_backward(g, x))
+
+
+# ---- transposed convolution backward --------------------------------------------------------------
+
+TRANSPOSED_CASES = [
+    # (spatial dims, in channels, out channels, kernel, stride, padding, output padding, dilation, groups)
+    (2, 4, 6, 3, 1, 1, 0, 1, 1),
+    (2, 4, 6, 3, 2, 1, 1, 1, 2),
+    (1, 3, 5, 4, 3, 0, 2, 1, 1),
+    (2, 6, 6, 3, 2, 2, 1, 2, 3),
+    (3, 2, 4, 3, 2, 1, 0, 1, 1),
+]
+
+
+@pytest.mark.parametrize("case", TRANSPOSED_CASES)
+def test_transposed_convolution_backward_matches_native(case: tuple) -> None:
+    dims, c_in, c_out, k, stride, padding, out_pad, dilation, groups = case
+    torch.manual_seed(0)
+    x = torch.randn(2, c_in, *([6] * dims), dtype=torch.float64)
+    w = torch.randn(c_in, c_out // groups, *([k] * dims), dtype=torch.float64)
+    args = ([stride] * dims, [padding] * dims, [dilation] * dims)
+    y = aten.convolution(x, w, None, *args, True, [out_pad] * dims, groups)
+    g = torch.randn_like(y)
+    mask = [True, True, True]
+    want = aten.convolution_backward(g, x, w, [c_out], *args, True, [out_pad] * dims, groups, mask)
+    got = convolution_backward(g, x, w, [c_out], *args, True, [out_pad] * dims, groups, mask)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+# ---- pooling ------------------------------------------------------------------------------------
+
+AVG_POOL_CASES = [
+    # (input size, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    ((9, 9), (3, 3), (1, 1), (1, 1), True, False, 2),
+    ((9, 9), (4, 4), (2, 3), (1, 1), True, False, None),
+    ((9, 9), (6, 6), (3, 3), (2, 3), True, True, None),
+    ((4, 4), (2, 2), (2, 2), (0, 0), False, True, -2),
+    ((7, 10), (3, 2), (2, 2), (1, 0), True, True, None),
+    ((7, 10), (3, 2), (2, 2), (1, 0), False, False, None),
+    ((5, 6, 7), (2, 3, 2), (2, 1, 2), (1, 1, 0), True, False, None),
+]
+
+
+@pytest.mark.parametrize("case", AVG_POOL_CASES)
+def test_avg_pool_and_backward_match_native(case: tuple) -> None:
+    size, kernel, stride, padding, ceil_mode, include_pad, divisor = case
+    spatial = len(size)
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, *size, dtype=torch.float64)
+    args = (list(kernel), list(stride), list(padding), ceil_mode, include_pad, divisor)
+    native, native_backward = (
+        (aten.avg_pool2d, aten.avg_pool2d_backward)
+        if spatial == 2
+        else (aten.avg_pool3d, aten.avg_pool3d_backward)
+    )
+    want = native(x, *args)
+    torch.testing.assert_close(pooling.avg_pool(x, *args, spatial=spatial), want)
+    g = torch.randn_like(want)
+    torch.testing.assert_close(
+        pooling.avg_pool_backward(g, x, *args, spatial=spatial), native_backward(g, x, *args)
+    )
+
+
+@pytest.mark.parametrize(
+    ("size", "out"), [((8, 8), (3, 5)), ((7, 10), (5, 7)), ((6, 6), (2, 3)), ((5, 5), (1, 1))]
+)
+def test_adaptive_max_pool2d_and_backward_match_native(size: tuple[int, int], out: tuple[int, int]) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, *size, dtype=torch.float64)
+    values, indices = pooling.adaptive_max_pool2d(x, list(out))
+    want_values, want_indices = aten.adaptive_max_pool2d(x, list(out))
+    torch.testing.assert_close(values, want_values)
+    assert torch.equal(indices, want_indices)
+    g = torch.randn_like(values)
+    torch.testing.assert_close(
+        pooling.adaptive_max_pool2d_backward(g, x, indices),
+        aten.adaptive_max_pool2d_backward(g, x, want_indices),
+    )
+
+
+# ---- elementwise and distances --------------------------------------------------------------------
+
+
+def test_hypot_erfinv_cumprod_match_native() -> None:
+    torch.manual_seed(0)
+    a, b = torch.randn(50) * 5, torch.randn(50) * 5
+    torch.testing.assert_close(math_ops.hypot(a, b), torch.hypot(a, b))
+    y = torch.cat([torch.rand(2000) * 2 - 1, torch.tensor([0.0, 1.0, -1.0, 1.5, -2.0, 0.999999, -0.9999999])])
+    torch.testing.assert_close(math_ops.erfinv(y), torch.erfinv(y), equal_nan=True, rtol=2e-6, atol=1e-6)
+    x = torch.randn(3, 6, 4)
+    x[1, 2, 0] = 0.0  # zeros and signs: exp(cumsum(log)) would get these wrong
+    for dim in (0, 1, -1):
+        torch.testing.assert_close(math_ops.cumprod(x, dim), torch.cumprod(x, dim))
+    torch.testing.assert_close(
+        math_ops.cumprod(x, 1, torch.float64), torch.cumprod(x, 1, dtype=torch.float64)
+    )
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 2.0, 3.0, math.inf])
+def test_cdist_forward_and_backward_match_native(p: float) -> None:
+    torch.manual_seed(0)
+    x1 = torch.randn(2, 5, 3, dtype=torch.float64)
+    x2 = torch.randn(2, 4, 3, dtype=torch.float64)
+    x2[0, 0] = x1[0, 0]  # a zero distance
+    want = aten._cdist_forward(x1, x2, p, None)
+    torch.testing.assert_close(math_ops.cdist_forward(x1, x2, p, None), want)
+    g = torch.randn_like(want)
+    torch.testing.assert_close(
+        math_ops.cdist_backward(g, x1, x2, p, want), aten._cdist_backward(g, x1, x2, p, want)
+    )
+
+
+def test_bool_reductions_and_amax_without_dim_match_native() -> None:
+    mask = torch.tensor([[False, True, True], [False, False, False]])
+    values, indices = math_ops.max_dim(mask, 1)
+    want_values, want_indices = torch.max(mask, 1)
+    assert torch.equal(values, want_values) and torch.equal(indices, want_indices)
+    assert torch.equal(math_ops.argmax(mask, 1), torch.argmax(mask.to(torch.uint8), 1))
+    assert math_ops.max_dim(torch.randn(2, 3), 1) is NotImplemented
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(math_ops.amax(x), torch.amax(x))
+    torch.testing.assert_close(math_ops.amin(torch.tensor(2.5), [0]), torch.amin(torch.tensor(2.5), [0]))
+
+
+# ---- embedding_bag --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize(("weighted", "padding_idx", "last_offset"), [(False, -1, False), (True, 1, True)])
+def test_embedding_bag_forward_and_backward_match_native(
+    mode: int, weighted: bool, padding_idx: int, last_offset: bool
+) -> None:
+    if weighted and mode != 0:
+        pytest.skip("per-sample weights exist for mode sum only")
+    torch.manual_seed(0)
+    weight = torch.randn(10, 4, dtype=torch.float64)
+    indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 1, 1])
+    offsets = torch.tensor([0, 3, 3, 7, 10]) if last_offset else torch.tensor([0, 3, 3, 7])  # bag 1 is empty
+    psw = torch.rand(10, dtype=torch.float64) if weighted else None
+    args = (weight, indices, offsets, False, mode, False, psw, last_offset, padding_idx)
+    got = embedding.embedding_bag(*args)
+    want = aten._embedding_bag(*args)
+    torch.testing.assert_close(got[0], want[0])
+    grad = torch.randn_like(want[0])
+    native_grad = aten._embedding_bag_dense_backward(
+        grad, indices, want[1], want[2], want[3], 10, False, mode, psw, padding_idx
+    )
+    mine = embedding.embedding_bag_dense_backward(
+        grad, indices, got[1], got[2], got[3], 10, False, mode, psw, padding_idx
+    )
+    torch.testing.assert_close(mine, native_grad)
+    if weighted:
+        torch.testing.assert_close(
+            embedding.embedding_bag_per_sample_weights_backward(
+                grad, weight, indices, offsets, got[1], mode, padding_idx
+            ),
+            aten._embedding_bag_per_sample_weights_backward(
+                grad, weight, indices, offsets, want[1], mode, padding_idx
+            ),
+        )
+
+
+def test_embedding_bag_scale_grad_by_freq_is_refused_not_approximated() -> None:
+    grad, indices = torch.randn(2, 3), torch.tensor([1, 1, 2, 5, 1])
+    offset2bag, bag_size = torch.tensor([0, 0, 1, 1, 1]), torch.tensor([2, 3])
+    with pytest.raises(NotImplementedError, match="scale_grad_by_freq"):
+        embedding.embedding_bag_dense_backward(
+            grad, indices, offset2bag, bag_size, bag_size, 6, True, 1, None
+        )
+
+
+# ---- 0-d scatters and gathers --------------------------------------------------------------------
+
+
+def test_scalar_scatter_and_gather_run_on_one_element() -> None:
+    table = indexing.scalar_indexing_table()
+    x, src, index = torch.tensor(1.5), torch.tensor(4.0), torch.tensor(0)
+    assert torch.equal(table[aten.scatter.src](x, 0, index, src), aten.scatter.src(x, 0, index, src))
+    assert torch.equal(table[aten.gather.default](x, 0, index), aten.gather(x, 0, index))
+    assert table[aten.gather.default](torch.randn(3), 0, torch.tensor([1])) is NotImplemented
+
+
+# ---- losses ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_binary_cross_entropy_with_logits_matches_native_in_float32(weighted: bool, reduction: int) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 5) * 9  # large logits: where log(sigmoid) loses precision
+    y = torch.rand(4, 5)
+    weight = torch.rand(5) if weighted else None
+    pos_weight = torch.rand(5) + 0.5 if weighted else None
+    got = losses.binary_cross_entropy_with_logits(x, y, weight, pos_weight, reduction)
+    want = aten.binary_cross_entropy_with_logits(x, y, weight, pos_weight, reduction)
+    torch.testing.assert_close(got, want)
+
+
+def test_kthvalue_and_mode_match_native() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 7)
+    for dim, keepdim in ((1, False), (0, True)):
+        for got, want in zip(
+            math_ops.kthvalue(x, 3, dim, keepdim), torch.kthvalue(x, 3, dim, keepdim), strict=True
+        ):
+            torch.testing.assert_close(got, want)
+    ties = torch.tensor([[3.0, 1.0, 3.0, 1.0, 2.0, 1.0, 3.0], [2.0, 5.0, 2.0, 5.0, 7.0, 0.0, 0.0]])
+    for data in (ties, torch.randint(0, 3, (5, 6)).float()):
+        for dim, keepdim in ((1, False), (0, True)):
+            for got, want in zip(
+                math_ops.mode(data, dim, keepdim), torch.mode(data, dim, keepdim), strict=True
+            ):
+                torch.testing.assert_close(got, want)

@@ -64,3 +64,92 @@ def test_dynamic_sizes_export_once_and_run_every_size() -> None:
                 torch.testing.assert_close(a, b)
             else:
                 assert a == b  # a size, computed from the input's shape
+
+
+def test_int32_scatter_nd_indices_are_cast_so_onnxruntime_loads_the_model() -> None:
+    import numpy as np
+    import onnx_ir as ir
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from ortrain.export.index_dtypes import cast_indices_to_int64
+
+    graph = helper.make_graph(
+        [helper.make_node("ScatterND", ["data", "indices", "updates"], ["out"])],
+        "scatter",
+        [
+            helper.make_tensor_value_info("data", TensorProto.FLOAT, [4]),
+            helper.make_tensor_value_info("indices", TensorProto.INT32, [2, 1]),
+            helper.make_tensor_value_info("updates", TensorProto.FLOAT, [2]),
+        ],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [4])],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model = ir.serde.deserialize_model(proto)
+    assert cast_indices_to_int64(model) == 1
+    fixed = ir.serde.serialize_model(model)
+    onnx.checker.check_model(fixed, full_check=True)
+    session = ort.InferenceSession(fixed.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {
+        "data": np.zeros(4, np.float32),
+        "indices": np.array([[3], [1]], np.int32),
+        "updates": np.array([5.0, 7.0], np.float32),
+    }
+    np.testing.assert_array_equal(session.run(None, feeds)[0], [0.0, 7.0, 0.0, 5.0])
+
+
+class _UnfoldMax(nn.Module):
+    """unfold's backward is a ScatterND that onnxscript builds with int32 indices."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(2, 10))
+
+    def forward(self) -> torch.Tensor:
+        return self.weight.unfold(1, 3, 2).max(-1).values
+
+
+def test_unfold_then_max_trains_like_eager() -> None:
+    import copy
+
+    from ortrain import ORTModule
+
+    torch.manual_seed(0)
+    module = _UnfoldMax()
+    eager = copy.deepcopy(module)
+    weights = torch.randn(2, 4)
+    (ORTModule(module)() * weights).sum().backward()
+    (eager() * weights).sum().backward()
+    torch.testing.assert_close(module.weight.grad, eager.weight.grad)
+
+
+class _MatrixVector(nn.Module):
+    """mv's backward is mv(matrix.t(), grad), which ONNX Runtime's optimizer got wrong."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.matrix = nn.Parameter(torch.randn(5, 10))
+        self.vector = nn.Parameter(torch.randn(10))
+        self.bias = nn.Parameter(torch.randn(5))
+
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.mv(self.matrix, self.vector), torch.addmv(
+            self.bias, self.matrix, self.vector, beta=0.5, alpha=2
+        )
+
+
+def test_matrix_vector_products_train_like_eager() -> None:
+    import copy
+
+    from ortrain import ORTModule
+
+    torch.manual_seed(0)
+    module = _MatrixVector()
+    eager = copy.deepcopy(module)
+    w1, w2 = torch.randn(5), torch.randn(5)
+    a, b = ORTModule(module)()
+    ((a * w1).sum() + (b * w2).sum()).backward()
+    a, b = eager()
+    ((a * w1).sum() + (b * w2).sum()).backward()
+    for name in ("matrix", "vector", "bias"):
+        torch.testing.assert_close(getattr(module, name).grad, getattr(eager, name).grad)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import OrderedDict
 from typing import NamedTuple
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from ortrain.ortmodule import ORTModuleIOError
-from ortrain.ortmodule.schema import flatten, unflatten
+from ortrain.ortmodule.schema import flatten, flatten_inputs, flatten_outputs, unflatten
 
 
 class Point(NamedTuple):
@@ -57,3 +58,43 @@ def test_unsupported_leaf_is_an_io_error_naming_the_type() -> None:
 
     with pytest.raises(ORTModuleIOError, match="Opaque"):
         flatten(([Opaque()],))
+
+
+def test_return_types_named_tuples_and_nesting_keep_their_types() -> None:
+    x = torch.randn(3, 4)
+    value = {"min": torch.min(x, dim=0), "pair": [torch.sort(x), Point(x, "p")], "top": (torch.topk(x, 2),)}
+    tensors, spec = flatten(value)
+    assert len(tensors) == 7
+    rebuilt = unflatten(spec, tensors)
+    assert type(rebuilt["min"]) is torch.return_types.min
+    assert rebuilt["min"].indices is value["min"].indices
+    assert type(rebuilt["pair"][0]) is torch.return_types.sort
+    assert type(rebuilt["pair"][1]) is Point and rebuilt["pair"][1].label == "p"
+    assert type(rebuilt["top"][0]) is torch.return_types.topk
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "where"),
+    [
+        ((torch.ones(1), {"mask": object()}), {}, "input [1].mask"),
+        ((), {"batch": {"mask": object()}}, "input 'batch.mask'"),
+        ((), {"batch": [torch.ones(1), Point(object(), "x")]}, "input 'batch[1].x'"),
+        ((), {"batch": {3: object()}}, "input 'batch[3]'"),
+    ],
+)
+def test_unsupported_input_error_names_its_place(args: tuple, kwargs: dict, where: str) -> None:
+    with pytest.raises(ORTModuleIOError, match=re.escape(f"cannot pass {where} (a object)")):
+        flatten_inputs(args, kwargs)
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        ((torch.ones(1), object()), "output [1]"),
+        ({"logits": torch.ones(1), "extra": [object()]}, "output 'extra[0]'"),
+        (object(), "the output"),
+    ],
+)
+def test_unsupported_output_error_names_its_place(value: object, where: str) -> None:
+    with pytest.raises(ORTModuleIOError, match=re.escape(f"cannot pass {where} (a object)")):
+        flatten_outputs(value)

@@ -1,0 +1,136 @@
+"""``embedding_bag`` forward and backward written with gathers and scatter-adds.
+
+onnxscript translates ``_embedding_bag`` but returns zeros for its auxiliary outputs
+(``offset2bag``, ``bag_size``, ``max_indices``), which PyTorch's backward reads: gradients would
+come out wrong without an error. The backward ops have no translation at all. So the forward is
+decomposed too, and computes the auxiliary outputs for real.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SUM, MEAN, MAX = 0, 1, 2
+
+
+def _offset2bag(indices: torch.Tensor, offsets: torch.Tensor, bags: int) -> torch.Tensor:
+    """The bag of each index: how many bag starts lie at or before its position, minus one."""
+    position = torch.arange(indices.shape[0], device=indices.device)
+    starts = offsets[:bags]
+    return (starts.unsqueeze(0) <= position.unsqueeze(1)).sum(-1) - 1
+
+
+def _valid(indices: torch.Tensor, padding_idx: int) -> torch.Tensor:
+    if padding_idx is None or padding_idx < 0:
+        return torch.ones_like(indices, dtype=torch.bool)
+    return indices != padding_idx
+
+
+def embedding_bag(
+    weight: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    scale_grad_by_freq: bool = False,
+    mode: int = SUM,
+    sparse: bool = False,
+    per_sample_weights: torch.Tensor | None = None,
+    include_last_offset: bool = False,
+    padding_idx: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    if indices.dim() != 1:
+        return NotImplemented
+    bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    dim = weight.shape[1]
+    offset2bag = _offset2bag(indices, offsets, bags)
+    valid = _valid(indices, padding_idx)
+    bag_size = torch.zeros(bags, dtype=torch.int64, device=weight.device).index_add(
+        0, offset2bag, valid.to(torch.int64)
+    )
+    rows = weight.index_select(0, indices)
+    if mode == MAX:
+        member = (offset2bag.unsqueeze(0) == torch.arange(bags, device=weight.device).unsqueeze(1)) & valid
+        candidates = torch.where(member.unsqueeze(-1), rows.unsqueeze(0), torch.full_like(rows, -torch.inf))
+        values, position = candidates.max(1)  # [bags, dim]
+        filled = (bag_size > 0).unsqueeze(1)
+        output = torch.where(filled, values, torch.zeros_like(values))
+        max_indices = torch.where(filled, indices[position], torch.full_like(position, -1))
+        return output, offset2bag, bag_size, max_indices
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.unsqueeze(1)
+    rows = torch.where(valid.unsqueeze(1), rows, torch.zeros_like(rows))
+    output = torch.zeros(bags, dim, dtype=weight.dtype, device=weight.device).index_add(0, offset2bag, rows)
+    if mode == MEAN:
+        output = output / bag_size.clamp(min=1).to(weight.dtype).unsqueeze(1)
+    max_indices = torch.zeros(bags, dtype=torch.int64, device=weight.device)
+    return output, offset2bag, bag_size, max_indices
+
+
+def embedding_bag_dense_backward(
+    grad: torch.Tensor,
+    indices: torch.Tensor,
+    offset2bag: torch.Tensor,
+    bag_size: torch.Tensor,
+    maximum_indices: torch.Tensor,
+    num_weights: int,
+    scale_grad_by_freq: bool,
+    mode: int,
+    per_sample_weights: torch.Tensor | None,
+    padding_idx: int = -1,
+) -> torch.Tensor:
+    if scale_grad_by_freq:
+        # PyTorch's CPU kernel does not divide by each index's frequency in the batch as
+        # documented (measured: an index seen once in a bag of three gets a third of its
+        # gradient); rather than a gradient that differs from eager, refuse at capture.
+        raise NotImplementedError(
+            "ortrain does not train embedding_bag(scale_grad_by_freq=True): its PyTorch gradient "
+            "cannot be reproduced; use scale_grad_by_freq=False or let PyTorch run the model"
+        )
+    dim = grad.shape[1]
+    result = torch.zeros(num_weights, dim, dtype=grad.dtype, device=grad.device)
+    if mode == MAX:
+        filled = (bag_size > 0).unsqueeze(1)
+        target = torch.where(filled, maximum_indices, torch.zeros_like(maximum_indices))
+        return result.scatter_add(0, target, torch.where(filled, grad, torch.zeros_like(grad)))
+    contrib = grad.index_select(0, offset2bag)
+    if per_sample_weights is not None:
+        contrib = contrib * per_sample_weights.unsqueeze(1)
+    if mode == MEAN:
+        contrib = contrib / bag_size.index_select(0, offset2bag).clamp(min=1).to(grad.dtype).unsqueeze(1)
+    contrib = torch.where(_valid(indices, padding_idx).unsqueeze(1), contrib, torch.zeros_like(contrib))
+    return result.index_add(0, indices, contrib)
+
+
+def embedding_bag_backward(
+    grad: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    offset2bag: torch.Tensor,
+    bag_size: torch.Tensor,
+    maximum_indices: torch.Tensor,
+    num_weights: int,
+    scale_grad_by_freq: bool,
+    mode: int,
+    sparse: bool,
+    per_sample_weights: torch.Tensor | None,
+    padding_idx: int = -1,
+) -> torch.Tensor:
+    if sparse:
+        return NotImplemented
+    return embedding_bag_dense_backward(
+        grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode,
+        per_sample_weights, padding_idx,
+    )  # fmt: skip
+
+
+def embedding_bag_per_sample_weights_backward(
+    grad: torch.Tensor,
+    weight: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    offset2bag: torch.Tensor,
+    mode: int,
+    padding_idx: int = -1,
+) -> torch.Tensor:
+    rows = weight.index_select(0, indices)
+    result = (grad.index_select(0, offset2bag) * rows).sum(1)
+    return torch.where(_valid(indices, padding_idx), result, torch.zeros_like(result))

@@ -1,0 +1,208 @@
+"""Elementwise and distance ops written with ops that have ONNX translations.
+
+The exporter lowers ``hypot``, ``erfinv`` and ``cumprod`` to ``prims`` ops that have no ONNX
+translation, and ``_cdist_forward``/``_cdist_backward`` have none at all.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+aten = torch.ops.aten
+
+
+def hypot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.sqrt(a * a + b * b)
+
+
+def erfinv(y: torch.Tensor) -> torch.Tensor:
+    """Giles' single-precision approximation ("Approximating the erfinv function", 2010), then two
+    Newton steps on erf (which ONNX has) to reach full precision; ±1 gives ±inf, |y| > 1 NaN."""
+    w = -torch.log((1.0 - y) * (1.0 + y))
+    central = w - 2.5
+    p = 2.81022636e-08
+    for c in (3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503,
+              -0.00417768164, 0.246640727, 1.50140941):  # fmt: skip
+        p = c + p * central
+    tail = torch.sqrt(torch.clamp(w, min=5.0)) - 3.0
+    q = -0.000200214257
+    for c in (0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613,
+              0.00943887047, 1.00167406, 2.83297682):  # fmt: skip
+        q = c + q * tail
+    x = torch.where(w < 5.0, p, q) * y
+    two_over_sqrt_pi = 2.0 / math.sqrt(math.pi)
+    for _ in range(2):
+        step = (torch.erf(x) - y) / (two_over_sqrt_pi * torch.exp(-x * x))
+        x = x - torch.where(torch.isfinite(step), step, torch.zeros_like(step))
+    edge = torch.where(y == 1.0, math.inf, -math.inf)
+    x = torch.where(y.abs() == 1.0, edge.to(x.dtype), x)
+    return torch.where(y.abs() > 1.0, torch.full_like(x, math.nan), x)
+
+
+def cumprod(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Running product as a product over a lower-triangular mask: n² memory along ``dim``, but
+    exact with zeros and signs (unlike exp(cumsum(log)))."""
+    if dtype is not None:
+        x = x.to(dtype)
+    if x.dim() == 0:
+        return x.clone()
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    moved = x.movedim(dim, -1)
+    rows = moved.unsqueeze(-2).expand([*moved.shape[:-1], n, n])
+    position = torch.arange(n, device=x.device)
+    keep = position.unsqueeze(0) <= position.unsqueeze(1)  # [i, j]: x_j is in the product up to i
+    product = torch.where(keep, rows, torch.ones_like(rows)).prod(-1)
+    return product.movedim(-1, dim)
+
+
+def _pairwise_difference(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    return x1.unsqueeze(-2) - x2.unsqueeze(-3)  # [..., P, R, M]
+
+
+def cdist_forward(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode: int | None) -> torch.Tensor:
+    diff = _pairwise_difference(x1, x2).abs()
+    if p == 0:
+        return (diff != 0).to(x1.dtype).sum(-1)
+    if p == math.inf:
+        return diff.amax(-1)
+    if p == 1:
+        return diff.sum(-1)
+    if p == 2:
+        return torch.sqrt((diff * diff).sum(-1))
+    return diff.pow(p).sum(-1).pow(1.0 / p)
+
+
+def cdist_backward(
+    grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, p: float, cdist: torch.Tensor
+) -> torch.Tensor:
+    """Gradient with respect to ``x1`` (PyTorch calls it with the arguments swapped for ``x2``)."""
+    diff = _pairwise_difference(x1, x2)
+    dist = cdist.unsqueeze(-1)
+    zero = torch.zeros_like(diff)
+    if p == 0:
+        return torch.zeros_like(x1)
+    if p == 1:
+        local = torch.sign(diff)
+    elif p == 2:
+        local = torch.where(dist == 0, zero, diff / dist)
+    elif p == math.inf:
+        local = torch.where(diff.abs() == dist, torch.sign(diff), zero)
+    else:
+        local = torch.sign(diff) * diff.abs().pow(p - 1) / dist.pow(p - 1)
+        # As PyTorch's kernel: no gradient at zero distance, nor (p < 1) at a zero difference.
+        undefined = (dist == 0) | ((diff == 0) & (p < 1))
+        local = torch.where(undefined, zero, local)
+    return (grad.unsqueeze(-1) * local).sum(-2)
+
+
+# ONNX's ArgMax/ArgMin/ReduceMax take no booleans (session creation fails with a type error), and
+# PyTorch's own backward formulas reduce boolean masks (cumprod's looks for the first zero).
+def _as_uint8(x: torch.Tensor) -> torch.Tensor | None:
+    return x.to(torch.uint8) if x.dtype == torch.bool else None
+
+
+def max_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    small = _as_uint8(x)
+    if small is None:
+        return NotImplemented
+    values, indices = aten.max.dim(small, dim, keepdim)
+    return values.to(torch.bool), indices
+
+
+def min_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    small = _as_uint8(x)
+    if small is None:
+        return NotImplemented
+    values, indices = aten.min.dim(small, dim, keepdim)
+    return values.to(torch.bool), indices
+
+
+def argmax(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    small = _as_uint8(x)
+    return NotImplemented if small is None else aten.argmax.default(small, dim, keepdim)
+
+
+def argmin(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    small = _as_uint8(x)
+    return NotImplemented if small is None else aten.argmin.default(small, dim, keepdim)
+
+
+# ``amax(x)``/``amin(x)`` with the default ``dim=()`` reduce over every dim; onnxscript's
+# translation requires ``dim`` and fails export. On a 0-d tensor ONNX Runtime refuses any axis.
+def amax(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> torch.Tensor:
+    if x.dim() == 0:
+        return x.clone()  # ONNX's ReduceMax/Min refuse any axis on a scalar; the result is the scalar
+    if len(dim):
+        return NotImplemented
+    return aten.amax.default(x, list(range(x.dim())), keepdim)
+
+
+def amin(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> torch.Tensor:
+    if x.dim() == 0:
+        return x.clone()  # ONNX's ReduceMax/Min refuse any axis on a scalar; the result is the scalar
+    if len(dim):
+        return NotImplemented
+    return aten.amin.default(x, list(range(x.dim())), keepdim)
+
+
+# ``kthvalue`` and ``mode`` have no ONNX translation.
+def kthvalue(
+    x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k-th smallest, the first of equal values; among equal values PyTorch's pick is unspecified."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    # ONNX's TopK puts equal values in index order, which is what a stable sort does.
+    values, indices = torch.topk(x, k, dim=dim, largest=False, sorted=True)
+    value, index = values.narrow(dim, k - 1, 1), indices.narrow(dim, k - 1, 1)
+    if not keepdim:
+        value, index = value.squeeze(dim), index.squeeze(dim)
+    return value, index
+
+
+def mode(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """As PyTorch's CPU kernel: the smallest of the most frequent values, at its last position."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    moved = x.movedim(dim, -1)
+    n = moved.shape[-1]
+    counts = (moved.unsqueeze(-1) == moved.unsqueeze(-2)).sum(-1)  # [..., n]
+    frequent = counts == counts.amax(-1, keepdim=True)
+    value = torch.where(frequent, moved, torch.full_like(moved, math.inf)).amin(-1, keepdim=True)
+    position = torch.arange(n, device=x.device).expand(moved.shape)
+    index = torch.where(moved == value, position, torch.full_like(position, -1)).amax(-1, keepdim=True)
+    value, index = value.movedim(-1, dim), index.movedim(-1, dim)
+    if not keepdim:
+        value, index = value.squeeze(dim), index.squeeze(dim)
+    return value, index
+
+
+def sort_stable(
+    x: torch.Tensor, *, stable: bool | None = None, dim: int = -1, descending: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sort(stable=True)`` (no ONNX translation) as a full TopK, which keeps equal values in
+    index order whichever the direction, as a stable sort does."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    return torch.topk(x, x.shape[dim], dim=dim, largest=descending, sorted=True)
+
+
+# ONNX Runtime's graph optimizer computes a Transpose feeding a MatMul by a 1-D vector wrongly
+# (measured, onnxruntime 1.32: ``mv(a.t(), g)`` off by up to 10 with optimizations on, exact with
+# them off): that is ``mv``'s own backward. Multiplying by a one-column matrix avoids that path.
+def mv(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+    return aten.mm.default(matrix, vector.unsqueeze(1)).squeeze(1)
+
+
+def addmv(
+    input: torch.Tensor, matrix: torch.Tensor, vector: torch.Tensor, *, beta: float = 1, alpha: float = 1
+) -> torch.Tensor:
+    product = mv(matrix, vector)
+    if alpha != 1:
+        product = product * alpha
+    if beta == 0:  # as PyTorch: input is ignored, NaNs in it included
+        return product.expand(torch.broadcast_shapes(input.shape, product.shape)).clone()
+    return product + (input if beta == 1 else input * beta)

@@ -1,0 +1,233 @@
+"""Pooling gradients written with ops that have ONNX translations (convolutions, scatters, matmuls).
+
+No ONNX translation exists for ``avg_pool{2,3}d_backward``, ``adaptive_max_pool2d`` and its
+backward; ``_adaptive_avg_pool2d_backward`` had one written with ``torch.tensor`` constants, which
+AOTAutograd cannot trace (``lift_fresh_copy`` + ``detach_``), so sizes that do not divide failed
+capture. Every constant here is built from ``arange``/``ones`` so that it traces as plain ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _window_counts(
+    n_in: int, n_out: int, kernel: int, stride: int, padding: int, include_pad: bool, like: torch.Tensor
+) -> torch.Tensor:
+    """How many elements each pooling window averages over, along one axis."""
+    start = torch.arange(n_out, dtype=like.dtype, device=like.device) * stride - padding
+    end = torch.clamp(start + kernel, max=n_in + padding)
+    if not include_pad:
+        return torch.clamp(end, max=n_in) - torch.clamp(start, min=0)
+    return end - start
+
+
+def avg_pool_backward(
+    grad_output: torch.Tensor,
+    input: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor_override: int | None,
+    *,
+    spatial: int = 2,
+) -> torch.Tensor:
+    """Gradient of N-d average pooling: divide by each window's divisor, then spread each cell's
+    gradient over its window with a transposed convolution by a kernel of ones."""
+    kernel, stride, padding = _pool_geometry(kernel_size, stride, padding, spatial)
+    in_sizes = list(input.shape[-spatial:])
+    out_sizes = list(grad_output.shape[-spatial:])
+    if divisor_override:
+        scaled = grad_output / divisor_override
+    else:
+        divisor = None
+        for axis in range(spatial):
+            counts = _window_counts(
+                in_sizes[axis],
+                out_sizes[axis],
+                kernel[axis],
+                stride[axis],
+                padding[axis],
+                count_include_pad,
+                grad_output,
+            )
+            counts = counts.reshape([-1] + [1] * (spatial - 1 - axis))
+            divisor = counts if divisor is None else divisor * counts
+        scaled = grad_output / divisor
+    batch_shape = list(grad_output.shape[:-spatial])
+    flat = scaled.reshape([-1, 1, *out_sizes])
+    ones = torch.ones([1, 1, *kernel], dtype=grad_output.dtype, device=grad_output.device)
+    # Without padding the transposed convolution covers every window; padding is cut off after.
+    spread = aten.convolution(flat, ones, None, stride, [0] * spatial, [1] * spatial, True, [0] * spatial, 1)
+    for axis in range(spatial):
+        full = spread.shape[2 + axis]
+        need = padding[axis] + in_sizes[axis]
+        if full < need:
+            pads = [0, 0] * (spatial - 1 - axis) + [0, need - full]
+            spread = aten.constant_pad_nd(spread, pads, 0.0)
+        spread = spread.narrow(2 + axis, padding[axis], in_sizes[axis])
+    return spread.reshape([*batch_shape, *in_sizes])
+
+
+def _adaptive_weights(n_in: int, n_out: int, like: torch.Tensor) -> torch.Tensor:
+    """Rows are output cells, columns input positions: 1/window-size inside each cell's window."""
+    out = torch.arange(n_out, device=like.device)
+    start = torch.div(out * n_in, n_out, rounding_mode="floor")
+    end = -torch.div(-(out + 1) * n_in, n_out, rounding_mode="floor")
+    position = torch.arange(n_in, device=like.device)
+    inside = (position.unsqueeze(0) >= start.unsqueeze(1)) & (position.unsqueeze(0) < end.unsqueeze(1))
+    return inside.to(like.dtype) / (end - start).to(like.dtype).unsqueeze(1)
+
+
+def adaptive_avg_pool2d_backward(grad_output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+    """Gradient of adaptive average pooling: each output cell spreads its gradient evenly over its window."""
+    in_h, in_w = input.shape[-2:]
+    out_h, out_w = grad_output.shape[-2:]
+    if in_h % out_h == 0 and in_w % out_w == 0:
+        kh, kw = in_h // out_h, in_w // out_w
+        scaled = grad_output / (kh * kw)
+        return scaled.repeat_interleave(kh, dim=-2).repeat_interleave(kw, dim=-1)
+    # Uneven windows overlap: the averaging matrices (rows = output cells) applied transposed.
+    wh = _adaptive_weights(in_h, out_h, grad_output)
+    ww = _adaptive_weights(in_w, out_w, grad_output)
+    return torch.matmul(torch.matmul(wh.t(), grad_output), ww)
+
+
+def adaptive_max_pool2d_backward(
+    grad_output: torch.Tensor, input: torch.Tensor, indices: torch.Tensor
+) -> torch.Tensor:
+    """Each output cell's gradient goes to the input element its (flat, per plane) index names."""
+    plane = input.shape[-2] * input.shape[-1]
+    lead = list(input.shape[:-2])
+    grad = grad_output.reshape([*lead, -1])
+    zeros = torch.zeros([*lead, plane], dtype=grad_output.dtype, device=grad_output.device)
+    return zeros.scatter_add(-1, indices.reshape([*lead, -1]), grad).reshape(input.shape)
+
+
+def _window_indices(n_in: int, n_out: int, device: torch.device) -> torch.Tensor:
+    """[n_out, widest window] input positions of each adaptive window; short windows repeat their
+    last position, which changes neither the maximum nor which element holds it."""
+    widest = max(-(-((o + 1) * n_in) // n_out) - (o * n_in) // n_out for o in range(n_out))
+    out = torch.arange(n_out, device=device)
+    start = torch.div(out * n_in, n_out, rounding_mode="floor")
+    end = -torch.div(-(out + 1) * n_in, n_out, rounding_mode="floor")
+    offsets = torch.arange(widest, device=device)
+    return torch.minimum(start.unsqueeze(1) + offsets.unsqueeze(0), (end - 1).unsqueeze(1))
+
+
+def adaptive_max_pool2d(input: torch.Tensor, output_size: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Adaptive max pooling as a gather of every window, a max, and the winner's flat plane index."""
+    in_h, in_w = input.shape[-2:]
+    out_h, out_w = output_size
+    if out_h == 0 or out_w == 0 or (in_h % out_h == 0 and in_w % out_w == 0) or (out_h, out_w) == (1, 1):
+        from torch._decomp import decomposition_table
+
+        return decomposition_table[aten.adaptive_max_pool2d.default](input, output_size)
+    rows = _window_indices(in_h, out_h, input.device)  # [out_h, kh]
+    cols = _window_indices(in_w, out_w, input.device)  # [out_w, kw]
+    kh, kw = rows.shape[1], cols.shape[1]
+    lead = list(input.shape[:-2])
+    x = input.index_select(-2, rows.reshape(-1)).index_select(-1, cols.reshape(-1))
+    x = x.reshape([*lead, out_h, kh, out_w, kw]).transpose(-3, -2).reshape([*lead, out_h, out_w, kh * kw])
+    values, within = x.max(-1)
+    flat = (rows.reshape(out_h, 1, kh, 1) * in_w + cols.reshape(1, out_w, 1, kw)).reshape(
+        out_h, out_w, kh * kw
+    )
+    indices = flat.expand([*lead, out_h, out_w, kh * kw]).gather(-1, within.unsqueeze(-1)).squeeze(-1)
+    return values, indices
+
+
+def _pool_geometry(
+    kernel_size: int | Sequence[int], stride: int | Sequence[int], padding: int | Sequence[int], spatial: int
+) -> tuple[list[int], list[int], list[int]]:
+    def per_axis(value: int | Sequence[int]) -> list[int]:
+        values = [value] if isinstance(value, int) else list(value)
+        return values * spatial if len(values) == 1 else values
+
+    kernel = per_axis(kernel_size)
+    stride = per_axis(stride) or kernel
+    padding = per_axis(padding)
+    return kernel, stride, padding
+
+
+def _pooled_size(n_in: int, kernel: int, stride: int, padding: int, ceil_mode: bool) -> int:
+    # PyTorch's pooling_output_shape: with ceil_mode the last window must start inside the input
+    # or its left padding.
+    span = n_in + 2 * padding - kernel
+    n_out = (span + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (n_out - 1) * stride >= n_in + padding:
+        n_out -= 1
+    return n_out
+
+
+def avg_pool(
+    input: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int] = (),
+    padding: Sequence[int] = (0,),
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+    *,
+    spatial: int = 2,
+) -> torch.Tensor:
+    """N-d average pooling as a window sum (a convolution by ones) divided by each window's divisor.
+
+    onnxscript's AveragePool ignores ``divisor_override``: a wrong result without an error. Written
+    out, every option (ceil_mode, count_include_pad, divisor_override) follows PyTorch's rules.
+    """
+    kernel, stride, padding = _pool_geometry(kernel_size, stride, padding, spatial)
+    in_sizes = list(input.shape[-spatial:])
+    out_sizes = [
+        _pooled_size(in_sizes[a], kernel[a], stride[a], padding[a], ceil_mode) for a in range(spatial)
+    ]
+    lead = list(input.shape[:-spatial])
+    x = input.reshape([-1, 1, *in_sizes])
+    pads: list[int] = []
+    for axis in reversed(range(spatial)):
+        right = max(0, (out_sizes[axis] - 1) * stride[axis] + kernel[axis] - padding[axis] - in_sizes[axis])
+        pads += [padding[axis], right]
+    x = aten.constant_pad_nd(x, pads, 0.0)
+    ones = torch.ones([1, 1, *kernel], dtype=input.dtype, device=input.device)
+    summed = aten.convolution(x, ones, None, stride, [0] * spatial, [1] * spatial, False, [0] * spatial, 1)
+    for axis in range(spatial):
+        summed = summed.narrow(2 + axis, 0, out_sizes[axis])
+    summed = summed.reshape([*lead, *out_sizes])
+    if divisor_override:
+        return summed / divisor_override
+    divisor = None
+    for axis in range(spatial):
+        counts = _window_counts(
+            in_sizes[axis],
+            out_sizes[axis],
+            kernel[axis],
+            stride[axis],
+            padding[axis],
+            count_include_pad,
+            summed,
+        )
+        counts = counts.reshape([-1] + [1] * (spatial - 1 - axis))
+        divisor = counts if divisor is None else divisor * counts
+    return summed / divisor
+
+
+def avg_pool2d(input: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    return avg_pool(input, *args, spatial=2, **kwargs)  # type: ignore[arg-type]
+
+
+def avg_pool3d(input: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    return avg_pool(input, *args, spatial=3, **kwargs)  # type: ignore[arg-type]
+
+
+def avg_pool2d_backward(grad_output: torch.Tensor, input: torch.Tensor, *args: object) -> torch.Tensor:
+    return avg_pool_backward(grad_output, input, *args, spatial=2)  # type: ignore[arg-type]
+
+
+def avg_pool3d_backward(grad_output: torch.Tensor, input: torch.Tensor, *args: object) -> torch.Tensor:
+    return avg_pool_backward(grad_output, input, *args, spatial=3)  # type: ignore[arg-type]

@@ -1,0 +1,148 @@
+"""Outputs of every structure PyTorch returns, and values ortrain cannot pass, through ORTModule."""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+import pytest
+import torch
+from _parity import assert_same_state, ort_graph_count, train_side_by_side
+from torch import nn
+
+from ortrain.ortmodule import ORTModule, ORTModuleIOError
+
+
+class Pair(NamedTuple):
+    values: torch.Tensor
+    order: torch.return_types.sort
+
+
+class Reductions(nn.Module):
+    """Returns torch.return_types structures, a named tuple holding one, and nests them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> dict[str, object]:
+        h = self.linear(x)
+        return {
+            "min": torch.min(h, dim=0),
+            "max": h.max(dim=1, keepdim=True),
+            "top": [torch.topk(h, 2), torch.kthvalue(h, 2, dim=1)],
+            "pair": Pair(h.sum(0), torch.sort(h, dim=1)),
+            "mode": torch.mode(h.round(), dim=0),
+        }
+
+
+def _loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    out = model(x)
+    assert type(out["min"]) is torch.return_types.min
+    assert type(out["max"]) is torch.return_types.max
+    assert type(out["top"][0]) is torch.return_types.topk
+    assert type(out["top"][1]) is torch.return_types.kthvalue
+    assert type(out["pair"]) is Pair and type(out["pair"].order) is torch.return_types.sort
+    assert type(out["mode"]) is torch.return_types.mode
+    assert out["min"].indices.dtype == torch.int64 and not out["min"].indices.requires_grad
+    return (
+        out["min"].values.sum()
+        + (out["max"].values * 2).sum()
+        + out["top"][0].values.pow(2).sum()
+        + out["top"][1].values.sum()
+        + out["pair"].values.sum()
+        + out["pair"].order.values[:, 0].sum()
+    )
+
+
+def test_return_types_train_with_parity_under_fallback_disable() -> None:
+    torch.manual_seed(0)
+    batches = [torch.randn(5, 6) for _ in range(3)]
+    losses_ort, losses_eager, eager, wrapped = train_side_by_side(Reductions(), batches, _loss)
+    assert ort_graph_count(wrapped) == 1
+    torch.testing.assert_close(losses_ort, losses_eager, rtol=1e-5, atol=1e-5)
+    assert_same_state(wrapped, eager)
+
+
+class _OpaqueOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, object]:
+        return self.linear(x), object()
+
+
+class _OpaqueInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, batch: dict[str, object]) -> torch.Tensor:
+        return self.linear(x)
+
+
+def test_unsupported_output_raises_io_error_naming_it_under_fallback_disable() -> None:
+    with pytest.raises(ORTModuleIOError, match=r"output \[1\] \(a object\)") as raised:
+        ORTModule(_OpaqueOutput())(torch.randn(2, 4))
+    assert type(raised.value) is ORTModuleIOError  # not wrapped in a TorchModelException
+
+
+def test_unsupported_input_raises_io_error_naming_it_under_fallback_disable() -> None:
+    with pytest.raises(ORTModuleIOError, match=r"input 'batch\.mask' \(a object\)"):
+        ORTModule(_OpaqueInput())(torch.randn(2, 4), batch={"mask": object()})
+
+
+@pytest.mark.parametrize("policy", ["FALLBACK_UNSUPPORTED_DATA", None])
+def test_unsupported_output_falls_back_to_pytorch_with_one_warning(
+    policy: str | None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    if policy is None:
+        monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")  # the default policy
+    else:
+        monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", policy)
+    torch.manual_seed(0)
+    module = _OpaqueOutput()
+    model = ORTModule(module)
+    x = torch.randn(2, 4)
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for _ in range(2):
+            out, extra = model(x)
+            out.sum().backward()
+    torch.testing.assert_close(out, module.linear(x))
+    assert isinstance(extra, object)
+    warnings = [r for r in caplog.records if "trains it in PyTorch instead" in r.getMessage()]
+    assert len(warnings) == 1 and "output [1]" in warnings[0].getMessage()
+
+
+def test_unsupported_output_is_refused_when_only_model_fallback_is_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_TORCH_MODEL")
+    with pytest.raises(ORTModuleIOError):
+        ORTModule(_OpaqueOutput())(torch.randn(2, 4))
+
+
+class _StableSort(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(7))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.return_types.sort, torch.return_types.sort]:
+        h = x * self.scale
+        return torch.sort(h, dim=1, stable=True), torch.sort(h, dim=1, stable=True, descending=True)
+
+
+def test_stable_sort_keeps_ties_in_order_in_onnxruntime() -> None:
+    x = torch.tensor([[3.0, 1.0, 3.0, 1.0, 2.0, 1.0, 3.0], [2.0, 5.0, 2.0, 5.0, 7.0, 0.0, 0.0]])
+    module = _StableSort()
+    ascending, descending = ORTModule(module)(x)
+    want_ascending, want_descending = _StableSort()(x)
+    for got, want in ((ascending, want_ascending), (descending, want_descending)):
+        assert type(got) is torch.return_types.sort
+        assert torch.equal(got.values, want.values) and torch.equal(got.indices, want.indices)
+    (ascending.values[:, :2].sum() + descending.values[:, 0].sum()).backward()
+    reference = _StableSort()
+    a, d = reference(x)
+    (a.values[:, :2].sum() + d.values[:, 0].sum()).backward()
+    torch.testing.assert_close(module.scale.grad, reference.scale.grad)
