@@ -21,17 +21,17 @@ import torch
 import torch._functorch.aot_autograd as aot_autograd
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ortrain.capture.checkpointing import CheckpointRegions
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.forward_rewrite import ForwardRewrite, ForwardTrace, rewrite_forward
 from ortrain.capture.function_calls import intercept_functions
-from ortrain.capture.huggingface import hf_masks_traceable
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig, MemoryReport
 from ortrain.capture.module_paths import annotate_module_paths
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import release_calls
+from ortrain.capture.tensor_attributes import tensor_attributes_as_buffers
+from ortrain.capture.tracing_context import tracing_context
 
 logger = logging.getLogger("ortrain.capture")
 
@@ -144,9 +144,8 @@ def capture(
     grad_mode = torch.enable_grad() if training else torch.no_grad()
     with contextlib.ExitStack() as stack:
         stack.enter_context(grad_mode)
-        # The math SDPA backend decomposes into ops that have ONNX translations, backward included.
-        stack.enter_context(sdpa_kernel(SDPBackend.MATH))
-        stack.enter_context(hf_masks_traceable())
+        stack.enter_context(tracing_context())
+        stack.enter_context(tensor_attributes_as_buffers(module))
         stack.enter_context(annotate_module_paths(module))
         regions = CheckpointRegions(as_python_ops=checkpoint_ops and opaque_functions)
         stack.enter_context(regions.patched())

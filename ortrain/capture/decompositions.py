@@ -26,6 +26,7 @@ from ortrain.capture import decompositions_indexing as indexing
 from ortrain.capture import decompositions_losses as losses
 from ortrain.capture import decompositions_math as math_ops
 from ortrain.capture import decompositions_pooling as pooling
+from ortrain.capture.decompositions_breaks import break_decompositions
 
 aten = torch.ops.aten
 
@@ -164,4 +165,5 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten._embedding_bag_per_sample_weights_backward.default] = (
         embedding.embedding_bag_per_sample_weights_backward
     )
+    table.update(break_decompositions())
     return table

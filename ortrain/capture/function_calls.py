@@ -1,6 +1,6 @@
 """Turn each user ``torch.autograd.Function`` call made while capturing into one ``python_op`` node.
 
-``torch.autograd.Function.apply`` is patched for the duration of a capture only. A call of a
+Every ``torch.autograd.Function.apply`` call is hooked for the duration of a capture only. A call of a
 user Function with tensor arguments is registered (see :mod:`ortrain.capture.python_ops`) and
 replaced by the operator; AOTAutograd then differentiates the operator through its registered
 formula, so the backward graph gets one ``python_op_grad`` node per call.
@@ -22,6 +22,7 @@ import torch
 from torch.autograd.function import Function
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
+from ortrain.capture.apply_hook import hooked_apply, original_apply
 from ortrain.capture.python_ops import (
     FunctionCall,
     UnsupportedFunctionError,
@@ -102,23 +103,21 @@ _calls_made: list[int] = []
 def intercept_functions(
     *, opaque: bool, hook: CallHook | None = None, skipped: frozenset[str] = frozenset()
 ) -> Iterator[list[int]]:
-    """Patch ``Function.apply`` while capturing; yields the list of call ids registered meanwhile.
+    """Intercept every ``Function.apply`` call while capturing; yields the call ids registered meanwhile.
 
-    ``opaque`` turns user Functions into python ops (ORTMODULE_ENABLE_CUSTOM_AUTOGRAD=1), except
-    those whose fully qualified name is in ``skipped`` (ORTMODULE_SKIPPED_AUTOGRAD_FUNCTIONS): they
-    are traced inline. ``hook`` (checkpointing) sees every call first, torch's own Functions included.
+    The interception sits below the attribute (see :mod:`ortrain.capture.apply_hook`), so
+    ``self.fn = Fn.apply`` bound before the capture, aliases, ``functools.partial`` and subclasses
+    are caught like ``Fn.apply``. ``opaque`` turns user Functions into python ops
+    (ORTMODULE_ENABLE_CUSTOM_AUTOGRAD=1), except those whose fully qualified name is in ``skipped``
+    (ORTMODULE_SKIPPED_AUTOGRAD_FUNCTIONS): they are traced inline. ``hook`` (checkpointing) sees
+    every call first, torch's own Functions included.
     """
-    original = Function.__dict__["apply"]
-    original_apply = original.__func__
     first = len(_calls_made)
-    # AOTAutograd keeps a reference to ``apply`` as it was while capturing; once the capture is
-    # over, that reference must behave exactly like the original.
-    active = [True]
-    # The patch is process-wide, the capture is not: other threads' Functions run as themselves.
+    # The hook is process-wide, the capture is not: other threads' Functions run as themselves.
     capturing_thread = threading.get_ident()
 
-    def apply(cls: type[Function], *args: Any, **kwargs: Any) -> Any:
-        if active[0] and threading.get_ident() == capturing_thread and interception_enabled():
+    def apply(cls: type[Function], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if threading.get_ident() == capturing_thread and interception_enabled():
             if hook is not None:
                 result = hook(cls, args, kwargs)
                 if result is not NotImplemented:
@@ -133,11 +132,9 @@ def intercept_functions(
         return original_apply(cls, *args, **kwargs)
 
     made: list[int] = []
-    Function.apply = classmethod(apply)  # type: ignore[method-assign, assignment]
     try:
-        yield made
+        with hooked_apply(apply):
+            yield made
     finally:
-        active[0] = False
-        Function.apply = original  # type: ignore[method-assign]
         made.extend(_calls_made[first:])
         del _calls_made[first:]

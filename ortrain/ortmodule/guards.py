@@ -25,13 +25,18 @@ import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
 
+from ortrain.capture.tensor_attributes import tensor_attributes
+
 _PLAIN = (bool, int, float, str, type(None))
 
 # Per tensor: dtype, device, shape, requires_grad; or, for a second name of the same tensor, the
 # position of its first name.
 TensorKey = tuple[Any, ...]
-# Per module: identity, plain attributes (``training`` among them), hook ids, parameters, buffers.
-ModuleKey = tuple[int, tuple[tuple[str, Any], ...], tuple[int, ...], tuple[Any, ...], tuple[Any, ...]]
+# Per module: identity, plain attributes (``training`` among them), hook ids, parameters, buffers,
+# tensor attributes (tensors in ``__dict__`` that are neither: captured as inputs, like buffers).
+ModuleKey = tuple[
+    int, tuple[tuple[str, Any], ...], tuple[int, ...], tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]
+]
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,8 @@ def read_state(root: nn.Module) -> ModelState:
         plain = tuple((k, v) for k, v in attributes.items() if type(v) in _PLAIN and not k.startswith("_"))
         params = tuple(tensor_key(n, p) for n, p in attributes["_parameters"].items())
         buffers = tuple(tensor_key(n, b) for n, b in attributes["_buffers"].items())
-        modules.append((id(m), plain, _hook_ids(m), params, buffers))
+        others = tuple(tensor_key(n, t) for n, t in tensor_attributes(m))
+        modules.append((id(m), plain, _hook_ids(m), params, buffers, others))
         children = [c for c in attributes["_modules"].values() if c is not None]
         stack.extend(reversed(children))
     return ModelState(tensors, (tuple(modules), _global_hook_ids()))
@@ -98,6 +104,7 @@ def tensor_names(root: nn.Module, prefix: str = "") -> list[str]:
         dot = f"{module_name}." if module_name else ""
         names += [f"{dot}{n}" for n, p in m._parameters.items() if p is not None]
         names += [f"{dot}{n}" for n, b in m._buffers.items() if b is not None]
+        names += [f"{dot}{n}" for n, _ in tensor_attributes(m)]
     return names
 
 
@@ -132,6 +139,8 @@ def describe_change(root: nn.Module, old: tuple[Any, ...], new: tuple[Any, ...])
             return _tensor_change(name, "parameter", before[3], after[3])
         if before[4] != after[4]:
             return _tensor_change(name, "buffer", before[4], after[4])
+        if before[5] != after[5]:
+            return _tensor_change(name, "tensor attribute", before[5], after[5])
     return "the model changed"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from ortrain.ortmodule.fallback import (
     ORTModuleONNXModelException,
     ORTModuleTorchModelException,
 )
+from ortrain.ortmodule.graph_breaks import GraphBreakPath, is_data_dependent
 from ortrain.ortmodule.graph_cache import GraphCache
 from ortrain.ortmodule.guards import ModelState, binding_order, describe_change, read_state
 from ortrain.ortmodule.inactive_options import announce_inactive_options
@@ -57,6 +59,7 @@ _OWN_ATTRIBUTES = frozenset(
         "_ortrain_graphs",
         "_ortrain_fallback",
         "_ortrain_scalars",
+        "_ortrain_graph_breaks",
         "_ortrain_inspector",
         "training",
     }
@@ -147,6 +150,7 @@ class ORTModule(nn.Module):
         object.__setattr__(self, "_ortrain_graphs", GraphCache(options.graph_cache_size))
         object.__setattr__(self, "_ortrain_fallback", FallbackManager(options.fallback_policy))
         object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
+        object.__setattr__(self, "_ortrain_graph_breaks", None)
         logging.getLogger("ortrain").setLevel(python_log_level(debug.log_level))
         register_hf_cache_types()
         self.training = module.training
@@ -203,6 +207,7 @@ class ORTModule(nn.Module):
         state = dict(self.__dict__)
         for name in ("_ortrain_graphs", "_ortrain_scalars", "_ortrain_inspector"):
             state.pop(name, None)
+        state["_ortrain_graph_breaks"] = None
         state["_ortrain_fallback"] = FallbackManager(self._ortrain_fallback.policy)
         return state
 
@@ -281,6 +286,8 @@ class ORTModule(nn.Module):
             return self._ortrain_module(*args, **kwargs)
 
     def _run_on_ort(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._ortrain_graph_breaks is not None:
+            return self._ortrain_graph_breaks(args, kwargs)
         call, state, key = self._guard(args, kwargs)
         cache: GraphCache[_CompiledEntry] = self._ortrain_graphs
         entry = cache.lookup(key, lambda e: e.matches(call.inputs))
@@ -304,6 +311,8 @@ class ORTModule(nn.Module):
                     self._ortrain_scalars.refuse(call)
                     return self._run_on_ort(args, kwargs)
                 self._raise_if_user_error(args, kwargs)
+                if self._switch_to_graph_breaks():
+                    return self._run_on_ort(args, kwargs)
                 raise
             cache.add(key, entry, reason)
         state_tensors = [state.tensors[i] for i in entry.binding]
@@ -450,6 +459,18 @@ class ORTModule(nn.Module):
         if self._ortrain_inspector.enabled:
             self._ortrain_inspector.attach(captured, device)
         return _CompiledEntry(captured, sizes, flat_module.output_spec, binding)
+
+    def _switch_to_graph_breaks(self) -> bool:
+        """After a capture failed on data-dependent Python: train through TorchDynamo's graph breaks."""
+        error = sys.exc_info()[1]
+        if error is None or not is_data_dependent(error):
+            return False
+        logger.info(
+            "whole-graph capture failed on data-dependent Python; splitting the model at graph breaks"
+        )
+        path = GraphBreakPath(self._ortrain_module, self._ortrain_debug, self._ortrain_options)
+        object.__setattr__(self, "_ortrain_graph_breaks", path)
+        return True
 
     def _raise_if_user_error(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """If eager PyTorch rejects these inputs too, raise PyTorch's own error: the user's to fix."""

@@ -214,3 +214,17 @@ def test_a_graph_mixing_python_ops_torch_ops_and_onnx_regions() -> None:
     torch.testing.assert_close(loss, want)
     for a, b in zip(got, (p.grad for p in state), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_a_refusal_is_learned_only_for_nodes_that_see_the_missing_types() -> None:
+    from ortrain.runtime.executors.ort import _sees_types_of
+
+    gm = torch.fx.symbolic_trace(lambda c, x: torch.where(c, x, x))
+    fake = {"c": torch.zeros(2, dtype=torch.bool), "x": torch.zeros(2)}
+    for node in gm.graph.nodes:
+        node.meta["val"] = fake.get(node.name, torch.zeros(2))
+    (where,) = [n for n in gm.graph.nodes if n.op == "call_function"]
+    # A float32 Where blamed for a bfloat16 Where's missing kernel must not be learned.
+    assert not _sees_types_of(where, "CPUExecutionProvider has no Where kernel for bfloat16/bool")
+    assert _sees_types_of(where, "CPUExecutionProvider has no Where kernel for bool/float")
+    assert _sees_types_of(where, "CPUExecutionProvider has no Foo-18 kernel")

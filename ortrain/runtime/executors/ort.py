@@ -268,6 +268,22 @@ def _signature(node: torch.fx.Node) -> tuple[Any, ...]:
     return (node.target, dtypes)
 
 
+_MISSING_TYPES = re.compile(r" kernel for (\S+)$")
+
+
+def _sees_types_of(node: torch.fx.Node, why: str) -> bool:
+    """Whether ``node``'s dtypes include every element type a "no kernel for X/Y" reason names."""
+    named = _MISSING_TYPES.search(why)
+    if named is None:
+        return True  # no kernel at all for the op: not a matter of dtypes
+    seen = {
+        onnx.TensorProto.DataType.Name(_ELEMENT_TYPES[d]).lower()
+        for d in _signature(node)[1]
+        if d in _ELEMENT_TYPES
+    }
+    return set(named.group(1).split("/")) <= seen
+
+
 # (provider, operator, dtypes) -> why ONNX Runtime cannot run it: learned once per process, so
 # later regions and graphs do not export a node only to reject it again.
 _learned_refusals: dict[tuple[Any, ...], str] = {}
@@ -354,8 +370,12 @@ class OnnxRuntimeExecutor:
         reasons = {**self._wrong_dtypes(region, exported), **self._missing_kernels(region, exported.model)}
         by_name = {n.name: n for n in region.graph.nodes}
         for name, why in reasons.items():
-            if name in by_name and "(in its translation)" not in why:  # blamed by name, not guessed
-                _learned_refusals[(self.provider, *_signature(by_name[name]))] = why
+            # Learned for the whole process only when blamed by name (not guessed) and when the
+            # node sees the types the kernel lacks: an ONNX node mapped back to the wrong FX node
+            # (a float32 Where blamed for a bfloat16 one) must not refuse that op everywhere.
+            node = by_name.get(name)
+            if node is not None and "(in its translation)" not in why and _sees_types_of(node, why):
+                _learned_refusals[(self.provider, *_signature(node))] = why
         if reasons:
             raise RegionRejected(reasons)
         try:

@@ -1,0 +1,90 @@
+"""``torch.compile(model, backend="ortrain")``: TorchDynamo splits, ortrain trains each graph.
+
+The second entry point next to :class:`ortrain.ORTModule`. TorchDynamo captures the model as one
+or more graphs with Python in between (at ``.item()``, ``.tolist()``, value-driven ``if``\\s) and
+guards them; every graph goes through ortrain's pipeline (AOTAutograd capture with ortrain's
+settings, ONNX export, passes, executors). ``ORTModule`` uses this backend by itself for a model
+whose whole-graph capture fails on data-dependent Python.
+
+Options are ``ORTModule``'s: the ``ORTMODULE_*`` variables (read when a graph is compiled) and,
+through :class:`OrtrainBackend`, ``DebugOptions``::
+
+    compiled = torch.compile(model, backend="ortrain")
+    compiled = torch.compile(model, backend=OrtrainBackend(DebugOptions(save_onnx=True, onnx_prefix="m")))
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ortrain.capture.dynamo_backend import BACKEND_NAME, aot_backend, register
+from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
+from ortrain.ortmodule.options import DebugOptions, RuntimeOptions, runtime_options
+from ortrain.passes.pipeline import StageSaver, default_passes
+from ortrain.runtime.graph_executor import build_graph_executor
+
+logger = logging.getLogger("ortrain.backend")
+
+__all__ = ["OrtrainBackend", "ortrain_backend"]
+
+
+class OrtrainBackend:
+    """A TorchDynamo backend that trains each graph on ONNX Runtime through ortrain's pipeline."""
+
+    def __init__(self, debug_options: DebugOptions | None = None, options: RuntimeOptions | None = None):
+        self.debug_options = debug_options or DebugOptions()
+        self.options = options
+        self.graphs_compiled = 0  # Dynamo graphs handed to this backend
+
+    def __call__(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any
+    ) -> Callable[..., Any]:
+        options = self.options or runtime_options()
+        self.graphs_compiled += 1
+        device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
+        if device.type != "cpu":
+            raise RuntimeError(f"ortrain runs on the CPU execution provider; got a graph on {device}")
+
+        def compile_graph(graph: torch.fx.GraphModule, name: str, number: int) -> Any:
+            return _graph_runner(graph, name, number, options, self.debug_options, device)
+
+        memory = MemoryOptimizerConfig(options.memory_opt_level, options.memory_opt_config)
+        return aot_backend(gm, example_inputs, compile_graph, memory)
+
+
+def _graph_runner(
+    graph: torch.fx.GraphModule,
+    name: str,
+    number: int,
+    options: RuntimeOptions,
+    debug: DebugOptions,
+    device: torch.device,
+) -> Any:
+    """The one place the backend builds a runner: the same function ORTModule's graphs go through."""
+    saver = None
+    if debug.save_onnx:
+        prefix = f"{debug.onnx_prefix}_dynamo{number}" if debug.onnx_prefix else f"dynamo{number}"
+        saver = StageSaver(debug.save_path, prefix, "training" if torch.is_grad_enabled() else "inference")
+    logger.debug("building the %s graph of Dynamo graph %d", name, number)
+    return build_graph_executor(
+        graph,
+        name=name,
+        opset_version=options.opset_version,
+        passes=default_passes(compute_optimizer=options.enable_compute_optimizer),
+        saver=saver,
+        device=device,
+    )
+
+
+def ortrain_backend(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
+) -> Callable[..., Any]:
+    """The backend ``torch.compile(backend="ortrain")`` resolves to (also the entry point's target)."""
+    return OrtrainBackend()(gm, example_inputs, **kwargs)
+
+
+register(BACKEND_NAME, ortrain_backend)

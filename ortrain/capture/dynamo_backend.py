@@ -1,0 +1,201 @@
+"""The private half of ``torch.compile(backend="ortrain")``: AOTAutograd under TorchDynamo.
+
+TorchDynamo splits a model into graphs at Python it cannot trace (``.item()``, ``.tolist()``,
+value-driven ``if``s, data-dependent sizes) and guards each graph; for every graph it calls the
+backend. ortrain's backend runs AOTAutograd on it with the same settings as a whole-model capture
+(decompositions, partition, tracing context) and hands each forward and backward FX graph to
+``compile_graph``, which builds the runner. AOTAutograd's runtime Function glues the runners to
+PyTorch autograd, as in :mod:`ortrain.capture.aot_capture`.
+
+Also here: registration under the name ``"ortrain"``, and the graph-break reasons Dynamo logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import linecache
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+from torch._dynamo.exc import BackendCompilerFailed
+
+from ortrain.capture.aot_capture import GraphRunner
+from ortrain.capture.compile_lock import COMPILE_LOCK
+from ortrain.capture.decompositions import decomposition_table
+from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
+from ortrain.capture.partition import partition
+from ortrain.capture.python_ops import UnsupportedFunctionError
+from ortrain.capture.size_carriers import carry_free_sizes, with_carriers
+from ortrain.capture.tracing_context import tracing_context
+
+logger = logging.getLogger("ortrain.capture")
+
+# (graph, "forward" | "backward", index of this Dynamo graph) -> runner over a list of inputs.
+GraphCompiler = Callable[[torch.fx.GraphModule, str, int], GraphRunner]
+
+BACKEND_NAME = "ortrain"
+_graph_numbers = iter(range(1 << 62))
+
+
+def aot_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    compile_graph: GraphCompiler,
+    memory: MemoryOptimizerConfig | None = None,
+) -> Callable[..., Any]:
+    """Compile one Dynamo graph: AOTAutograd, then ``compile_graph`` for its forward and backward.
+
+    ``memory`` chooses the memory optimizer's recompute plans, as for a whole-model capture.
+    """
+    number = next(_graph_numbers)
+
+    def compiler(tag: str) -> Callable[[torch.fx.GraphModule, Any], Any]:
+        def compile_fx_graph(graph: torch.fx.GraphModule, _example: Any) -> Any:
+            # The backward is compiled at the first backward call, outside Dynamo's lock: take ours.
+            # Under Dynamo the graph's signature is one pytree of arguments; the exporter names ONNX
+            # inputs after the signature, so give it plain positional placeholders as ORTModule's.
+            if type(graph.graph._codegen) is not torch.fx.graph.CodeGen:
+                graph.graph.set_codegen(torch.fx.graph.CodeGen())
+                graph.recompile()
+            # Dynamo's graph module carries Dynamo's own state along (its class and attributes),
+            # which torch.export, inside the ONNX exporter, trips over ("Attempting to use
+            # FunctionalTensor on its own"): hand over a plain GraphModule of the same graph.
+            plain = torch.fx.GraphModule(graph, graph.graph)
+            carried = carry_free_sizes(plain)
+            with COMPILE_LOCK:
+                runner = with_carriers(_in_fresh_thread(lambda: compile_graph(plain, tag, number)), carried)
+
+            def run(args: list[Any]) -> list[Any]:
+                return runner(args)
+
+            run._boxed_call = True  # type: ignore[attr-defined]
+            return run
+
+        return compile_fx_graph
+
+    backend = aot_autograd(
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("forward"),
+        partition_fn=functools.partial(partition, memory=memory),
+        decompositions=decomposition_table(),
+    )
+    with COMPILE_LOCK, tracing_context():
+        return backend(gm, example_inputs)
+
+
+def _in_fresh_thread(build: Callable[[], GraphRunner]) -> GraphRunner:
+    """Run ``build`` (ONNX export, which runs torch.export) on a thread of its own, and wait.
+
+    AOTAutograd calls the compilers inside Dynamo's compile of a frame: its tracing context, fake
+    and functionalization modes and frame callback are set on this thread, and torch.export started
+    under them exports something else (a ``_guards_fn`` call on Dynamo's ``L`` locals). That state
+    is thread-local; a new thread starts without it, as ORTModule's export runs after its capture.
+    """
+    result: list[GraphRunner] = []
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(build())
+        except BaseException as error:
+            failure.append(error)
+
+    worker = threading.Thread(target=target, name="ortrain-export")
+    worker.start()
+    worker.join()
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+def register(name: str, backend: Callable[..., Any]) -> None:
+    """Make ``torch.compile(backend=name)`` resolve to ``backend`` (once per process)."""
+    if _COMPILER_FNS.get(name) is not backend:
+        _COMPILER_FNS.pop(name, None)
+        register_backend(backend, name=name)
+
+
+def backend_failure(error: BaseException) -> BaseException | None:
+    """The error a backend raised, if ``error`` is Dynamo's wrapper around one."""
+    if isinstance(error, BackendCompilerFailed):
+        return error.inner_exception
+    return None
+
+
+# ---- graph breaks --------------------------------------------------------------------------------
+_BREAK_LOGGERS = ("torch._dynamo.symbolic_convert.__graph_breaks", "torch._dynamo.exc.__graph_breaks")
+_LOCATION = re.compile(r"in user code at (?P<file>.+?):(?P<line>\d+)")
+_REASON = re.compile(r"Graph Break Reason: (?P<reason>.+)")
+
+
+class _BreakHandler(logging.Handler):
+    def __init__(self, report: Callable[[str, int, str], None]) -> None:
+        super().__init__(logging.DEBUG)
+        self.report = report
+        self.thread = threading.get_ident()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if threading.get_ident() != self.thread:
+            return
+        message = record.getMessage()
+        location = _LOCATION.search(message)
+        reason = _REASON.search(message)
+        if location is None:
+            return
+        first_line = reason.group("reason").splitlines()[0] if reason else "unsupported Python"
+        self.report(location.group("file"), int(location.group("line")), first_line)
+
+
+@contextlib.contextmanager
+def graph_breaks_reported(report: Callable[[str, int, str], None]) -> Iterator[None]:
+    """Call ``report(file, line, reason)`` for each graph break Dynamo finds in this thread meanwhile."""
+    handler = _BreakHandler(report)
+    loggers = [logging.getLogger(name) for name in _BREAK_LOGGERS]
+    saved = [(lg.level, lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        if not lg.isEnabledFor(logging.DEBUG):
+            # Off unless TORCH_LOGS asked for it: turn it on for our handler only, not for torch's.
+            lg.setLevel(logging.DEBUG)
+            lg.propagate = False
+    try:
+        yield
+    finally:
+        for lg, (level, propagate) in zip(loggers, saved, strict=True):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
+            lg.propagate = propagate
+
+
+def source_line(file: str, line: int) -> str:
+    return linecache.getline(file, line).strip()
+
+
+# ---- errors that mean "this model has data-dependent Python" --------------------------------------
+def is_data_dependent(error: BaseException) -> bool:
+    """Whether a whole-graph capture failed on Python that depends on tensor values."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    kinds = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, UnsupportedFunctionError):
+            # An opaque Function that cannot be a python op: named, and judged by the fallback policy.
+            return False
+        if isinstance(current, kinds):
+            return True
+        if "data-dependent" in str(current) or "data dependent" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False

@@ -1,0 +1,44 @@
+"""Plain tensor attributes (``self.c = torch.tensor(...)``, neither parameter nor buffer).
+
+AOTAutograd lifts a module's parameters and buffers to graph inputs; any other tensor the forward
+reads is a real tensor closed over by the trace, which fails ("Please convert all Tensors to
+FakeTensors first"). For the duration of a capture each such attribute is registered as a
+non-persistent buffer of its module, so it becomes a graph input like a buffer, bound afresh at
+every step: an attribute replaced by another tensor later is what the next step reads. Afterwards
+the module is put back exactly as it was (the attribute in ``__dict__``, not in ``_buffers``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+
+def tensor_attributes(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The tensors in ``module.__dict__`` that are not parameters, in attribute order."""
+    return [
+        (name, value)
+        for name, value in module.__dict__.items()
+        if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)
+    ]
+
+
+@contextlib.contextmanager
+def tensor_attributes_as_buffers(root: nn.Module) -> Iterator[int]:
+    """Register every module's plain tensor attributes as buffers; yields how many."""
+    moved: list[tuple[nn.Module, str, torch.Tensor]] = []
+    try:
+        for module in root.modules():
+            for name, value in tensor_attributes(module):
+                del module.__dict__[name]
+                moved.append((module, name, value))
+                module.register_buffer(name, value, persistent=False)
+        yield len(moved)
+    finally:
+        for module, name, value in reversed(moved):
+            module._buffers.pop(name, None)
+            module._non_persistent_buffers_set.discard(name)
+            module.__dict__[name] = value

@@ -1,0 +1,41 @@
+"""What every ortrain capture runs under, whichever entry point (ORTModule or torch.compile) traced.
+
+- The math SDPA backend: it decomposes into ops that have ONNX translations, backward included.
+- Hugging Face masks built without data-dependent checks (see :mod:`ortrain.capture.huggingface`).
+- ``torch.compiler.is_compiling()`` answers ``True``: libraries ask it to pick a code path that
+  can be traced (a mixture-of-experts layer that loops over ``offs.tolist()`` eagerly, say, or
+  one that calls a kernel whose tracing rules differ from its eager kernel). AOTAutograd alone
+  does not set it, so without this a library takes its *eager* path while being traced: it hits
+  a data-dependent error, or a kernel whose fake implementation rejects the dtype at hand
+  ("Expected inputs of BF16 type" for a float32 model). torch.export sets the same flag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ortrain.capture.huggingface import hf_masks_traceable
+
+
+@contextlib.contextmanager
+def reports_compiling() -> Iterator[None]:
+    """``torch.compiler.is_compiling()`` is ``True`` inside (process-wide, as torch.export does)."""
+    previous = torch.compiler._is_compiling_flag
+    torch.compiler._is_compiling_flag = True
+    try:
+        yield
+    finally:
+        torch.compiler._is_compiling_flag = previous
+
+
+@contextlib.contextmanager
+def tracing_context() -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+        stack.enter_context(hf_masks_traceable())
+        stack.enter_context(reports_compiling())
+        yield

@@ -1,0 +1,67 @@
+"""ORTModule's second path: a model whose whole-graph capture fails on data-dependent Python.
+
+``.item()``, ``.tolist()``, ``if mask.any():`` and sizes computed from values cannot be captured as
+one graph. For such a model ORTModule hands the wrapped module to ``torch.compile`` with ortrain's
+backend (:mod:`ortrain.backend`): TorchDynamo splits it into graphs with Python in between and
+guards them, and each graph trains through ortrain's pipeline. Whole-graph capture stays the
+first choice: it starts faster and has no guards of Dynamo's to evaluate at each step.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from ortrain.capture.dynamo_backend import (
+    backend_failure,
+    graph_breaks_reported,
+    is_data_dependent,
+    source_line,
+)
+from ortrain.ortmodule.fallback import ORTModuleFallbackException, ORTModuleTorchModelException
+from ortrain.ortmodule.options import DebugOptions, RuntimeOptions
+
+logger = logging.getLogger("ortrain.ortmodule")
+
+__all__ = ["GraphBreakPath", "is_data_dependent"]
+
+
+class GraphBreakPath:
+    """``torch.compile(module, backend=ortrain)`` with one INFO line per graph break."""
+
+    def __init__(self, module: nn.Module, debug: DebugOptions, options: RuntimeOptions) -> None:
+        # ortrain.backend imports ortrain.ortmodule (options): import it when first needed.
+        from ortrain.backend import OrtrainBackend
+
+        self.backend = OrtrainBackend(debug, options)
+        self.compiled = torch.compile(module, backend=self.backend, fullgraph=False)
+        self.breaks: list[tuple[str, int, str]] = []
+
+    @property
+    def graph_count(self) -> int:
+        """Graphs Dynamo handed to ortrain so far (recompilations included)."""
+        return self.backend.graphs_compiled
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        with graph_breaks_reported(self._report):
+            try:
+                return self.compiled(*args, **kwargs)
+            except Exception as error:
+                # Dynamo wraps what the backend raised; ORTModule's fallback policy judges ours.
+                inner = backend_failure(error)
+                if isinstance(inner, ORTModuleFallbackException):
+                    raise inner from error
+                if inner is not None:  # AOTAutograd's capture of a graph failed
+                    raise ORTModuleTorchModelException(
+                        f"capture of a graph between graph breaks failed: {type(inner).__name__}: {inner}"
+                    ) from error
+                raise
+
+    def _report(self, file: str, line: int, reason: str) -> None:
+        if any(b[:2] == (file, line) for b in self.breaks):
+            return
+        self.breaks.append((file, line, reason))
+        logger.info("graph break at %s:%d `%s`: %s", file, line, source_line(file, line), reason)

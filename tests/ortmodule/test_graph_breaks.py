@@ -1,0 +1,159 @@
+"""Data-dependent Python: each model trains with eager parity under ORTModule (which switches to
+graph breaks after its whole-graph capture fails) and under torch.compile(backend="ortrain")."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from _compile_parity import count_dynamo_graphs, train_compiled_side_by_side
+from _parity import assert_same_state, train_side_by_side
+from torch import nn
+from torch.nn import functional as F
+
+from ortrain import DebugOptions, LogLevel, ORTModule
+
+STEPS = 4
+
+
+class ItemControlFlow(nn.Module):
+    """A Python ``if`` on ``.item()``: both branches are taken across the batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        if h.mean().item() > 0:
+            h = h * 2.0
+        else:
+            h = h - 1.0
+        return self.b(h)
+
+
+class DataDependentSize(nn.Module):
+    """Rows selected by a boolean mask: the batch size of the second layer depends on values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        kept = h[x[:, 0] > 0]
+        return self.b(kept).sum(0) / x.shape[0]
+
+
+class ToListLengths(nn.Module):
+    """Variable-length segments split by ``lengths.tolist()`` (CTC/packing bookkeeping)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        pooled = torch.stack([seg.mean(0) for seg in torch.split(h, lengths.tolist())])
+        return self.b(pooled)
+
+
+def _item_batches() -> list:
+    # Alternate the sign of the mean so that the ``if`` takes both branches.
+    return [(torch.randn(6, 8) + (3.0 if step % 2 else -3.0), torch.randn(6, 4)) for step in range(STEPS)]
+
+
+def _size_batches() -> list:
+    return [(torch.randn(6, 8), torch.randn(4)) for _ in range(STEPS)]
+
+
+def _tolist_batches() -> list:
+    lengths = [[2, 4], [3, 3], [2, 4], [1, 5]]
+    return [(torch.randn(6, 8), torch.tensor(lengths[s]), torch.randn(2, 4)) for s in range(STEPS)]
+
+
+CASES = {
+    "item": (ItemControlFlow, _item_batches, lambda m, b: F.mse_loss(m(b[0]), b[1])),
+    "data_dependent_size": (DataDependentSize, _size_batches, lambda m, b: F.mse_loss(m(b[0]), b[1])),
+    "tolist": (ToListLengths, _tolist_batches, lambda m, b: F.mse_loss(m(b[0], b[1]), b[2])),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ortmodule_switches_to_graph_breaks_with_parity(case: str) -> None:
+    make, batches_fn, loss_fn = CASES[case]
+    torch.manual_seed(0)
+    model = make()
+    batches = batches_fn()
+    expected_graphs = count_dynamo_graphs(model, batches, loss_fn)
+    assert expected_graphs >= 2  # Dynamo does split these models
+    torch._dynamo.reset()
+    losses_ort, losses_eager, eager, wrapped = train_side_by_side(model, batches, loss_fn)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.tensor(losses_ort), torch.tensor(losses_eager), rtol=1e-4, atol=1e-6)
+    assert_same_state(wrapped, eager)
+    path = wrapped._ortrain_graph_breaks
+    assert path is not None, "ORTModule did not switch to graph breaks"
+    assert path.graph_count == expected_graphs  # ortrain adds no recompilation of its own
+    assert len(wrapped._ortrain_graphs) == 0  # no whole-graph entry
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_torch_compile_backend_with_parity(case: str) -> None:
+    make, batches_fn, loss_fn = CASES[case]
+    torch.manual_seed(0)
+    model = make()
+    batches = batches_fn()
+    expected_graphs = count_dynamo_graphs(model, batches, loss_fn)
+    losses_ort, losses_eager, eager, backend = train_compiled_side_by_side(model, batches, loss_fn)
+    torch.testing.assert_close(torch.tensor(losses_ort), torch.tensor(losses_eager), rtol=1e-4, atol=1e-6)
+    assert_same_state(model, eager)
+    assert backend.graphs_compiled == expected_graphs
+
+
+def test_graph_break_is_logged_with_its_source_line(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = ORTModule(ItemControlFlow(), DebugOptions(log_level=LogLevel.INFO))
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for batch in _item_batches():  # both branches, and a recompilation: still one line
+            model(batch[0]).sum().backward()
+    torch._dynamo.reset()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("graph break at")]
+    assert len(lines) == 1
+    assert f"{__file__}:" in lines[0] and "`if h.mean().item() > 0:`" in lines[0]
+
+
+def test_whole_graph_capture_stays_first_choice() -> None:
+    torch.manual_seed(0)
+    model = ORTModule(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1)))
+    model(torch.randn(2, 4)).sum().backward()
+    assert model._ortrain_graph_breaks is None
+    assert len(model._ortrain_graphs) == 1
+
+
+def test_backend_name_resolves_after_import() -> None:
+    # A fresh interpreter: only ``from ortrain import ORTModule``, nothing from ortrain.backend.
+    code = (
+        "import torch\nfrom ortrain import ORTModule\nfrom torch._dynamo import lookup_backend\n"
+        "import ortrain.backend as b\nassert lookup_backend('ortrain') is b.ortrain_backend\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_entry_point_names_the_backend() -> None:
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    target = pyproject["project"]["entry-points"]["torch_dynamo_backends"]["ortrain"]
+    entry = importlib.metadata.EntryPoint("ortrain", target, "torch_dynamo_backends")
+    from ortrain.backend import ortrain_backend
+
+    assert entry.load() is ortrain_backend
