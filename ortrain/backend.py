@@ -77,6 +77,7 @@ def _graph_runner(
         passes=default_passes(compute_optimizer=options.enable_compute_optimizer),
         saver=saver,
         device=device,
+        cache_dir=options.cache_dir,
     )
 
 
