@@ -79,6 +79,7 @@ def _graph_runner(
         device=device,
         policy=options.fallback_policy,
         openmp_passive=openmp_wait_policy() == "PASSIVE",
+        cache_dir=options.cache_dir,
     )
 
 

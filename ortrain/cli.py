@@ -1,5 +1,5 @@
 """The ``ortrain`` command: ``demo`` trains a small GPT; ``bench`` compares eager, torch.compile and
-ortrain; ``doctor`` checks the setup."""
+ortrain; ``doctor`` checks the setup; ``cache`` lists or clears ORTMODULE_CACHE_DIR."""
 
 from __future__ import annotations
 
@@ -43,6 +43,19 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cache(args: argparse.Namespace) -> int:
+    from ortrain.cache.cache_listing import clear_cache, list_cache
+    from ortrain.ortmodule.options import runtime_options
+
+    directory = Path(args.dir) if args.dir else runtime_options().cache_dir
+    if directory is None:
+        print("no cache directory: set ORTMODULE_CACHE_DIR or pass --dir", file=sys.stderr)
+        return 2
+    lines = clear_cache(directory) if args.action == "clear" else list_cache(directory)
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ortrain", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -66,7 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser(
         "doctor", help="versions, usable execution providers, optional extras, a training check"
     )
+    cache = commands.add_parser("cache", help="list or clear the graphs kept in ORTMODULE_CACHE_DIR")
+    cache.add_argument("action", choices=("list", "clear"))
+    cache.add_argument("--dir", help="the cache directory (default: ORTMODULE_CACHE_DIR)")
     args = parser.parse_args(argv)
+    if args.command == "cache":
+        return _cache(args)
     if args.command == "doctor":
         return _doctor()
     if args.command == "bench":

@@ -25,6 +25,7 @@ from torch.export import Dim
 
 from ortrain.capture.view_ops import RESHAPES
 from ortrain.export.index_dtypes import cast_indices_to_int64
+from ortrain.export.onnx_translations import reused_op_registry
 
 logger = logging.getLogger("ortrain.export")
 
@@ -242,7 +243,7 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
     if not onnx_nodes:
         return ExportedGraph(onnx.ModelProto(), [], outputs, sources)
     try:
-        with _quiet_exporter():
+        with _quiet_exporter(), reused_op_registry():
             program = torch.onnx.export(
                 gm,
                 tuple(examples),

@@ -6,10 +6,12 @@ torch upgrade that moves them touches this file only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import operator
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import onnx
@@ -32,17 +34,56 @@ _SYMBOLIC = frozenset(
 )
 
 
-@functools.cache
-def _registry() -> Any:
-    from torch.onnx._internal.exporter._registration import ONNXRegistry
+# torch.onnx's aten-to-ONNX registry for each opset, built once per process: building one takes
+# 1.1 s (measured on the 2-core machine) and torch.onnx.export builds one on every call.
+_OP_REGISTRIES: dict[int, Any] = {}
 
-    quiet = logging.getLogger("torch.onnx")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # it warns that torchvision is not installed
+
+def torchlib_registry(opset_version: int | None = None) -> Any:
+    """The registry for ``opset_version`` (the exporter's own opset if None). Read it only."""
+    from torch.onnx._internal.exporter import _constants, _registration
+
+    opset = _constants.TORCHLIB_OPSET if opset_version is None else opset_version
+    registry = _OP_REGISTRIES.get(opset)
+    if registry is None:
+        factory = _registration.ONNXRegistry.__dict__["from_torchlib"]
+        factory = getattr(factory.__func__, "__wrapped__", factory)  # the original, if patched
+        quiet = logging.getLogger("torch.onnx")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)  # it warns that torchvision is not installed
+        try:
+            registry = _OP_REGISTRIES[opset] = factory.__func__(
+                _registration.ONNXRegistry, opset_version=opset
+            )
+        finally:
+            quiet.setLevel(level)
+    return registry
+
+
+@contextlib.contextmanager
+def reused_op_registry() -> Iterator[None]:
+    """While exporting, hand ``torch.onnx.export`` a copy of :func:`torchlib_registry`'s table
+    instead of letting it build its own. The exporter only reads it; each call still gets its own
+    copy, so a caller that registers ops on its registry changes no other's. Exports are
+    serialized by ortrain's compile lock."""
+    from torch.onnx._internal.exporter import _constants, _registration
+
+    registry_class = _registration.ONNXRegistry
+    original = registry_class.__dict__["from_torchlib"]
+
+    def from_torchlib(cls: type, opset_version: int = _constants.TORCHLIB_OPSET) -> Any:
+        master = torchlib_registry(opset_version)
+        registry = cls()
+        registry._opset_version = master._opset_version
+        registry.functions = {target: list(metas) for target, metas in master.functions.items()}
+        return registry
+
+    from_torchlib.__wrapped__ = original  # type: ignore[attr-defined]
+    registry_class.from_torchlib = classmethod(from_torchlib)  # type: ignore[method-assign,assignment]
     try:
-        return ONNXRegistry.from_torchlib()
+        yield
     finally:
-        quiet.setLevel(level)
+        registry_class.from_torchlib = original  # type: ignore[method-assign]
 
 
 @functools.cache
@@ -56,7 +97,7 @@ def _decomposed() -> frozenset[Any]:
 
 def _registered(target: Any) -> bool:
     try:
-        registry = _registry()
+        registry = torchlib_registry()
         if registry.is_registered(target):
             return True
         # The registry falls back from an overload to the op's default translation.

@@ -19,6 +19,7 @@ import functools
 import logging
 import operator
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from ortrain.runtime.executors.python_op import PythonOpExecutor
 from ortrain.runtime.executors.torch import TorchExecutor
 from ortrain.runtime.partitioner import Plan, Slot, partition
 from ortrain.runtime.selection import select_executors
+from ortrain.runtime.startup_timings import timed
 
 logger = logging.getLogger("ortrain.runtime")
 
@@ -51,11 +53,13 @@ def build_graph_executor(
     policy: FallbackPolicy | None = None,
     available_providers: list[str] | None = None,
     openmp_passive: bool = True,
+    cache_dir: Path | None = None,
 ) -> PlanRunner:
     """Build the runner of ``graph`` (the ``name`` graph: "forward" or "backward").
 
     ``openmp_passive``: PyTorch's OpenMP threads do not spin (``OMP_WAIT_POLICY=PASSIVE``); when
     they do and the graph mixes PyTorch work with ONNX Runtime regions, a warning advises it.
+    ``cache_dir`` (ORTMODULE_CACHE_DIR): each region's export is looked up there first.
     """
     policy = FallbackPolicy.default() if policy is None else policy
     selection = select_executors(
@@ -64,6 +68,7 @@ def build_graph_executor(
         passes=passes,
         graph_name=name,
         available_providers=available_providers,
+        cache_dir=cache_dir,
     )
     if selection.no_onnxruntime is not None:
         if not policy & FallbackPolicy.FALLBACK_UNSUPPORTED_DEVICE:
@@ -73,7 +78,8 @@ def build_graph_executor(
     onnxruntime = next((e for e in executors if isinstance(e, OnnxRuntimeExecutor)), None)
     allow_torch = bool(policy & FallbackPolicy.FALLBACK_UNSUPPORTED_ONNX_MODEL)
     for _ in range(_MAX_PARTITIONS):
-        plan = partition(graph, executors)
+        with timed("partition", name):  # the first look-up builds torch.onnx's op registry (1.1 s)
+            plan = partition(graph, executors)
         if onnxruntime is not None and not allow_torch:
             refused = _refused(plan, onnxruntime)
             if refused:

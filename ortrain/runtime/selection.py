@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import onnxruntime as ort
 import torch
@@ -28,6 +29,7 @@ def select_executors(
     passes: list[tuple[str, Pass]],
     graph_name: str,
     available_providers: list[str] | None = None,
+    cache_dir: Path | None = None,
 ) -> Selection:
     """Python op > ONNX Runtime (with the device's execution provider, if installed) > torch."""
     available = ort.get_available_providers() if available_providers is None else available_providers
@@ -44,6 +46,11 @@ def select_executors(
         )
         return Selection([PythonOpExecutor(), TorchExecutor()], reason)
     onnxruntime = OnnxRuntimeExecutor(
-        device=device, provider=provider, opset_version=opset_version, passes=passes, graph_name=graph_name
+        device=device,
+        provider=provider,
+        opset_version=opset_version,
+        passes=passes,
+        graph_name=graph_name,
+        cache_dir=cache_dir,
     )
     return Selection([PythonOpExecutor(), onnxruntime, TorchExecutor()])

@@ -20,6 +20,7 @@ import logging
 import operator
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -27,10 +28,12 @@ import onnxruntime as ort
 import sympy
 import torch
 
-from ortrain.export.fx_to_onnx import ExportedGraph, ExportError, export_graph
+from ortrain.cache.cached_export import export_graph_cached
+from ortrain.export.fx_to_onnx import ExportedGraph, ExportError
 from ortrain.export.onnx_translations import decomposed_at_export, fx_origins, has_onnx_translation
 from ortrain.passes.pipeline import Pass, run_passes
 from ortrain.runtime.executors.base import RegionRejected
+from ortrain.runtime.startup_timings import timed
 
 logger = logging.getLogger("ortrain.runtime")
 
@@ -302,14 +305,17 @@ class OnnxRuntimeExecutor:
         opset_version: int,
         passes: list[tuple[str, Pass]],
         graph_name: str,
+        cache_dir: Path | None = None,
     ) -> None:
         self.device = device
+        self.cache_dir = cache_dir  # ORTMODULE_CACHE_DIR
         self.provider = provider
         self.opset_version = opset_version
         self.passes = passes
         self.graph_name = graph_name
         self.rejected: dict[str, str] = {}  # FX node name -> why ONNX Runtime cannot run it
         self._built: dict[str, OrtSessionRunner] = {}
+        self._regions_built = 0  # names regions in logs and timings: "backward[2]"
 
     def refusal(self, node: torch.fx.Node) -> str | None:
         if node.name in self.rejected:
@@ -337,8 +343,12 @@ class OnnxRuntimeExecutor:
 
     def _build(self, region: torch.fx.GraphModule) -> OrtSessionRunner:
         nodes = [n.name for n in region.graph.nodes if n.op == "call_function"]
+        label = f"{self.graph_name}[{self._regions_built}]" if self._regions_built else self.graph_name
+        self._regions_built += 1
         try:
-            exported = export_graph(region, opset_version=self.opset_version)
+            exported = export_graph_cached(
+                region, opset_version=self.opset_version, cache_dir=self.cache_dir, name=label
+            )
         except ExportError as error:
             if error.operator is not None:
                 calls = [n for n in region.graph.nodes if n.op == "call_function"]
@@ -355,7 +365,8 @@ class OnnxRuntimeExecutor:
                     raise RegionRejected({n.name: why for n in culprits}) from error
             raise RegionRejected({name: f"export of its region failed: {error}" for name in nodes}) from error
         before = exported.model
-        exported.model = run_passes(exported.model, self.passes, graph=self.graph_name, saver=None)
+        with timed("passes", label):
+            exported.model = run_passes(exported.model, self.passes, graph=self.graph_name, saver=None)
         reasons = {**self._wrong_dtypes(region, exported), **self._missing_kernels(region, exported.model)}
         by_name = {n.name: n for n in region.graph.nodes}
         for name, why in reasons.items():
@@ -368,7 +379,8 @@ class OnnxRuntimeExecutor:
         if reasons:
             raise RegionRejected(reasons)
         try:
-            runner = OrtSessionRunner(exported, device=self.device, provider=self.provider)
+            with timed("session", label):
+                runner = OrtSessionRunner(exported, device=self.device, provider=self.provider)
         except Exception as error:
             text = f"{type(error).__name__}: {error}"
             named = _REJECTED_NODE.search(str(error))

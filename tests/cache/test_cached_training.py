@@ -1,0 +1,110 @@
+"""ORTModule with ORTMODULE_CACHE_DIR: a warm cache skips every export and trains bit-identically."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ortrain import ORTModule
+from ortrain.cache.store import CacheStore
+from ortrain.runtime import startup_timings
+
+
+@pytest.fixture(autouse=True)
+def _no_silent_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+
+
+def _start() -> tuple[nn.Module, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 6))
+    # Batch size 4, then 7: the second capture has a symbolic size (formulas go through the cache).
+    return model, [torch.randn(4, 6), torch.randn(7, 6), torch.randn(4, 6)]
+
+
+def _train(
+    model: nn.Module, batches: list[torch.Tensor]
+) -> tuple[list[float], list[torch.Tensor], list[str]]:
+    startup_timings.RECORDED.clear()
+    wrapped = ORTModule(copy.deepcopy(model))
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for x in batches:
+        loss = (wrapped(x) - x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    stages = [t.stage for t in startup_timings.RECORDED if t.stage.startswith("export")]
+    return losses, [p.detach().clone() for p in wrapped.parameters()], stages
+
+
+def _assert_identical(run: tuple, reference: tuple) -> None:
+    assert run[0] == reference[0]  # bit-identical losses
+    assert all(torch.equal(a, b) for a, b in zip(run[1], reference[1], strict=True))
+
+
+def test_cache_cold_warm_corrupt_and_unwritable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    model, batches = _start()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(blocker / "cache"))
+    with caplog.at_level(logging.WARNING, logger="ortrain.cache"):
+        uncached = _train(model, batches)
+    assert [r.message.count("running uncached") for r in caplog.records] == [1]  # one warning, 4 exports
+    assert uncached[2] == ["export"] * 4
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(cache))
+    cold = _train(model, batches)
+    assert cold[2] == ["export"] * 4 and len(list(CacheStore(cache).entries())) == 4
+    _assert_identical(cold, uncached)
+
+    warm = _train(model, batches)
+    assert warm[2] == ["export (cached)"] * 4  # nothing exported
+    _assert_identical(warm, uncached)
+
+    for entry in CacheStore(cache).entries():  # damage every entry: each is rebuilt, never loaded
+        data = bytearray(entry.path.read_bytes())
+        data[-10] ^= 0xFF
+        entry.path.write_bytes(bytes(data))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ortrain.cache"):
+        rebuilt = _train(model, batches)
+    assert rebuilt[2] == ["export"] * 4 and caplog.text.count("is corrupt") == 4
+    _assert_identical(rebuilt, uncached)
+    assert _train(model, batches)[2] == ["export (cached)"] * 4
+
+
+def test_warm_cache_gpt_with_label_sparsity_is_bit_identical(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SFT GPT's graphs hold data-dependent sizes (the count of scored labels)."""
+    from ortrain import bench
+
+    model, batch = bench.build_model("sft", bench.QUICK)
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path))
+    runs = []
+    for _ in range(2):
+        startup_timings.RECORDED.clear()
+        wrapped = ORTModule(copy.deepcopy(model))
+        optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
+        losses = []
+        for _ in range(2):
+            loss = wrapped(*batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        stages = [t.stage for t in startup_timings.RECORDED if t.stage.startswith("export")]
+        runs.append((losses, [p.detach().clone() for p in wrapped.parameters()], stages))
+    assert runs[0][2] == ["export"] * 2 and runs[1][2] == ["export (cached)"] * 2
+    assert runs[1][0] == runs[0][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[1][1], runs[0][1], strict=True))
