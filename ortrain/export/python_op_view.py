@@ -16,22 +16,10 @@ import onnx
 import onnx.compose
 import torch
 
+from ortrain.export.element_types import ONNX_ELEMENT_TYPES
 from ortrain.export.fx_to_onnx import ExportedGraph
 
 PYTHON_OP_DOMAIN = "com.microsoft"
-
-_ONNX_TYPES: dict[torch.dtype, int] = {
-    torch.float32: onnx.TensorProto.FLOAT,
-    torch.float64: onnx.TensorProto.DOUBLE,
-    torch.float16: onnx.TensorProto.FLOAT16,
-    torch.bfloat16: onnx.TensorProto.BFLOAT16,
-    torch.int64: onnx.TensorProto.INT64,
-    torch.int32: onnx.TensorProto.INT32,
-    torch.int16: onnx.TensorProto.INT16,
-    torch.int8: onnx.TensorProto.INT8,
-    torch.uint8: onnx.TensorProto.UINT8,
-    torch.bool: onnx.TensorProto.BOOL,
-}
 
 
 @dataclass
@@ -79,10 +67,10 @@ def _rename(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
 
 
 def _value_info(name: str, value: object) -> onnx.ValueInfoProto | None:
-    if not isinstance(value, torch.Tensor) or value.dtype not in _ONNX_TYPES:
+    if not isinstance(value, torch.Tensor) or value.dtype not in ONNX_ELEMENT_TYPES:
         return None
     shape = [int(s) if isinstance(s, int) else str(s) for s in value.shape]
-    return onnx.helper.make_tensor_value_info(name, _ONNX_TYPES[value.dtype], shape)
+    return onnx.helper.make_tensor_value_info(name, ONNX_ELEMENT_TYPES[value.dtype], shape)
 
 
 def python_op_view(

@@ -29,6 +29,7 @@ import sympy
 import torch
 
 from ortrain.cache.cached_export import export_graph_cached
+from ortrain.export.element_types import ONNX_ELEMENT_TYPES
 from ortrain.export.fx_to_onnx import ExportedGraph, ExportError
 from ortrain.export.onnx_translations import decomposed_at_export, fx_origins, has_onnx_translation
 from ortrain.passes.pipeline import Pass, run_passes
@@ -37,18 +38,6 @@ from ortrain.runtime.startup_timings import timed
 
 logger = logging.getLogger("ortrain.runtime")
 
-_ELEMENT_TYPES: dict[torch.dtype, int] = {
-    torch.float32: onnx.TensorProto.FLOAT,
-    torch.float64: onnx.TensorProto.DOUBLE,
-    torch.float16: onnx.TensorProto.FLOAT16,
-    torch.bfloat16: onnx.TensorProto.BFLOAT16,
-    torch.int64: onnx.TensorProto.INT64,
-    torch.int32: onnx.TensorProto.INT32,
-    torch.int16: onnx.TensorProto.INT16,
-    torch.int8: onnx.TensorProto.INT8,
-    torch.uint8: onnx.TensorProto.UINT8,
-    torch.bool: onnx.TensorProto.BOOL,
-}
 
 # The ONNX Runtime execution provider that runs a graph whose tensors live on this device type.
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -117,7 +106,7 @@ class OrtSessionRunner:
             if not tensor.is_contiguous():
                 tensor = tensor.contiguous()
                 keep_alive.append(tensor)
-            element_type = _ELEMENT_TYPES.get(tensor.dtype)
+            element_type = ONNX_ELEMENT_TYPES.get(tensor.dtype)
             if element_type is None:
                 raise TypeError(f"ONNX Runtime executor has no binding for dtype {tensor.dtype}")
             binding.bind_input(
@@ -277,9 +266,9 @@ def _sees_types_of(node: torch.fx.Node, why: str) -> bool:
     if named is None:
         return True  # no kernel at all for the op: not a matter of dtypes
     seen = {
-        onnx.TensorProto.DataType.Name(_ELEMENT_TYPES[d]).lower()
+        onnx.TensorProto.DataType.Name(ONNX_ELEMENT_TYPES[d]).lower()
         for d in _signature(node)[1]
-        if d in _ELEMENT_TYPES
+        if d in ONNX_ELEMENT_TYPES
     }
     return set(named.group(1).split("/")) <= seen
 
@@ -424,7 +413,7 @@ class OnnxRuntimeExecutor:
                 continue
             value = node.meta.get("val")
             got = onnx_outputs[source.index].type.tensor_type.elem_type
-            if isinstance(value, torch.Tensor) and _ELEMENT_TYPES.get(value.dtype, got) != got:
+            if isinstance(value, torch.Tensor) and ONNX_ELEMENT_TYPES.get(value.dtype, got) != got:
                 culprit = node.args[0] if node.target is operator.getitem else node
                 reasons[culprit.name] = (  # type: ignore[union-attr]
                     f"its ONNX translation returns {onnx.TensorProto.DataType.Name(got).lower()} "
