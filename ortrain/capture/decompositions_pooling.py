@@ -46,20 +46,9 @@ def avg_pool_backward(
     if divisor_override:
         scaled = grad_output / divisor_override
     else:
-        divisor = None
-        for axis in range(spatial):
-            counts = _window_counts(
-                in_sizes[axis],
-                out_sizes[axis],
-                kernel[axis],
-                stride[axis],
-                padding[axis],
-                count_include_pad,
-                grad_output,
-            )
-            counts = counts.reshape([-1] + [1] * (spatial - 1 - axis))
-            divisor = counts if divisor is None else divisor * counts
-        scaled = grad_output / divisor
+        scaled = grad_output / _divisor(
+            in_sizes, out_sizes, kernel, stride, padding, count_include_pad, grad_output
+        )
     batch_shape = list(grad_output.shape[:-spatial])
     flat = scaled.reshape([-1, 1, *out_sizes])
     ones = torch.ones([1, 1, *kernel], dtype=grad_output.dtype, device=grad_output.device)
@@ -201,20 +190,7 @@ def avg_pool(
     summed = summed.reshape([*lead, *out_sizes])
     if divisor_override:
         return summed / divisor_override
-    divisor = None
-    for axis in range(spatial):
-        counts = _window_counts(
-            in_sizes[axis],
-            out_sizes[axis],
-            kernel[axis],
-            stride[axis],
-            padding[axis],
-            count_include_pad,
-            summed,
-        )
-        counts = counts.reshape([-1] + [1] * (spatial - 1 - axis))
-        divisor = counts if divisor is None else divisor * counts
-    return summed / divisor
+    return summed / _divisor(in_sizes, out_sizes, kernel, stride, padding, count_include_pad, summed)
 
 
 def avg_pool2d(input: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
@@ -231,3 +207,30 @@ def avg_pool2d_backward(grad_output: torch.Tensor, input: torch.Tensor, *args: o
 
 def avg_pool3d_backward(grad_output: torch.Tensor, input: torch.Tensor, *args: object) -> torch.Tensor:
     return avg_pool_backward(grad_output, input, *args, spatial=3)  # type: ignore[arg-type]
+
+
+def _divisor(
+    in_sizes: Sequence[int],
+    out_sizes: Sequence[int],
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    count_include_pad: bool,
+    like: torch.Tensor,
+) -> torch.Tensor:
+    """Each output window's element count (the average's divisor), broadcastable against ``like``."""
+    spatial = len(out_sizes)
+    divisor = None
+    for axis in range(spatial):
+        counts = _window_counts(
+            in_sizes[axis],
+            out_sizes[axis],
+            kernel[axis],
+            stride[axis],
+            padding[axis],
+            count_include_pad,
+            like,
+        )
+        counts = counts.reshape([-1] + [1] * (spatial - 1 - axis))
+        divisor = counts if divisor is None else divisor * counts
+    return divisor
