@@ -33,6 +33,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ortrain.runtime.cpu import cpu_name
+
 logger = logging.getLogger("ortrain.bench")
 
 COMPETITORS = ("eager", "compile", "ortrain")
@@ -170,16 +172,6 @@ def run_competitor(
     steady = times[2:] or times[1:]
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"first_s": times[0], "step_ms": statistics.median(steady) * 1000, "peak_mib": peak_kib / 1024}
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _child_command(model_name: str, competitor: str, steps: int, quick: bool) -> list[str]:

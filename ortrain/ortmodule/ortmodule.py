@@ -44,8 +44,8 @@ from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves
 from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, tensor_signature, unflatten
 from ortrain.ortmodule.signature import wrapped_module_signature
 from ortrain.passes.pipeline import ForwardRewrite, StageSaver, default_passes, forward_rewrites
-from ortrain.runtime.graph_executor import build_graph_executor
 from ortrain.runtime.memory import release_freed_memory
+from ortrain.runtime.placement_tuning import TuningSettings, build_tuned_graph_executor
 from ortrain.runtime.startup_timings import timed
 
 logger = logging.getLogger("ortrain.ortmodule")
@@ -436,9 +436,10 @@ class ORTModule(nn.Module):
         device = next((t.device for t in (*inputs, *state.tensors)), torch.device("cpu"))
         exports_before = exports_run()
         for name, slot in slots:
-            slot.runner = build_graph_executor(
+            slot.runner = build_tuned_graph_executor(
                 slot.graph,
                 name=name,
+                settings=TuningSettings.of(self._ortrain_options),
                 opset_version=self._ortrain_options.opset_version,
                 passes=passes,
                 saver=saver,

@@ -281,7 +281,8 @@ _REJECTED_NODE = re.compile(r"node with name '([^']*)'")
 
 
 class OnnxRuntimeExecutor:
-    """Claims nodes that have an ONNX translation and a kernel in ``provider``."""
+    """Claims nodes that have an ONNX translation and a kernel in ``provider``, except the
+    operators a placement declines (those are not refusals: nothing is logged about them)."""
 
     name = "onnxruntime"
     merges = True
@@ -295,8 +296,11 @@ class OnnxRuntimeExecutor:
         passes: list[tuple[str, Pass]],
         graph_name: str,
         cache_dir: Path | None = None,
+        declined: frozenset[object] = frozenset(),
     ) -> None:
         self.device = device
+        # Operators it could run but leaves to the next executor (a tuned placement).
+        self.declined = declined
         self.cache_dir = cache_dir  # ORTMODULE_CACHE_DIR
         self.provider = provider
         self.opset_version = opset_version
@@ -317,7 +321,7 @@ class OnnxRuntimeExecutor:
         return None
 
     def claims(self, node: torch.fx.Node) -> bool:
-        return node.op == "call_function" and self.refusal(node) is None
+        return node.op == "call_function" and node.target not in self.declined and self.refusal(node) is None
 
     def build(self, region: torch.fx.GraphModule, *, what: str, whole: bool) -> OrtSessionRunner:
         # A region that a re-partition left as it was is not exported again.
