@@ -45,7 +45,7 @@ from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, tens
 from ortrain.ortmodule.signature import wrapped_module_signature
 from ortrain.passes.pipeline import ForwardRewrite, StageSaver, default_passes, forward_rewrites
 from ortrain.runtime.memory import release_freed_memory
-from ortrain.runtime.placement_tuning import TuningSettings, build_tuned_graph_executor
+from ortrain.runtime.placement_tuning import TunedRunner, TuningSettings, build_tuned_graph_executor
 from ortrain.runtime.startup_timings import timed
 
 logger = logging.getLogger("ortrain.ortmodule")
@@ -167,6 +167,19 @@ class ORTModule(nn.Module):
     def inspector(self) -> RuntimeInspector:
         """Input density and memory figures (ORTMODULE_PRINT_INPUT_DENSITY / _PRINT_MEMORY_STATS)."""
         return self._ortrain_inspector
+
+    def op_tuning(self) -> list[dict[str, Any]]:
+        """Op tuning of each captured graph (see :mod:`ortrain.runtime.placement_tuning`): ``graph``
+        ("forward", "backward"), ``tuning`` (still measuring), ``placement`` (in use, None while
+        tuning) and ``measured_ms`` (median call time of each placement tried)."""
+        found = []
+        for entries in self._ortrain_graphs.values():
+            for entry in entries:
+                for slot in (entry.capture.forward, entry.capture.backward):
+                    runner = getattr(slot, "runner", None)
+                    if isinstance(runner, TunedRunner):
+                        found.append(runner.summary())
+        return found
 
     # ---- the wrapped module's own objects --------------------------------------------------
     @property

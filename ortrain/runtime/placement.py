@@ -79,15 +79,18 @@ class Placement:
 DEFAULT = Placement()
 
 
-def candidates(graph: torch.fx.GraphModule) -> list[Placement]:
+def candidates(graph: torch.fx.GraphModule, *, mixed: bool = True) -> list[Placement]:
     """The placements worth measuring for ``graph``, default first, cheapest to build next.
 
-    A group absent from the graph makes no candidate; all-torch needs no export, so it comes
-    before the mixed placements that export one ONNX region per stretch between PyTorch nodes.
+    All-torch needs no export, so it comes before the mixed placements (only with ``mixed``),
+    which export one ONNX region per stretch between PyTorch nodes. A group absent from the graph
+    makes no candidate.
     """
+    found = [DEFAULT, Placement(all_torch=True)]
+    if not mixed:
+        return found
     targets = {n.target for n in graph.graph.nodes if n.op == "call_function"}
     present = [g for g, ops in OP_GROUPS.items() if targets & ops]
-    found = [DEFAULT, Placement(all_torch=True)]
     found += [Placement(frozenset({g})) for g in present]
     if len(present) > 1:
         found.append(Placement(frozenset(present)))

@@ -10,8 +10,10 @@ How a graph is tuned (online, no work is repeated):
 
 1. The default placement (ONNX Runtime runs what it can) is built as without tuning and runs the
    first calls; its first call is a warm-up (ONNX Runtime sizes its arena then), the second is
-   timed. In the automatic mode a graph whose call takes under ``AUTO_MIN_CALL_MS`` stops here:
-   a few milliseconds cannot repay the exports of other placements.
+   timed. In the automatic mode a graph whose call takes under ``AUTO_MIN_CALL_MS`` stops here,
+   and only placements that need no new export (all-torch) race the default; the mixed ones
+   (matrix products or fused ops in PyTorch, the rest in ONNX Runtime) need
+   ``ORTMODULE_ENABLE_TUNING=1``, as their exports cost seconds to a minute a graph.
 2. Every further call runs the next candidate in turn (interleaved, so drift in the machine's
    load hits all alike): a candidate is built on its first turn, warms up, then gives
    ``SAMPLES`` timings. One that measures ``PRUNE_RATIO`` times slower than the best so far is
@@ -43,9 +45,9 @@ from ortrain.runtime.placement import DEFAULT, Placement, candidates
 
 logger = logging.getLogger("ortrain.runtime")
 
-# Measured on the tiny GPT and the MLP (README, "Op tuning"): exporting a mixed placement's
-# regions takes 0.3-3 s a graph; a call under this takes too little for any gain to repay that.
-AUTO_MIN_CALL_MS = 5.0
+# Below this a call is mostly fixed per-call overhead that no placement removes, and timings of
+# a few calls are noise: the automatic mode keeps the default.
+AUTO_MIN_CALL_MS = 2.0
 DEFAULT_MAX_TUNING_MS = 30_000
 SAMPLES = 3
 PRUNE_RATIO = 1.3
@@ -94,7 +96,10 @@ def build_tuned_graph_executor(
     device: torch.device = build_options["device"]
     if device.type != "cpu" or (settings.enabled is False and settings.results_path is None):
         return build_graph_executor(graph, name=name, **build_options)
-    found = candidates(graph)
+    # Mixed placements export one ONNX region per stretch between PyTorch nodes: seconds to a
+    # minute for a transformer (README, "Op tuning"). The automatic mode races only placements
+    # that export nothing new; ORTMODULE_ENABLE_TUNING=1 races them all.
+    found = candidates(graph, mixed=settings.enabled is True)
     key = tuning_key(graph, found)
     recorded = _chosen_in_process.get(key)
     source = "chosen earlier in this process"
@@ -188,6 +193,10 @@ class TunedRunner:
     @property
     def tuning(self) -> bool:
         return self.chosen is None
+
+    def summary(self) -> dict[str, Any]:
+        placement = self.chosen_placement.name if self.chosen_placement is not None else None
+        return {"graph": self.name, "tuning": self.tuning, "placement": placement, "measured_ms": self.report}
 
     def __call__(self, args: list[Any]) -> list[Any]:
         if self.chosen is not None:

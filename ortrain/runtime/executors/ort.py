@@ -33,6 +33,7 @@ from ortrain.export.element_types import ONNX_ELEMENT_TYPES
 from ortrain.export.fx_to_onnx import ExportedGraph, ExportError
 from ortrain.export.onnx_translations import decomposed_at_export, fx_origins, has_onnx_translation
 from ortrain.passes.pipeline import Pass, run_passes
+from ortrain.runtime import ort_profile
 from ortrain.runtime.executors.base import RegionRejected
 from ortrain.runtime.startup_timings import timed
 
@@ -57,6 +58,7 @@ def session_options() -> ort.SessionOptions:
     options.enable_mem_pattern = False
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     options.log_severity_level = 3
+    ort_profile.configure(options)  # the benchmarks' per-operator breakdown, when asked for
     return options
 
 
@@ -89,6 +91,7 @@ class OrtSessionRunner:
             self.session = ort.InferenceSession(
                 exported.model.SerializeToString(), session_options(), providers=[(provider, options)]
             )
+            ort_profile.track(self.session)
             self._input_names = [i.name for i in self.session.get_inputs()]
             self._output_names = [o.name for o in self.session.get_outputs()]
             # The session may prune inputs it does not need; bind only those it kept.
