@@ -54,6 +54,9 @@ def session_options() -> ort.SessionOptions:
     options = ort.SessionOptions()
     # ORT's spin-waiting fights PyTorch's threads for the cores: measured 3-4x slower steps.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # One knob for both libraries: torch.set_num_threads(n) (or OMP_NUM_THREADS) sizes ONNX
+    # Runtime's pools too, so a user who gives PyTorch fewer cores is not overrun by ONNX Runtime.
+    options.intra_op_num_threads = torch.get_num_threads()
     # The memory-pattern planner allocates beside the arena; without it peak memory drops.
     options.enable_mem_pattern = False
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
