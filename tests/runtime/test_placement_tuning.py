@@ -8,37 +8,13 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
-from ortrain import ORTModule
 from ortrain.runtime import placement_tuning
 from ortrain.runtime.executors.ort import OnnxRuntimeExecutor
 from ortrain.runtime.executors.torch import TorchExecutor
 from ortrain.runtime.graph_executor import build_graph_executor
 from ortrain.runtime.placement import DEFAULT, Placement, candidates
 from ortrain.runtime.placement_tuning import TunedRunner, TuningSettings
-
-
-def _mlp() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
-
-
-def _batches(n: int = 12) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    torch.manual_seed(1)
-    return [(torch.randn(8, 16), torch.randn(8, 4)) for _ in range(n)]
-
-
-def _mse(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    return nn.functional.mse_loss(module(batch[0]), batch[1])
-
-
-def _graphs(model: ORTModule) -> list[Any]:
-    runners = []
-    for entries in model._ortrain_graphs.values():
-        for entry in entries:
-            runners += [entry.capture.forward.runner, entry.capture.backward.runner]
-    return runners
 
 
 @pytest.fixture(autouse=True)
