@@ -101,17 +101,11 @@ def build_tuned_graph_executor(
     # that export nothing new; ORTMODULE_ENABLE_TUNING=1 races them all.
     found = candidates(graph, mixed=settings.enabled is True)
     key = tuning_key(graph, found)
-    recorded = _chosen_in_process.get(key)
-    source = "chosen earlier in this process"
-    if recorded is None and settings.results_path is not None:
-        recorded = tuning_results.load_choice(settings.results_path, key)
-        source = f"read from {tuning_results.results_file(settings.results_path)}"
+    recorded = _recorded_choice(graph, settings)
     if recorded is not None:
-        placement = Placement.from_name(recorded)
-        if placement in found:
-            logger.info("%s graph: placement %s (%s)", name, placement.name, source)
-            _chosen_in_process[key] = placement.name
-            return build_graph_executor(graph, name=name, placement=placement, **build_options)
+        placement, source = recorded
+        logger.info("%s graph: placement %s (%s)", name, placement.name, source)
+        return build_graph_executor(graph, name=name, placement=placement, **build_options)
     default = build_graph_executor(graph, name=name, **build_options)
     if settings.enabled is False or len(found) == 1:
         return default
@@ -129,6 +123,32 @@ def build_tuned_graph_executor(
         key=key,
         openmp_passive=build_options.get("openmp_passive", True),
     )
+
+
+def _recorded_choice(graph: torch.fx.GraphModule, settings: TuningSettings) -> tuple[Placement, str] | None:
+    """A choice made earlier for this graph, and where it comes from. A choice among every
+    placement (ORTMODULE_ENABLE_TUNING=1) serves any mode; one among the automatic mode's few
+    serves all but a forced tuning, which must see the mixed placements too."""
+    races = [candidates(graph, mixed=True)]
+    if settings.enabled is not True:
+        races.append(candidates(graph, mixed=False))
+    for found in races:
+        key = tuning_key(graph, found)
+        recorded, source = _chosen_in_process.get(key), "chosen earlier in this process"
+        if recorded is None and settings.results_path is not None:
+            recorded = tuning_results.load_choice(settings.results_path, key)
+            source = f"read from {tuning_results.results_file(settings.results_path)}"
+        if recorded is None:
+            continue
+        try:
+            placement = Placement.from_name(recorded)
+        except ValueError:
+            logger.warning("ignoring the recorded placement %r (%s): not one ortrain knows", recorded, source)
+            continue
+        if placement in found:
+            _chosen_in_process[key] = recorded
+            return placement, source
+    return None
 
 
 def tuning_key(graph: torch.fx.GraphModule, found: list[Placement]) -> str:
