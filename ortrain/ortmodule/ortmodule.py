@@ -42,7 +42,12 @@ from ortrain.ortmodule.options import (
 )
 from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves
 from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, tensor_signature, unflatten
-from ortrain.ortmodule.signature import wrapped_module_signature
+from ortrain.ortmodule.signature import (
+    base_wrapper_class,
+    new_wrapper,
+    wrapped_module_signature,
+    wrapper_class_for,
+)
 from ortrain.passes.pipeline import ForwardRewrite, StageSaver, default_passes, forward_rewrites
 from ortrain.runtime.graph_executor import build_graph_executor
 from ortrain.runtime.memory import release_freed_memory
@@ -132,6 +137,11 @@ class ORTModule(nn.Module):
     checkpoints and wrappers such as DistributedDataParallel see the model they expect.
     """
 
+    def __new__(cls, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> ORTModule:
+        # A subclass per wrapped class, whose class-level forward shows the wrapped class's
+        # signature: the HF Trainer reads label names off type(model) (see signature.py).
+        return super().__new__(wrapper_class_for(cls, module))
+
     def __init__(self, module: nn.Module, debug_options: DebugOptions | None = None) -> None:
         if isinstance(module, nn.DataParallel):
             raise TypeError(
@@ -210,6 +220,10 @@ class ORTModule(nn.Module):
         state["_ortrain_graph_breaks"] = None
         state["_ortrain_fallback"] = FallbackManager(self._ortrain_fallback.policy)
         return state
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        # Name ORTModule and the wrapped class, not the subclass made for it (not importable).
+        return new_wrapper, (base_wrapper_class(type(self)), type(self._ortrain_module)), self.__getstate__()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
