@@ -48,6 +48,7 @@ from ortrain.ortmodule.signature import (
     wrapped_module_signature,
     wrapper_class_for,
 )
+from ortrain.ortmodule.zero3 import zero3_gathered, zero3_parameters
 from ortrain.passes.pipeline import ForwardRewrite, StageSaver, default_passes, forward_rewrites
 from ortrain.runtime.graph_executor import build_graph_executor
 from ortrain.runtime.memory import release_freed_memory
@@ -69,6 +70,11 @@ _OWN_ATTRIBUTES = frozenset(
         "training",
     }
 )
+
+# Bookkeeping that DeepSpeed ZeRO-3's hooks keep on the module they hook, the wrapper (``ds_*``, and
+# these, some changed at every step): the wrapper's state, not the model's, so it neither reaches
+# the wrapped module nor drops the captured graphs.
+_HOOK_STATE = frozenset({"pre_bwd_fn", "post_bwd_fn", "applied_pre_backward_ref_cnt"})
 
 
 class _FlatCall(nn.Module):
@@ -189,7 +195,7 @@ class ORTModule(nn.Module):
         return getattr(self._ortrain_module, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _OWN_ATTRIBUTES:
+        if name in _OWN_ATTRIBUTES or name in _HOOK_STATE or name.startswith("ds_"):
             object.__setattr__(self, name, value)
             return
         setattr(self._ortrain_module, name, value)
@@ -293,7 +299,12 @@ class ORTModule(nn.Module):
         if fallback.active:
             return self._ortrain_module(*args, **kwargs)
         try:
-            return self._run_on_ort(args, kwargs)
+            zero3 = zero3_parameters(self._ortrain_module)
+            if not zero3:
+                return self._run_on_ort(args, kwargs)
+            with zero3_gathered(self._ortrain_module, zero3) as for_backward:
+                outputs = self._run_on_ort(args, kwargs)
+            return for_backward(outputs)
         except ORTModuleFallbackException as error:
             fallback.handle(error)
             self._invalidate()  # PyTorch trains this model from now on: free the sessions

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from traceback import format_exc
 from typing import Any
 
 import torch
@@ -31,7 +32,9 @@ def _engine(model: nn.Module, stage: int, dtype: str) -> tuple[Any, Any]:
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 4,
         "gradient_clipping": 1.0,
-        "zero_optimization": {"stage": stage},
+        # Threshold 0: ZeRO-3 partitions every parameter, however small (the default keeps
+        # parameters under 100k elements whole on every rank).
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
         "zero_allow_untested_optimizer": True,  # FusedAdam is not on DeepSpeed's list
     }
     if dtype == "bf16":
@@ -128,7 +131,8 @@ def main(cases: str, out_path: str) -> None:
         try:
             results[case] = run(int(stage), dtype, policy)
         except Exception as error:
-            results[case] = {"error": f"{type(error).__name__}: {error}"[:2000]}
+            message = f"{type(error).__name__}: {error}"[:2000]
+            results[case] = {"error": message, "trace": format_exc()[-3000:]}
         torch.distributed.barrier()
     with open(out_path, "w") as f:
         json.dump(results, f)
