@@ -25,7 +25,7 @@ from ortrain.capture.dynamo_backend import BACKEND_NAME, aot_backend, register
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.ortmodule.options import DebugOptions, RuntimeOptions, openmp_wait_policy, runtime_options
 from ortrain.passes.pipeline import StageSaver, default_passes
-from ortrain.runtime.graph_executor import build_graph_executor
+from ortrain.runtime.placement_tuning import TuningSettings, build_tuned_graph_executor
 
 logger = logging.getLogger("ortrain.backend")
 
@@ -70,9 +70,10 @@ def _graph_runner(
         prefix = f"{debug.onnx_prefix}_dynamo{number}" if debug.onnx_prefix else f"dynamo{number}"
         saver = StageSaver(debug.save_path, prefix, "training" if torch.is_grad_enabled() else "inference")
     logger.debug("building the %s graph of Dynamo graph %d", name, number)
-    return build_graph_executor(
+    return build_tuned_graph_executor(
         graph,
         name=name,
+        settings=TuningSettings.of(options),
         opset_version=options.opset_version,
         passes=default_passes(compute_optimizer=options.enable_compute_optimizer),
         saver=saver,

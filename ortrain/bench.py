@@ -4,7 +4,8 @@ Each (model, competitor, repeat) runs in a fresh Python process, so that its pea
 that competitor alone and no competitor inherits another's warm caches; repeats are interleaved so
 that drift in machine load hits all competitors alike, and the table reports medians.
 
-Models: ``mlp``, ``gpt`` (a tiny GPT, next-token loss), ``sft`` (the same GPT with half of the
+Models: ``mlp``, ``gpt`` (a tiny GPT, next-token loss), ``gpt-softmax`` (the same GPT with
+attention spelled out: matmul, mask, softmax, matmul), ``sft`` (the tiny GPT with half of the
 labels ``-100``, as in supervised fine-tuning where the prompt is not scored), or a user's
 ``module:factory``. The factory takes no argument and returns ``(model, batch)``: ``batch`` is a
 tuple of positional arguments or a dict of keyword arguments, and ``model(*batch)`` /
@@ -18,11 +19,13 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import platform
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -33,12 +36,21 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ortrain.runtime.cpu import cpu_name
+
 logger = logging.getLogger("ortrain.bench")
 
 COMPETITORS = ("eager", "compile", "ortrain")
 COMPETITOR_LABELS = {"eager": "eager", "compile": "torch.compile", "ortrain": "ortrain"}
-BUILTIN_MODELS = ("mlp", "gpt", "sft")
-MODEL_LABELS = {"mlp": "MLP", "gpt": "tiny GPT", "sft": "SFT GPT"}
+BUILTIN_MODELS = ("mlp", "gpt", "gpt-softmax", "sft")
+MODEL_LABELS = {
+    "mlp": "MLP",
+    "gpt": "tiny GPT",
+    "gpt-softmax": "GPT, spelled-out attention",
+    "sft": "SFT GPT",
+}
+# ortrain's steps before the timed ones may include op tuning; it ends within this many.
+MAX_TUNING_STEPS = 60
 
 Batch = tuple[Any, ...] | dict[str, Any]
 
@@ -72,7 +84,12 @@ class BenchResult:
     step_ms: float
     first_s: float
     peak_mib: float
-    runs: list[dict[str, float]] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    # ortrain only: median tuning time, the per-step breakdown of one extra run, and the GEMM
+    # speed of both libraries on the model's matrix shapes.
+    tuning_s: float | None = None
+    breakdown_ms: dict[str, float] = field(default_factory=dict)
+    gemm_gflops: dict[str, float] = field(default_factory=dict)
 
 
 class _LossOf(nn.Module):
@@ -105,7 +122,7 @@ def build_model(name: str, sizes: ModelSizes = FULL) -> tuple[nn.Module, Batch]:
             layers += [nn.Linear(sizes.mlp_width, sizes.mlp_width), nn.ReLU()]
         data = (torch.randn(sizes.mlp_batch, sizes.mlp_width), torch.randn(sizes.mlp_batch, sizes.mlp_width))
         return _LossOf(nn.Sequential(*layers[:-1]), _mse), data
-    if name in ("gpt", "sft"):
+    if name in ("gpt", "gpt-softmax", "sft"):
         from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
 
         config = GPTConfig(
@@ -114,6 +131,7 @@ def build_model(name: str, sizes: ModelSizes = FULL) -> tuple[nn.Module, Batch]:
             n_layer=sizes.gpt_layers,
             n_head=sizes.gpt_heads,
             d_model=sizes.gpt_d_model,
+            attention="softmax" if name == "gpt-softmax" else "sdpa",
         )
         idx = torch.randint(0, sizes.gpt_vocab, (sizes.gpt_batch, sizes.gpt_seq))
         targets = torch.roll(idx, -1, dims=1)
@@ -144,11 +162,22 @@ def _loss_of(output: Any) -> torch.Tensor:
     raise TypeError(f"the model returned {type(output).__name__}; the benchmark needs a loss tensor")
 
 
+def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    output = model(**batch) if isinstance(batch, dict) else model(*batch)
+    _loss_of(output).backward()
+    optimizer.step()
+
+
 def run_competitor(
-    model_name: str, competitor: str, steps: int, sizes: ModelSizes = FULL
-) -> dict[str, float]:
-    """Train ``steps + 1`` SGD steps in this process; the first step (capture, compile) is timed
-    apart. Returns ``first_s``, ``step_ms`` (median of the steady steps) and ``peak_mib``."""
+    model_name: str, competitor: str, steps: int, sizes: ModelSizes = FULL, *, breakdown: bool = False
+) -> dict[str, Any]:
+    """Train SGD steps in this process: the first (capture, compile) is timed apart; for ortrain,
+    the steps that tune its placement (:mod:`ortrain.runtime.placement_tuning`) are counted and
+    timed apart too; then ``steps`` steady steps. Returns ``first_s``, ``step_ms`` (median of the
+    steady steps), ``peak_mib``, and for ortrain ``tuning_steps``, ``tuning_s`` and
+    ``placements``; with ``breakdown`` (ortrain only), ``breakdown_ms``: per step, the time of
+    each ONNX operator type inside ONNX Runtime and of the regions PyTorch runs."""
     model, batch = build_model(model_name, sizes)
     if competitor == "ortrain":
         from ortrain import ORTModule
@@ -159,30 +188,52 @@ def run_competitor(
     elif competitor != "eager":
         raise ValueError(f"unknown competitor {competitor!r}: use one of {', '.join(COMPETITORS)}")
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    start = time.perf_counter()
+    _train_step(model, optimizer, batch)
+    result: dict[str, Any] = {"first_s": time.perf_counter() - start}
+    if competitor == "ortrain":
+        tuning_steps, start = 0, time.perf_counter()
+        while tuning_steps < MAX_TUNING_STEPS and any(g["tuning"] for g in model.op_tuning()):  # type: ignore[operator]
+            _train_step(model, optimizer, batch)
+            tuning_steps += 1
+        result["tuning_steps"], result["tuning_s"] = tuning_steps, time.perf_counter() - start
+        result["placements"] = {g["graph"]: g["placement"] for g in model.op_tuning()}  # type: ignore[operator]
+    _train_step(model, optimizer, batch)  # warm: a placement chosen at the last step runs once
+    if breakdown:
+        seconds = _profile_executors(model)
     times = []
-    for _ in range(steps + 1):
+    for _ in range(steps):
         start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        output = model(**batch) if isinstance(batch, dict) else model(*batch)
-        _loss_of(output).backward()
-        optimizer.step()
+        _train_step(model, optimizer, batch)
         times.append(time.perf_counter() - start)
-    steady = times[2:] or times[1:]
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"first_s": times[0], "step_ms": statistics.median(steady) * 1000, "peak_mib": peak_kib / 1024}
+    result["step_ms"] = statistics.median(times) * 1000
+    result["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if breakdown:
+        from ortrain.runtime import ort_profile
+
+        times_us = ort_profile.operator_times(skip_runs=2)  # the first step and the warm one
+        per_step = {f"onnxruntime {op}": us / 1000 / steps for op, us in times_us.items()}
+        per_step.update(
+            {f"{name} (regions)": s * 1000 / steps for name, s in seconds.items() if name != "onnxruntime"}
+        )
+        result["breakdown_ms"] = dict(sorted(per_step.items(), key=lambda kv: -kv[1]))
+    return result
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def _profile_executors(model: nn.Module) -> dict[str, float]:
+    """Seconds per executor over the following steps (the runners of ortrain's graphs add to it)."""
+    seconds: dict[str, float] = {}
+    for entries in model._ortrain_graphs.values():  # type: ignore[union-attr]
+        for entry in entries:
+            for slot in (entry.capture.forward, entry.capture.backward):
+                if slot is not None and slot.runner is not None:
+                    slot.runner.profile = seconds
+    return seconds
 
 
-def _child_command(model_name: str, competitor: str, steps: int, quick: bool) -> list[str]:
+def _child_command(
+    model_name: str, competitor: str, steps: int, quick: bool, breakdown: bool = False
+) -> list[str]:
     command = [
         sys.executable,
         "-m",
@@ -193,7 +244,14 @@ def _child_command(model_name: str, competitor: str, steps: int, quick: bool) ->
         "--steps",
         str(steps),
     ]
-    return command + (["--quick"] if quick else [])
+    return command + (["--quick"] if quick else []) + (["--breakdown"] if breakdown else [])
+
+
+def _run_child(command: list[str], what: str, env: dict[str, str]) -> dict[str, Any]:
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def run_benchmark(
@@ -204,27 +262,77 @@ def run_benchmark(
     quick: bool = False,
     competitors: tuple[str, ...] = COMPETITORS,
     report: Callable[[str], None] = lambda line: None,
+    details: bool = False,
 ) -> list[BenchResult]:
-    """Run every (model, competitor) ``repeats`` times, each in its own process; medians."""
+    """Run every (model, competitor) ``repeats`` times, each in its own process; medians.
+
+    Each ortrain run tunes on its own (its choices go to a results file of its own). With
+    ``details``: the GEMM speed of both libraries on each model's shapes, and one more ortrain
+    run, with the last run's placements and ONNX Runtime's profiler on, for the per-op breakdown.
+    """
     results = []
-    for model_name in models:
-        runs: dict[str, list[dict[str, float]]] = {c: [] for c in competitors}
-        for _ in range(repeats):
-            for competitor in competitors:  # interleaved
-                report(f"running {model_name} / {COMPETITOR_LABELS[competitor]} ...")
-                done = subprocess.run(
-                    _child_command(model_name, competitor, steps, quick), capture_output=True, text=True
-                )
-                if done.returncode != 0:
-                    raise RuntimeError(
-                        f"{model_name} / {competitor} failed (exit {done.returncode}):\n{done.stderr[-3000:]}"
-                    )
-                runs[competitor].append(json.loads(done.stdout.strip().splitlines()[-1]))
-        for competitor in competitors:
-            measured = runs[competitor]
-            medians = {key: statistics.median(run[key] for run in measured) for key in measured[0]}
-            results.append(BenchResult(model_name, competitor, runs=measured, **medians))
+    with tempfile.TemporaryDirectory(prefix="ortrain-bench-") as scratch:
+        for model_name in models:
+            runs: dict[str, list[dict[str, Any]]] = {c: [] for c in competitors}
+            env = dict(os.environ)
+            for repeat in range(repeats):
+                for competitor in competitors:  # interleaved
+                    report(f"running {model_name} / {COMPETITOR_LABELS[competitor]} ...")
+                    env["ORTMODULE_TUNING_RESULTS_PATH"] = str(Path(scratch) / f"{model_name}-{repeat}.json")
+                    command = _child_command(model_name, competitor, steps, quick)
+                    runs[competitor].append(_run_child(command, f"{model_name} / {competitor}", env))
+            for competitor in competitors:
+                measured = runs[competitor]
+                medians = {
+                    k: statistics.median(run[k] for run in measured)
+                    for k in ("step_ms", "first_s", "peak_mib")
+                }
+                result = BenchResult(model_name, competitor, runs=measured, **medians)
+                if competitor == "ortrain":
+                    result.tuning_s = statistics.median(run["tuning_s"] for run in measured)
+                    if details:
+                        report(f"profiling {model_name} / ortrain, measuring GEMM speed ...")
+                        command = _child_command(model_name, competitor, steps, quick, breakdown=True)
+                        profiled = _run_child(command, f"{model_name} / ortrain profile", env)
+                        result.breakdown_ms = profiled["breakdown_ms"]
+                        result.gemm_gflops = _gemm_speed(model_name, QUICK if quick else FULL)
+                results.append(result)
     return results
+
+
+def _gemm_speed(model_name: str, sizes: ModelSizes) -> dict[str, float]:
+    from ortrain.gemm_speed import gemm_gflops, product_shapes
+
+    model, batch = build_model(model_name, sizes)
+
+    def step() -> None:
+        output = model(**batch) if isinstance(batch, dict) else model(*batch)
+        _loss_of(output).backward()
+
+    return gemm_gflops(product_shapes(step))
+
+
+def format_details(results: list[BenchResult], *, top: int = 8) -> list[str]:
+    """Per model: ortrain's placements and tuning time, GEMM speed of both libraries, and where
+    ortrain's step goes (the ``top`` biggest items)."""
+    lines = []
+    for r in results:
+        if r.competitor != "ortrain" or not r.runs:
+            continue
+        label = MODEL_LABELS.get(r.model, r.model)
+        placements = ", ".join(f"{g} {p}" for g, p in r.runs[-1].get("placements", {}).items())
+        lines.append(f"{label}: ortrain placements {placements or 'untuned'}; tuning {r.tuning_s or 0:.1f} s")
+        if r.gemm_gflops:
+            lines.append(
+                f"  GEMM on its shapes: torch {r.gemm_gflops['torch']:.1f} GFLOP/s, "
+                f"onnxruntime {r.gemm_gflops['onnxruntime']:.1f} GFLOP/s"
+            )
+        if r.breakdown_ms:
+            items = list(r.breakdown_ms.items())
+            shown = ", ".join(f"{name} {ms:.1f}" for name, ms in items[:top])
+            rest = sum(ms for _, ms in items[top:])
+            lines.append(f"  ortrain ms per step: {shown}, other {rest:.1f}")
+    return lines
 
 
 def _ratio(value: float, reference: BenchResult | None, key: str) -> str:
@@ -308,8 +416,16 @@ def _child_main(argv: list[str]) -> None:
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "COMPETITOR"), required=True)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--breakdown", action="store_true")
     args = parser.parse_args(argv)
-    result = run_competitor(args.child[0], args.child[1], args.steps, QUICK if args.quick else FULL)
+    sizes = QUICK if args.quick else FULL
+    if args.breakdown:
+        from ortrain.runtime.ort_profile import profiling
+
+        with tempfile.TemporaryDirectory(prefix="ortrain-profile-") as directory, profiling(Path(directory)):
+            result = run_competitor(args.child[0], args.child[1], args.steps, sizes, breakdown=True)
+    else:
+        result = run_competitor(args.child[0], args.child[1], args.steps, sizes)
     print(json.dumps(result))
 
 

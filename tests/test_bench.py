@@ -79,3 +79,29 @@ def test_doctor_checks_providers_extras_and_a_training_run(capsys: pytest.Captur
     for extra in ("transformers", "deepspeed", "triton"):
         assert f" {extra}: " in out
     assert "ok  tiny MLP, 4 SGD steps on ONNX Runtime" in out
+
+
+def test_gemm_speed_records_the_steps_products_and_times_both_libraries() -> None:
+    from ortrain.gemm_speed import gemm_gflops, product_shapes
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    x = torch.randn(4, 16)
+    shapes = product_shapes(lambda: model(x).sum().backward())
+    # forward: two addmm; backward: each layer's weight gradient, and the second layer's input gradient
+    assert shapes[(0, 4, 16, 32)] == 1 and shapes[(0, 4, 32, 8)] == 1
+    assert sum(shapes.values()) == 5
+    speed = gemm_gflops(shapes, repeats=2)
+    assert set(speed) == {"torch", "onnxruntime"} and all(v > 0 for v in speed.values())
+
+
+def test_ortrain_breakdown_names_onnx_operators(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ortrain.runtime.ort_profile import profiling
+
+    monkeypatch.delenv("ORTMODULE_ENABLE_TUNING")  # automatic: tunes nothing this small, but reports
+    with profiling(tmp_path):
+        result = bench.run_competitor("gpt-softmax", "ortrain", steps=2, sizes=bench.QUICK, breakdown=True)
+    assert result["placements"] == {"forward": "onnxruntime", "backward": "onnxruntime"}
+    breakdown = result["breakdown_ms"]
+    assert {"onnxruntime MatMul", "onnxruntime Softmax"} <= set(breakdown)
+    assert all(ms >= 0 for ms in breakdown.values())
+    assert list(tmp_path.glob("ortrain_session*.json"))  # ONNX Runtime's own profiles

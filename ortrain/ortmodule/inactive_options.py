@@ -1,6 +1,6 @@
 """One message per process for each guideline variable that is set but cannot act in this build.
 
-Upstream's Triton and op-tuning variables (guidelines §6) drive executors that run on NVIDIA GPUs;
+Upstream's Triton variables (guidelines §6) drive executors that run on NVIDIA GPUs;
 ortrain accepts and validates them, and says once, at WARNING, why a value the user set does
 nothing here, rather than ignoring it silently.
 """
@@ -31,18 +31,7 @@ def inactive_option_messages(options: RuntimeOptions) -> dict[str, str]:
         else:
             why = "Triton kernels need an NVIDIA GPU (CUDA), none is available; ONNX Runtime runs the graphs"
         messages["ORTMODULE_USE_TRITON"] = f"ORTMODULE_USE_TRITON=1 has no effect: {why}."
-    until = "until ortrain's GPU executors (Triton, op tuning) exist, so this setting is accepted but unused"
-    if options.enable_tuning:
-        messages["ORTMODULE_ENABLE_TUNING"] = f"ORTMODULE_ENABLE_TUNING=1 has no effect {until}."
-    if options.max_tuning_duration_ms is not None:
-        messages["ORTMODULE_MAX_TUNING_DURATION_MS"] = (
-            f"ORTMODULE_MAX_TUNING_DURATION_MS has no effect {until}."
-        )
-    if options.tuning_results_path is not None:
-        messages["ORTMODULE_TUNING_RESULTS_PATH"] = (
-            f"ORTMODULE_TUNING_RESULTS_PATH has no effect {until}; nothing is read from or written to "
-            f"{options.tuning_results_path}."
-        )
+    until = "until ortrain's Triton executor exists, so this setting is accepted but unused"
     if options.triton_debug:
         messages["ORTMODULE_TRITON_DEBUG"] = (
             f"ORTMODULE_TRITON_DEBUG=1 has no effect {until}; no triton_debug folder is written."

@@ -53,9 +53,15 @@ def parse_log_level(name: str) -> LogLevel:
 
 
 def _env_flag(name: str, default: bool) -> bool:
+    value = _env_switch(name)
+    return default if value is None else value
+
+
+def _env_switch(name: str) -> bool | None:
+    """1/0 (true/false, on/off, yes/no) when set, None when unset."""
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
-        return default
+        return None
     value = raw.strip().lower()
     if value in ("1", "true", "on", "yes"):
         return True
@@ -109,7 +115,8 @@ class RuntimeOptions:
     memory_opt_config: tuple[RecomputeRequest, ...] = ()
     # Guidelines §6 Triton and op tuning.
     use_triton: bool = False
-    enable_tuning: bool = False
+    # None: automatic (see ortrain.runtime.placement_tuning); 1/0 force op tuning on or off.
+    enable_tuning: bool | None = None
     max_tuning_duration_ms: int | None = None
     tuning_results_path: Path | None = None
     triton_debug: bool = False
@@ -212,7 +219,7 @@ def runtime_options() -> RuntimeOptions:
         memory_opt_level=parse_memory_opt_level(os.environ.get("ORTMODULE_MEMORY_OPT_LEVEL") or "0"),
         memory_opt_config=parse_memory_opt_config(os.environ.get("ORTMODULE_MEMORY_OPT_CONFIG", "")),
         use_triton=_env_flag("ORTMODULE_USE_TRITON", False),
-        enable_tuning=_env_flag("ORTMODULE_ENABLE_TUNING", False),
+        enable_tuning=_env_switch("ORTMODULE_ENABLE_TUNING"),
         max_tuning_duration_ms=_env_positive_int("ORTMODULE_MAX_TUNING_DURATION_MS"),
         tuning_results_path=Path(tuning_path_raw) if tuning_path_raw else None,
         triton_debug=_env_flag("ORTMODULE_TRITON_DEBUG", False),

@@ -50,8 +50,8 @@ from ortrain.ortmodule.signature import (
 )
 from ortrain.ortmodule.zero3 import zero3_gathered, zero3_parameters
 from ortrain.passes.pipeline import ForwardRewrite, StageSaver, default_passes, forward_rewrites
-from ortrain.runtime.graph_executor import build_graph_executor
 from ortrain.runtime.memory import release_freed_memory
+from ortrain.runtime.placement_tuning import TunedRunner, TuningSettings, build_tuned_graph_executor
 from ortrain.runtime.startup_timings import timed
 
 logger = logging.getLogger("ortrain.ortmodule")
@@ -183,6 +183,19 @@ class ORTModule(nn.Module):
     def inspector(self) -> RuntimeInspector:
         """Input density and memory figures (ORTMODULE_PRINT_INPUT_DENSITY / _PRINT_MEMORY_STATS)."""
         return self._ortrain_inspector
+
+    def op_tuning(self) -> list[dict[str, Any]]:
+        """Op tuning of each captured graph (see :mod:`ortrain.runtime.placement_tuning`): ``graph``
+        ("forward", "backward"), ``tuning`` (still measuring), ``placement`` (in use, None while
+        tuning) and ``measured_ms`` (median call time of each placement tried)."""
+        found = []
+        for entries in self._ortrain_graphs.values():
+            for entry in entries:
+                for slot in (entry.capture.forward, entry.capture.backward):
+                    runner = getattr(slot, "runner", None)
+                    if isinstance(runner, TunedRunner):
+                        found.append(runner.summary())
+        return found
 
     # ---- the wrapped module's own objects --------------------------------------------------
     @property
@@ -461,9 +474,10 @@ class ORTModule(nn.Module):
         device = next((t.device for t in (*inputs, *state.tensors)), torch.device("cpu"))
         exports_before = exports_run()
         for name, slot in slots:
-            slot.runner = build_graph_executor(
+            slot.runner = build_tuned_graph_executor(
                 slot.graph,
                 name=name,
+                settings=TuningSettings.of(self._ortrain_options),
                 opset_version=self._ortrain_options.opset_version,
                 passes=passes,
                 saver=saver,

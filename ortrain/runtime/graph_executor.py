@@ -33,6 +33,7 @@ from ortrain.runtime.executors.ort import OnnxRuntimeExecutor, OrtSessionRunner
 from ortrain.runtime.executors.python_op import PythonOpExecutor
 from ortrain.runtime.executors.torch import TorchExecutor
 from ortrain.runtime.partitioner import Plan, Slot, partition
+from ortrain.runtime.placement import DEFAULT, Placement
 from ortrain.runtime.selection import select_executors
 from ortrain.runtime.startup_timings import timed
 
@@ -54,12 +55,17 @@ def build_graph_executor(
     available_providers: list[str] | None = None,
     openmp_passive: bool = True,
     cache_dir: Path | None = None,
+    placement: Placement = DEFAULT,
+    announce: bool = True,
 ) -> PlanRunner:
     """Build the runner of ``graph`` (the ``name`` graph: "forward" or "backward").
 
     ``openmp_passive``: PyTorch's OpenMP threads do not spin (``OMP_WAIT_POLICY=PASSIVE``); when
     they do and the graph mixes PyTorch work with ONNX Runtime regions, a warning advises it.
     ``cache_dir`` (ORTMODULE_CACHE_DIR): each region's export is looked up there first.
+    ``placement``: operator groups left to PyTorch (see :mod:`ortrain.runtime.placement`).
+    ``announce``: log the plan and its advice; the tuner builds candidates quietly and speaks
+    for the one it keeps.
     """
     policy = FallbackPolicy.default() if policy is None else policy
     selection = select_executors(
@@ -69,6 +75,7 @@ def build_graph_executor(
         graph_name=name,
         available_providers=available_providers,
         cache_dir=cache_dir,
+        placement=placement,
     )
     if selection.no_onnxruntime is not None:
         if not policy & FallbackPolicy.FALLBACK_UNSUPPORTED_DEVICE:
@@ -114,22 +121,25 @@ def build_graph_executor(
     if onnxruntime is not None:
         onnxruntime.forget_builds()
         refused = _refused(plan, onnxruntime)
-        if refused:
+        if refused and announce:
             logger.warning(_refusal_message(name, refused, disabled=False))
-        if (
-            any(not isinstance(s.executor, OnnxRuntimeExecutor) for s in plan.steps)
-            and any(isinstance(s.executor, OnnxRuntimeExecutor) for s in plan.steps)
-            and not openmp_passive
-        ):
-            _advise_passive_openmp()
+    if announce:
+        announce_plan(plan, name, openmp_passive=openmp_passive)
+    if saver is not None:
+        _save_views(plan, runners, saver, name, opset_version)
+    return PlanRunner(plan, runners)
+
+
+def announce_plan(plan: Plan, name: str, *, openmp_passive: bool) -> None:
+    """The plan at INFO, and the OpenMP advice when PyTorch work sits between ONNX Runtime regions."""
+    executors = {type(s.executor) for s in plan.steps}
+    if OnnxRuntimeExecutor in executors and len(executors) > 1 and not openmp_passive:
+        _advise_passive_openmp()
     logger.info(
         "%s graph: %s",
         name,
         ", ".join(f"{count} nodes in {e}" for e, count in plan.nodes_by_executor().items()),
     )
-    if saver is not None:
-        _save_views(plan, runners, saver, name, opset_version)
-    return PlanRunner(plan, runners)
 
 
 def _refused(plan: Plan, onnxruntime: OnnxRuntimeExecutor) -> dict[str, tuple[str, str]]:

@@ -13,6 +13,7 @@ from ortrain.runtime.executors.base import Executor
 from ortrain.runtime.executors.ort import OnnxRuntimeExecutor, provider_for
 from ortrain.runtime.executors.python_op import PythonOpExecutor
 from ortrain.runtime.executors.torch import TorchExecutor
+from ortrain.runtime.placement import DEFAULT, Placement
 
 
 @dataclass
@@ -30,8 +31,13 @@ def select_executors(
     graph_name: str,
     available_providers: list[str] | None = None,
     cache_dir: Path | None = None,
+    placement: Placement = DEFAULT,
 ) -> Selection:
-    """Python op > ONNX Runtime (with the device's execution provider, if installed) > torch."""
+    """Python op > ONNX Runtime (with the device's execution provider, if installed) > torch.
+
+    ``placement`` (a tuned choice) leaves operator groups, or everything, to torch."""
+    if placement.all_torch:
+        return Selection([PythonOpExecutor(), TorchExecutor()])
     available = ort.get_available_providers() if available_providers is None else available_providers
     provider = provider_for(device, available)
     if provider is None:
@@ -52,5 +58,6 @@ def select_executors(
         passes=passes,
         graph_name=graph_name,
         cache_dir=cache_dir,
+        declined=placement.declined,
     )
     return Selection([PythonOpExecutor(), onnxruntime, TorchExecutor()])

@@ -93,9 +93,6 @@ def test_the_readme_table_documents_every_variable() -> None:
 
 INACTIVE = {
     "ORTMODULE_USE_TRITON": ("1", "NVIDIA GPU"),
-    "ORTMODULE_ENABLE_TUNING": ("1", "GPU executors"),
-    "ORTMODULE_MAX_TUNING_DURATION_MS": ("500", "GPU executors"),
-    "ORTMODULE_TUNING_RESULTS_PATH": ("/tmp/tuned", "nothing is read from or written to /tmp/tuned"),
     "ORTMODULE_TRITON_DEBUG": ("1", "no triton_debug folder"),
 }
 

@@ -228,3 +228,16 @@ def test_a_refusal_is_learned_only_for_nodes_that_see_the_missing_types() -> Non
     assert not _sees_types_of(where, "CPUExecutionProvider has no Where kernel for bfloat16/bool")
     assert _sees_types_of(where, "CPUExecutionProvider has no Where kernel for bool/float")
     assert _sees_types_of(where, "CPUExecutionProvider has no Foo-18 kernel")
+
+
+def test_onnxruntime_sessions_take_pytorchs_thread_count() -> None:
+    from ortrain.runtime.executors.ort import session_options
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        options = session_options()
+        assert options.intra_op_num_threads == 1
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    finally:
+        torch.set_num_threads(before)

@@ -33,6 +33,7 @@ from ortrain.export.element_types import ONNX_ELEMENT_TYPES
 from ortrain.export.fx_to_onnx import ExportedGraph, ExportError
 from ortrain.export.onnx_translations import decomposed_at_export, fx_origins, has_onnx_translation
 from ortrain.passes.pipeline import Pass, run_passes
+from ortrain.runtime import ort_profile
 from ortrain.runtime.executors.base import RegionRejected
 from ortrain.runtime.startup_timings import timed
 
@@ -53,10 +54,14 @@ def session_options() -> ort.SessionOptions:
     options = ort.SessionOptions()
     # ORT's spin-waiting fights PyTorch's threads for the cores: measured 3-4x slower steps.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # One knob for both libraries: torch.set_num_threads(n) (or OMP_NUM_THREADS) sizes ONNX
+    # Runtime's pools too, so a user who gives PyTorch fewer cores is not overrun by ONNX Runtime.
+    options.intra_op_num_threads = torch.get_num_threads()
     # The memory-pattern planner allocates beside the arena; without it peak memory drops.
     options.enable_mem_pattern = False
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     options.log_severity_level = 3
+    ort_profile.configure(options)  # the benchmarks' per-operator breakdown, when asked for
     return options
 
 
@@ -89,6 +94,7 @@ class OrtSessionRunner:
             self.session = ort.InferenceSession(
                 exported.model.SerializeToString(), session_options(), providers=[(provider, options)]
             )
+            ort_profile.track(self.session)
             self._input_names = [i.name for i in self.session.get_inputs()]
             self._output_names = [o.name for o in self.session.get_outputs()]
             # The session may prune inputs it does not need; bind only those it kept.
@@ -281,7 +287,8 @@ _REJECTED_NODE = re.compile(r"node with name '([^']*)'")
 
 
 class OnnxRuntimeExecutor:
-    """Claims nodes that have an ONNX translation and a kernel in ``provider``."""
+    """Claims nodes that have an ONNX translation and a kernel in ``provider``, except the
+    operators a placement declines (those are not refusals: nothing is logged about them)."""
 
     name = "onnxruntime"
     merges = True
@@ -295,8 +302,11 @@ class OnnxRuntimeExecutor:
         passes: list[tuple[str, Pass]],
         graph_name: str,
         cache_dir: Path | None = None,
+        declined: frozenset[object] = frozenset(),
     ) -> None:
         self.device = device
+        # Operators it could run but leaves to the next executor (a tuned placement).
+        self.declined = declined
         self.cache_dir = cache_dir  # ORTMODULE_CACHE_DIR
         self.provider = provider
         self.opset_version = opset_version
@@ -317,7 +327,7 @@ class OnnxRuntimeExecutor:
         return None
 
     def claims(self, node: torch.fx.Node) -> bool:
-        return node.op == "call_function" and self.refusal(node) is None
+        return node.op == "call_function" and node.target not in self.declined and self.refusal(node) is None
 
     def build(self, region: torch.fx.GraphModule, *, what: str, whole: bool) -> OrtSessionRunner:
         # A region that a re-partition left as it was is not exported again.

@@ -1,0 +1,64 @@
+"""Per-operator time inside ONNX Runtime, from its own profiler (for the benchmarks).
+
+While :func:`profiling` is active, the sessions ortrain creates record every kernel they run;
+:func:`operator_times` ends those recordings and sums the kernel time per ONNX operator type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+_prefix: str | None = None
+_sessions: list[ort.InferenceSession] = []
+
+
+@contextlib.contextmanager
+def profiling(directory: Path) -> Iterator[None]:
+    """Sessions created inside write their profiles under ``directory``."""
+    global _prefix
+    directory.mkdir(parents=True, exist_ok=True)
+    _prefix = str(directory / "ortrain_session")
+    try:
+        yield
+    finally:
+        _prefix = None
+
+
+def configure(options: ort.SessionOptions) -> None:
+    """Called on each session's options before the session is created."""
+    if _prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = _prefix
+
+
+def track(session: ort.InferenceSession) -> None:
+    if _prefix is not None or session.get_session_options().enable_profiling:
+        _sessions.append(session)
+
+
+def operator_times(*, skip_runs: int = 0) -> Counter[str]:
+    """Microseconds per ONNX operator type over every profiled session's runs, leaving out each
+    session's first ``skip_runs`` runs (warm-up)."""
+    totals: Counter[str] = Counter()
+    while _sessions:
+        path = Path(_sessions.pop().end_profiling())
+        events: list[dict[str, Any]] = json.loads(path.read_text())
+        runs = sorted(e["ts"] + e.get("dur", 0) for e in events if e.get("name") == "model_run")
+        after = runs[skip_runs - 1] if 0 < skip_runs <= len(runs) else (-1 if skip_runs == 0 else None)
+        if after is None:
+            continue  # the session never ran past its warm-up
+        for event in events:
+            if (
+                event.get("cat") == "Node"
+                and str(event.get("name", "")).endswith("_kernel_time")
+                and event.get("ts", 0) > after
+            ):
+                totals[event.get("args", {}).get("op_name", "?")] += int(event.get("dur", 0))
+    return totals

@@ -1,0 +1,303 @@
+"""Op tuning: measure a graph's candidate placements while it trains and keep the fastest.
+
+ONNX Runtime's kernels are faster than PyTorch's on some CPUs and slower on others, operator by
+operator (see :mod:`ortrain.runtime.placement`). The tuner does not guess: it builds each
+candidate placement of a captured graph and measures it on the real inputs of the first training
+steps, so the crossings between executors, the thread pools and the machine's load are all in
+the figure.
+
+How a graph is tuned (online, no work is repeated):
+
+1. The default placement (ONNX Runtime runs what it can) is built as without tuning and runs the
+   first calls; its first call is a warm-up (ONNX Runtime sizes its arena then), the second is
+   timed. In the automatic mode a graph whose call takes under ``AUTO_MIN_CALL_MS`` stops here,
+   and only placements that need no new export (all-torch) race the default; the mixed ones
+   (matrix products or fused ops in PyTorch, the rest in ONNX Runtime) need
+   ``ORTMODULE_ENABLE_TUNING=1``, as their exports cost seconds to a minute a graph.
+2. Every further call runs the next candidate in turn (interleaved, so drift in the machine's
+   load hits all alike): a candidate is built on its first turn, warms up, then gives
+   ``SAMPLES`` timings. One that measures ``PRUNE_RATIO`` times slower than the best so far is
+   dropped after one timing.
+3. The fastest median wins if it beats the default's by ``MIN_GAIN``; otherwise the default
+   stays (fewer crossings, fewer sessions). The others are freed, one INFO line says what was
+   chosen and the measured gain, and ``ORTMODULE_TUNING_RESULTS_PATH`` records the choice.
+
+The time spent (building candidates, and the time their calls take beyond the default's) is
+bounded by ``ORTMODULE_MAX_TUNING_DURATION_MS``: at the bound, the best measured so far wins.
+All placements compute the same function, so training proceeds correctly during tuning.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ortrain.runtime import tuning_results
+from ortrain.runtime.graph_executor import PlanRunner, announce_plan, build_graph_executor
+from ortrain.runtime.placement import DEFAULT, Placement, candidates
+
+logger = logging.getLogger("ortrain.runtime")
+
+# Below this a call is mostly fixed per-call overhead that no placement removes, and timings of
+# a few calls are noise: the automatic mode keeps the default.
+AUTO_MIN_CALL_MS = 2.0
+DEFAULT_MAX_TUNING_MS = 30_000
+SAMPLES = 3
+PRUNE_RATIO = 1.3
+MIN_GAIN = 0.03
+
+# Choices made in this process (tuning key -> placement name): a graph captured again (after an
+# eviction, or back in training mode) is not tuned again.
+_chosen_in_process: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class TuningSettings:
+    """``enabled``: True (ORTMODULE_ENABLE_TUNING=1), False (=0) or None (automatic, the default)."""
+
+    enabled: bool | None = None
+    max_duration_ms: int | None = None
+    results_path: Path | None = None
+
+    @classmethod
+    def of(cls, options: Any) -> TuningSettings:
+        """From :class:`ortrain.ortmodule.options.RuntimeOptions` (the ORTMODULE_*TUNING* variables)."""
+        return cls(options.enable_tuning, options.max_tuning_duration_ms, options.tuning_results_path)
+
+    @property
+    def bound_s(self) -> float:
+        return (self.max_duration_ms or DEFAULT_MAX_TUNING_MS) / 1000
+
+
+@dataclass
+class _Candidate:
+    placement: Placement
+    runner: PlanRunner | None = None
+    warmed: bool = False
+    samples: list[float] = field(default_factory=list)
+    dropped: str | None = None  # why it left the race
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+
+def build_tuned_graph_executor(
+    graph: torch.fx.GraphModule, *, name: str, settings: TuningSettings, **build_options: Any
+) -> PlanRunner | TunedRunner:
+    """:func:`~ortrain.runtime.graph_executor.build_graph_executor`, tuned per ``settings``."""
+    device: torch.device = build_options["device"]
+    if device.type != "cpu" or (settings.enabled is False and settings.results_path is None):
+        return build_graph_executor(graph, name=name, **build_options)
+    # Mixed placements export one ONNX region per stretch between PyTorch nodes: seconds to a
+    # minute for a transformer (README, "Op tuning"). The automatic mode races only placements
+    # that export nothing new; ORTMODULE_ENABLE_TUNING=1 races them all.
+    found = candidates(graph, mixed=settings.enabled is True)
+    key = tuning_key(graph, found)
+    recorded = _chosen_in_process.get(key)
+    source = "chosen earlier in this process"
+    if recorded is None and settings.results_path is not None:
+        recorded = tuning_results.load_choice(settings.results_path, key)
+        source = f"read from {tuning_results.results_file(settings.results_path)}"
+    if recorded is not None:
+        placement = Placement.from_name(recorded)
+        if placement in found:
+            logger.info("%s graph: placement %s (%s)", name, placement.name, source)
+            _chosen_in_process[key] = placement.name
+            return build_graph_executor(graph, name=name, placement=placement, **build_options)
+    default = build_graph_executor(graph, name=name, **build_options)
+    if settings.enabled is False or len(found) == 1:
+        return default
+
+    def build(placement: Placement) -> PlanRunner:
+        quiet = {**build_options, "saver": None}
+        return build_graph_executor(graph, name=name, placement=placement, announce=False, **quiet)
+
+    return TunedRunner(
+        name,
+        default,
+        found,
+        build,
+        settings=settings,
+        key=key,
+        openmp_passive=build_options.get("openmp_passive", True),
+    )
+
+
+def tuning_key(graph: torch.fx.GraphModule, found: list[Placement]) -> str:
+    return tuning_results.tuning_key(graph, [p.name for p in found])
+
+
+class TunedRunner:
+    """Runs a graph while tuning its placement; after that, the chosen placement's runner alone."""
+
+    def __init__(
+        self,
+        name: str,
+        default: PlanRunner,
+        found: list[Placement],
+        build: Callable[[Placement], PlanRunner],
+        *,
+        settings: TuningSettings,
+        key: str,
+        openmp_passive: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        assert found[0] == DEFAULT
+        self.name = name
+        self._build = build
+        self._settings = settings
+        self._key = key
+        self._openmp_passive = openmp_passive
+        self._clock = clock
+        self._candidates = [_Candidate(p) for p in found]
+        self._candidates[0].runner = default
+        self._turn = 0
+        self._spent = 0.0  # seconds of tuning: builds, and candidate calls beyond the default's
+        self._profile: dict[str, float] | None = None
+        self.chosen: PlanRunner | None = None
+        self.chosen_placement: Placement | None = None
+        self.report: dict[str, float] = {}  # placement name -> median ms, once chosen
+
+    # PlanRunner's surface, for the benchmarks and tests that look at the plan in use.
+    @property
+    def active(self) -> PlanRunner:
+        return self.chosen if self.chosen is not None else self._candidates[0].runner  # type: ignore[return-value]
+
+    @property
+    def plan(self) -> Any:
+        return self.active.plan
+
+    @property
+    def runners(self) -> Any:
+        return self.active.runners
+
+    @property
+    def profile(self) -> dict[str, float] | None:
+        return self._profile
+
+    @profile.setter
+    def profile(self, value: dict[str, float] | None) -> None:
+        self._profile = value
+        for candidate in self._candidates:
+            if candidate.runner is not None:
+                candidate.runner.profile = value
+
+    @property
+    def tuning(self) -> bool:
+        return self.chosen is None
+
+    def summary(self) -> dict[str, Any]:
+        placement = self.chosen_placement.name if self.chosen_placement is not None else None
+        return {"graph": self.name, "tuning": self.tuning, "placement": placement, "measured_ms": self.report}
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        if self.chosen is not None:
+            return self.chosen(args)
+        candidate = self._next()
+        if candidate.runner is None:
+            start = self._clock()
+            try:
+                candidate.runner = self._build(candidate.placement)
+                candidate.runner.profile = self._profile
+            except Exception as error:  # a placement that cannot be built is simply not a candidate
+                candidate.dropped = f"could not be built: {type(error).__name__}: {error}"
+                logger.debug("%s graph: %s %s", self.name, candidate.placement.name, candidate.dropped)
+                candidate = self._candidates[0]
+            finally:
+                self._spent += self._clock() - start
+        start = self._clock()
+        outputs = candidate.runner(args)  # type: ignore[misc]
+        elapsed = self._clock() - start
+        self._record(candidate, elapsed)
+        if self._finished():
+            self._choose()
+        return outputs
+
+    def _next(self) -> _Candidate:
+        default = self._candidates[0]
+        if not default.warmed or not default.samples:
+            return default  # the default's warm-up and first timing come first
+        live = [c for c in self._candidates if c.dropped is None and len(c.samples) < SAMPLES]
+        if not live:
+            return default
+        self._turn = (self._turn + 1) % len(live)
+        return live[self._turn]
+
+    def _record(self, candidate: _Candidate, elapsed: float) -> None:
+        default = self._candidates[0]
+        if candidate is not default and default.samples:
+            self._spent += max(0.0, elapsed - default.median)
+        if not candidate.warmed:
+            candidate.warmed = True
+            return
+        candidate.samples.append(elapsed)
+        best = min(c.median for c in self._candidates if c.samples)
+        if candidate is not default and len(candidate.samples) == 1 and elapsed > PRUNE_RATIO * best:
+            candidate.dropped = f"measured {elapsed * 1e3:.1f} ms against {best * 1e3:.1f} ms"
+
+    def _finished(self) -> bool:
+        default = self._candidates[0]
+        if not default.samples:
+            return False
+        if self._settings.enabled is None and default.median * 1e3 < AUTO_MIN_CALL_MS:
+            return True
+        if self._spent >= self._settings.bound_s:
+            return True
+        return all(c.dropped is not None or len(c.samples) >= SAMPLES for c in self._candidates)
+
+    def _choose(self) -> None:
+        default = self._candidates[0]
+        if self._settings.enabled is None and default.median * 1e3 < AUTO_MIN_CALL_MS:
+            logger.info(
+                "%s graph: not tuned: %.1f ms a call is under the %.0f ms that automatic tuning "
+                "needs to repay its exports (ORTMODULE_ENABLE_TUNING=1 tunes it anyway)",
+                self.name,
+                default.median * 1e3,
+                AUTO_MIN_CALL_MS,
+            )
+            self.chosen, self.chosen_placement = default.runner, default.placement
+            self._candidates = [default]
+            return
+        measured = [c for c in self._candidates if c.samples and c.dropped is None]
+        best = min(measured, key=lambda c: c.median)
+        if best is not default and best.median > (1 - MIN_GAIN) * default.median:
+            best = default
+        self.report = {c.placement.name: c.median * 1e3 for c in self._candidates if c.samples}
+        self.chosen, self.chosen_placement = best.runner, best.placement
+        for candidate in self._candidates:
+            if candidate is not best:
+                candidate.runner = None  # frees its sessions
+        tried = ", ".join(
+            f"{name} {ms:.1f} ms" for name, ms in self.report.items() if name != best.placement.name
+        )
+        gain = 1 - best.median / default.median
+        logger.info(
+            "%s graph: tuned placement %s, %.1f ms a call (%s%.0f%% against onnxruntime); "
+            "%.1f s of tuning; others: %s",
+            self.name,
+            best.placement.name,
+            best.median * 1e3,
+            "-" if gain >= 0 else "+",
+            abs(gain) * 100,
+            self._spent,
+            tried or "none measured",
+        )
+        if best is not default:
+            announce_plan(best.runner.plan, self.name, openmp_passive=self._openmp_passive)  # type: ignore[union-attr]
+        _chosen_in_process[self._key] = best.placement.name
+        if self._settings.results_path is not None:
+            tuning_results.save_choice(
+                self._settings.results_path,
+                self._key,
+                best.placement.name,
+                graph=self.name,
+                measured_ms=self.report,
+            )

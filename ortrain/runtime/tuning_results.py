@@ -1,0 +1,96 @@
+"""ORTMODULE_TUNING_RESULTS_PATH: the placements chosen on this machine, so a later run skips tuning.
+
+One JSON file (a directory gets ``ortrain_tuning.json`` inside it) maps a key to the chosen
+placement and what was measured. The key is everything a choice depends on: the graph itself
+(operators, dtypes, shapes: :func:`ortrain.cache.graph_key.graph_description`), the CPU model,
+PyTorch's thread count, the OpenMP wait policy, and the versions of Python, torch and ONNX
+Runtime. Writes replace the file atomically and merge with what another process wrote meanwhile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ortrain.cache.graph_key import graph_description, versions
+from ortrain.runtime.cpu import cpu_name
+
+logger = logging.getLogger("ortrain.runtime")
+
+FORMAT = 1
+FILE_NAME = "ortrain_tuning.json"
+
+
+def results_file(path: Path) -> Path:
+    return path / FILE_NAME if path.is_dir() else path
+
+
+def machine() -> dict[str, Any]:
+    """What a measured choice holds for: change any of these and tuning runs again."""
+    return {
+        "cpu": cpu_name(),
+        "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "").strip().upper(),
+        "versions": versions(),
+    }
+
+
+def tuning_key(graph: torch.fx.GraphModule, candidates: list[str]) -> str:
+    material = {
+        "graph": graph_description(graph),
+        "machine": machine(),
+        "candidates": candidates,
+        "format": FORMAT,
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _read(file: Path) -> dict[str, Any]:
+    try:
+        payload = json.loads(file.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as error:
+        logger.warning("ignoring the unreadable tuning results file %s (%s); tuning again", file, error)
+        return {}
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        logger.warning("ignoring %s: not an ortrain tuning results file of format %d", file, FORMAT)
+        return {}
+    entries = payload.get("entries")
+    return entries if isinstance(entries, dict) else {}
+
+
+def load_choice(path: Path, key: str) -> str | None:
+    """The placement name recorded for ``key``, or None."""
+    entry = _read(results_file(path)).get(key)
+    return entry.get("placement") if isinstance(entry, dict) else None
+
+
+def save_choice(path: Path, key: str, placement: str, *, graph: str, measured_ms: dict[str, float]) -> None:
+    file = results_file(path)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    entries = _read(file)
+    entries[key] = {
+        "placement": placement,
+        "graph": graph,
+        "measured_ms": {name: round(ms, 3) for name, ms in measured_ms.items()},
+        "machine": machine(),
+        "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    payload = json.dumps({"format": FORMAT, "entries": entries}, indent=1, sort_keys=True)
+    handle, temporary = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.")
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(payload + "\n")
+        os.replace(temporary, file)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

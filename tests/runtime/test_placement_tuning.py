@@ -1,0 +1,188 @@
+"""Op tuning's parts alone: placements, the online race between them (on a fake clock), the time
+bound, the results file. With ORTModule: tests/ortmodule/test_op_tuning.py."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+from ortrain.runtime import placement_tuning
+from ortrain.runtime.executors.ort import OnnxRuntimeExecutor
+from ortrain.runtime.executors.torch import TorchExecutor
+from ortrain.runtime.graph_executor import build_graph_executor
+from ortrain.runtime.placement import DEFAULT, Placement, candidates
+from ortrain.runtime.placement_tuning import TunedRunner, TuningSettings
+
+
+@pytest.fixture(autouse=True)
+def _fresh_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(placement_tuning, "_chosen_in_process", {})
+
+
+# ---- placements ---------------------------------------------------------------------------------
+
+
+def test_placement_names_round_trip() -> None:
+    for placement in (DEFAULT, Placement(all_torch=True), Placement(frozenset({"matmul", "fused"}))):
+        assert Placement.from_name(placement.name) == placement
+    with pytest.raises(ValueError, match="unknown placement 'convolution-in-torch'"):
+        Placement.from_name("convolution-in-torch")
+
+
+def test_candidates_follow_the_graph() -> None:
+    def graph_of(fn: Any, *args: torch.Tensor) -> torch.fx.GraphModule:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        return make_fx(fn)(*args)
+
+    relu_only = graph_of(lambda x: torch.relu(x) * 2, torch.randn(3))
+    assert [p.name for p in candidates(relu_only)] == ["onnxruntime", "all-torch"]
+    both = graph_of(lambda x, w: torch.nn.functional.gelu(x @ w), torch.randn(3, 4), torch.randn(4, 5))
+    assert [p.name for p in candidates(both)] == [
+        "onnxruntime",
+        "all-torch",
+        "matmul-in-torch",
+        "fused-in-torch",
+        "fused+matmul-in-torch",
+    ]
+
+
+def test_a_declined_group_runs_in_torch_without_a_refusal_warning(caplog: pytest.LogCaptureFixture) -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    graph = make_fx(lambda x, w: (torch.relu(x @ w) + 1,))(torch.randn(3, 4), torch.randn(4, 5))
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        runner = build_graph_executor(
+            graph,
+            name="forward",
+            opset_version=18,
+            passes=[],
+            saver=None,
+            device=torch.device("cpu"),
+            placement=Placement(frozenset({"matmul"})),
+        )
+    owners = {
+        str(n.target): type(step.executor)
+        for step in runner.plan.steps
+        for n in step.nodes
+        if n.op == "call_function"
+    }
+    assert owners["aten.mm.default"] is TorchExecutor
+    assert owners["aten.relu.default"] is OnnxRuntimeExecutor
+    assert not [r for r in caplog.records if "cannot run" in r.getMessage()]
+    x, w = torch.randn(3, 4), torch.randn(4, 5)
+    torch.testing.assert_close(runner([x, w])[0], torch.relu(x @ w) + 1)
+
+
+# ---- the race (a fake clock: each runner "takes" its own time) --------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _fake_plans_are_not_announced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(placement_tuning, "announce_plan", lambda *args, **kwargs: None)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _FakeRunner:
+    def __init__(self, clock: _Clock, seconds: float) -> None:
+        self.clock, self.seconds, self.calls, self.profile = clock, seconds, 0, None
+        self.plan = f"plan taking {seconds}"
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        self.calls += 1
+        self.clock.now += self.seconds
+        return [a * 2 for a in args]
+
+
+def _race(
+    seconds: dict[str, float], *, settings: TuningSettings, build_seconds: float = 0.0, calls: int = 40
+) -> tuple[TunedRunner, _Clock, dict[str, _FakeRunner]]:
+    clock = _Clock()
+    built: dict[str, _FakeRunner] = {}
+    found = [Placement.from_name(n) for n in seconds]
+
+    def build(placement: Placement) -> Any:
+        clock.now += build_seconds
+        built[placement.name] = _FakeRunner(clock, seconds[placement.name])
+        return built[placement.name]
+
+    default = _FakeRunner(clock, seconds["onnxruntime"])
+    built["onnxruntime"] = default
+    runner = TunedRunner(
+        "backward",
+        default,
+        found,
+        build,
+        settings=settings,
+        key="k",
+        clock=clock,  # type: ignore[arg-type]
+    )
+    for _ in range(calls):
+        assert runner([1.0]) == [2.0]  # every call, tuning or not, computes the graph
+    return runner, clock, built
+
+
+def test_the_fastest_placement_wins_and_the_others_are_freed() -> None:
+    times = {"onnxruntime": 0.100, "all-torch": 0.090, "matmul-in-torch": 0.070, "fused-in-torch": 0.300}
+    runner, _, built = _race(times, settings=TuningSettings(enabled=True))
+    assert runner.chosen_placement == Placement(frozenset({"matmul"}))
+    assert runner.plan == "plan taking 0.07"
+    # fused-in-torch measured 3x the best once and was dropped; the others gave 3 timings each
+    assert built["fused-in-torch"].calls == 2
+    assert set(runner.report) == set(times)
+    calls_after = built["matmul-in-torch"].calls
+    runner([1.0])
+    assert built["matmul-in-torch"].calls == calls_after + 1
+    assert all(c.runner is None for c in runner._candidates if c.placement.name != "matmul-in-torch")
+
+
+def test_a_gain_within_noise_keeps_the_default() -> None:
+    times = {"onnxruntime": 0.100, "all-torch": 0.099}
+    runner, _, _ = _race(times, settings=TuningSettings(enabled=True))
+    assert runner.chosen_placement == DEFAULT
+
+
+def test_automatic_mode_leaves_quick_graphs_alone() -> None:
+    times = {"onnxruntime": 0.001, "all-torch": 0.0001}
+    runner, _, built = _race(times, settings=TuningSettings(enabled=None), calls=3)
+    assert runner.chosen_placement == DEFAULT and set(built) == {"onnxruntime"}
+    forced, _, _ = _race(times, settings=TuningSettings(enabled=True))
+    assert forced.chosen_placement == Placement(all_torch=True)
+
+
+def test_tuning_stops_at_its_time_bound() -> None:
+    times = {"onnxruntime": 0.100, "all-torch": 0.090, "matmul-in-torch": 0.050, "fused-in-torch": 0.040}
+    # Each build costs 2 s against a bound of 3 s: the third candidate is never built.
+    runner, _, built = _race(
+        times, settings=TuningSettings(enabled=True, max_duration_ms=3000), build_seconds=2.0
+    )
+    assert runner.chosen is not None
+    assert "fused-in-torch" not in built
+    assert runner._spent < 3.0 + 2.0 + 0.1  # at most one build past the bound
+
+
+def test_a_candidate_that_cannot_be_built_drops_out() -> None:
+    clock = _Clock()
+    default = _FakeRunner(clock, 0.1)
+
+    def build(placement: Placement) -> Any:
+        raise RuntimeError("no")
+
+    runner = TunedRunner(
+        "forward", default, [DEFAULT, Placement(all_torch=True)], build,  # type: ignore[arg-type]
+        settings=TuningSettings(enabled=True), key="k", clock=clock,
+    )  # fmt: skip
+    for _ in range(6):
+        assert runner([3.0]) == [6.0]
+    assert runner.chosen_placement == DEFAULT
+    assert "could not be built: RuntimeError: no" in (runner._candidates[1].dropped or "")
