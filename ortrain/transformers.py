@@ -17,7 +17,6 @@ from typing import Any
 
 try:
     from transformers import Trainer, TrainingArguments
-    from transformers.utils import can_return_loss, find_labels
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         'ortrain.transformers needs transformers and accelerate: pip install "ortrain[transformers]"'
@@ -65,14 +64,9 @@ class ORTTrainer(Trainer):
     ) -> None:
         if model is not None and not isinstance(model, ORTModule):
             model = ORTModule(model, debug_options)
+        # The Trainer reads label names off type(model): ORTModule's subclass for the wrapped class
+        # shows the wrapped forward (ortrain/ortmodule/signature.py), so evaluation reports a loss.
         super().__init__(model, args, *more, **kwargs)
-        if isinstance(self.model, ORTModule):
-            # The Trainer reads label names from the model's *class*, which is ORTModule here:
-            # read them from the wrapped model's class instead, so that evaluation reports a loss.
-            wrapped_class = type(self.model.module)
-            if self.args.label_names is None:
-                self.label_names = find_labels(wrapped_class)
-            self.can_return_loss = can_return_loss(wrapped_class)
 
     @staticmethod
     def get_optimizer_cls_and_kwargs(

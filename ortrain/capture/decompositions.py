@@ -10,7 +10,8 @@ Each entry is here for a measured reason (see DESIGN.md):
 - pooling (``decompositions_pooling``), elementwise and distance ops (``decompositions_math``),
   ``embedding_bag`` (``decompositions_embedding``), losses (``decompositions_losses``), 0-d
   scatters and gathers
-  (``decompositions_indexing``): each module says why.
+  (``decompositions_indexing``), view-scatters such as the backward of ``diagonal``
+  (``decompositions_view_scatter``): each module says why.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ortrain.capture import decompositions_indexing as indexing
 from ortrain.capture import decompositions_losses as losses
 from ortrain.capture import decompositions_math as math_ops
 from ortrain.capture import decompositions_pooling as pooling
+from ortrain.capture import decompositions_view_scatter as view_scatter
 from ortrain.capture.decompositions_breaks import break_decompositions
 
 aten = torch.ops.aten
@@ -165,5 +167,6 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten._embedding_bag_per_sample_weights_backward.default] = (
         embedding.embedding_bag_per_sample_weights_backward
     )
+    table.update(view_scatter.view_scatter_table())
     table.update(break_decompositions())
     return table

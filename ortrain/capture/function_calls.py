@@ -98,6 +98,12 @@ def apply_as_python_op(cls: type[Function], args: tuple[Any, ...], kwargs: dict[
 
 _calls_made: list[int] = []
 
+# Functions of libraries that are plain math, traced inline whatever the options say: DeepSpeed
+# ZeRO-3 replaces ``F.linear`` process-wide by a Function whose only difference from a linear is
+# gathering a partitioned weight in backward (ORTModule gathers for the whole graph: see
+# ortrain/ortmodule/zero3.py); as a python op, every matmul of the model would run in PyTorch.
+TRACED_INLINE = frozenset({"deepspeed.runtime.zero.linear.LinearFunctionForZeroStage3"})
+
 
 @contextlib.contextmanager
 def intercept_functions(
@@ -126,6 +132,7 @@ def intercept_functions(
                 opaque
                 and not _is_torch_internal(cls)
                 and qualified_name(cls) not in skipped
+                and qualified_name(cls) not in TRACED_INLINE
                 and _has_nested_tensor(args)
             ):
                 return apply_as_python_op(cls, args, kwargs)

@@ -23,6 +23,7 @@ import sympy
 import torch
 from torch.export import Dim
 
+from ortrain.capture.symbolic_sizes import SizeMax, SizeMin
 from ortrain.capture.view_ops import RESHAPES
 from ortrain.export.index_dtypes import cast_indices_to_int64
 from ortrain.export.onnx_translations import reused_op_registry
@@ -101,6 +102,15 @@ def _symbol_sources(placeholders: list[torch.fx.Node]) -> dict[sympy.Symbol, tup
     return sources
 
 
+# Min and Max come from views such as the diagonal of a dynamic, non-square tensor.
+_SIZE_OPERATORS: dict[type, Any] = {
+    sympy.Mul: operator.mul,
+    sympy.Add: operator.add,
+    SizeMin: torch.sym_min,
+    SizeMax: torch.sym_max,
+}
+
+
 def _size_node(
     graph: torch.fx.Graph,
     expr: sympy.Expr,
@@ -115,8 +125,8 @@ def _size_node(
             raise ExportError(f"size {expr} is not the size of any input tensor")
         position, dim = sources[expr]
         return graph.call_function(torch.ops.aten.sym_size.int, (placeholders[position], dim))
-    if isinstance(expr, (sympy.Mul, sympy.Add)):
-        op = operator.mul if isinstance(expr, sympy.Mul) else operator.add
+    op = _SIZE_OPERATORS.get(type(expr))
+    if op is not None:
         parts = [_size_node(graph, arg, sources, placeholders) for arg in expr.args]
         acc = parts[0]
         for part in parts[1:]:

@@ -42,7 +42,13 @@ from ortrain.ortmodule.options import (
 )
 from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves
 from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, tensor_signature, unflatten
-from ortrain.ortmodule.signature import wrapped_module_signature
+from ortrain.ortmodule.signature import (
+    base_wrapper_class,
+    new_wrapper,
+    wrapped_module_signature,
+    wrapper_class_for,
+)
+from ortrain.ortmodule.zero3 import zero3_gathered, zero3_parameters
 from ortrain.passes.pipeline import ForwardRewrite, StageSaver, default_passes, forward_rewrites
 from ortrain.runtime.memory import release_freed_memory
 from ortrain.runtime.placement_tuning import TunedRunner, TuningSettings, build_tuned_graph_executor
@@ -64,6 +70,11 @@ _OWN_ATTRIBUTES = frozenset(
         "training",
     }
 )
+
+# Bookkeeping that DeepSpeed ZeRO-3's hooks keep on the module they hook, the wrapper (``ds_*``, and
+# these, some changed at every step): the wrapper's state, not the model's, so it neither reaches
+# the wrapped module nor drops the captured graphs.
+_HOOK_STATE = frozenset({"pre_bwd_fn", "post_bwd_fn", "applied_pre_backward_ref_cnt"})
 
 
 class _FlatCall(nn.Module):
@@ -132,6 +143,11 @@ class ORTModule(nn.Module):
     checkpoints and wrappers such as DistributedDataParallel see the model they expect.
     """
 
+    def __new__(cls, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> ORTModule:
+        # A subclass per wrapped class, whose class-level forward shows the wrapped class's
+        # signature: the HF Trainer reads label names off type(model) (see signature.py).
+        return super().__new__(wrapper_class_for(cls, module))
+
     def __init__(self, module: nn.Module, debug_options: DebugOptions | None = None) -> None:
         if isinstance(module, nn.DataParallel):
             raise TypeError(
@@ -192,7 +208,7 @@ class ORTModule(nn.Module):
         return getattr(self._ortrain_module, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _OWN_ATTRIBUTES:
+        if name in _OWN_ATTRIBUTES or name in _HOOK_STATE or name.startswith("ds_"):
             object.__setattr__(self, name, value)
             return
         setattr(self._ortrain_module, name, value)
@@ -223,6 +239,10 @@ class ORTModule(nn.Module):
         state["_ortrain_graph_breaks"] = None
         state["_ortrain_fallback"] = FallbackManager(self._ortrain_fallback.policy)
         return state
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        # Name ORTModule and the wrapped class, not the subclass made for it (not importable).
+        return new_wrapper, (base_wrapper_class(type(self)), type(self._ortrain_module)), self.__getstate__()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -292,7 +312,12 @@ class ORTModule(nn.Module):
         if fallback.active:
             return self._ortrain_module(*args, **kwargs)
         try:
-            return self._run_on_ort(args, kwargs)
+            zero3 = zero3_parameters(self._ortrain_module)
+            if not zero3:
+                return self._run_on_ort(args, kwargs)
+            with zero3_gathered(self._ortrain_module, zero3) as for_backward:
+                outputs = self._run_on_ort(args, kwargs)
+            return for_backward(outputs)
         except ORTModuleFallbackException as error:
             fallback.handle(error)
             self._invalidate()  # PyTorch trains this model from now on: free the sessions

@@ -7,13 +7,24 @@ columns to keep (and whether the model takes ``num_items_in_batch``); a wrapper 
 object carries the wrapped module's signature. Looking the method up also lets accelerate unwrap
 the ``ORTModule`` (see :mod:`ortrain.ortmodule.unwrapping`), so that libraries loaded after the
 wrapper was built are covered.
+
+Some libraries read the signature off the model's *class*: the Trainer finds its label names with
+``find_labels(type(model))`` (the ``forward`` parameters containing "label"), and whether the model
+returns a loss with ``can_return_loss(type(model))``. So each wrapped class gets a subclass of
+``ORTModule`` of its own (``ORTModule[GPT2LMHeadModel]``, made once per class), whose class-level
+``forward`` reports the wrapped class's signature; ``ORTModule.forward`` itself stays
+``(self, *args, **kwargs)``. Pickles and copies name ``ORTModule`` and the wrapped class, never the
+made subclass.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
+
+from torch import nn
 
 from ortrain.ortmodule.unwrapping import teach_accelerate_to_unwrap
 
@@ -57,9 +68,55 @@ class _ForwardWithWrappedSignature:
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
-            return self._func
+            wrapped = getattr(owner, _WRAPPED_CLASS, None)
+            return self._func if wrapped is None else _class_forward(self._func, wrapped)
         teach_accelerate_to_unwrap()
         return BoundForward(self._func, instance)
+
+
+@functools.cache
+def _class_forward(func: Callable[..., Any], wrapped: type) -> Callable[..., Any]:
+    """``WrapperClass.forward``: the wrapper's function, showing ``wrapped.forward``'s signature."""
+
+    @functools.wraps(func)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return func(self, *args, **kwargs)
+
+    forward.__signature__ = inspect.signature(wrapped.forward)  # type: ignore[attr-defined]
+    return forward
+
+
+_WRAPPED_CLASS = "_ortrain_wrapped_class"
+_BASE_CLASS = "_ortrain_base_class"
+
+
+@functools.cache
+def _subclass_for(base: type, wrapped: type) -> type:
+    namespace = {
+        "__module__": base.__module__,
+        "__qualname__": f"{base.__qualname__}[{wrapped.__qualname__}]",
+        "__doc__": base.__doc__,
+        _WRAPPED_CLASS: wrapped,
+        _BASE_CLASS: base,
+    }
+    return type(f"{base.__name__}[{wrapped.__name__}]", (base,), namespace)
+
+
+def wrapper_class_for(cls: type, module: Any) -> type:
+    """The class to instantiate when ``cls`` (ORTModule or a subclass) wraps ``module``."""
+    if getattr(cls, _WRAPPED_CLASS, None) is not None or not isinstance(module, nn.Module):
+        return cls
+    return _subclass_for(cls, type(module))
+
+
+def base_wrapper_class(cls: type) -> type:
+    """The class a made subclass was made from (what pickles name)."""
+    return getattr(cls, _BASE_CLASS, cls)
+
+
+def new_wrapper(base: type, wrapped: type) -> Any:
+    """An empty wrapper of ``base`` for a module of class ``wrapped`` (unpickling calls this)."""
+    return object.__new__(_subclass_for(base, wrapped))
 
 
 def wrapped_module_signature(func: Callable[..., Any]) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import pickle
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,13 @@ def test_forward_signature_and_unwrapping_show_the_wrapped_module() -> None:
     for model in (nn.Linear(3, 2), tiny_gpt2()):
         wrapped = ORTModule(model)
         assert inspect.signature(wrapped.forward) == inspect.signature(model.forward)
+        # Read off the class too (the Trainer's find_labels / can_return_loss do), in a subclass
+        # of ORTModule made for the wrapped class; pickles name ORTModule and that class.
+        assert isinstance(wrapped, ORTModule)
+        assert type(wrapped).__name__ == f"ORTModule[{type(model).__name__}]"
+        assert inspect.signature(type(wrapped).forward) == inspect.signature(type(model).forward)
+        assert transformers.utils.find_labels(type(wrapped)) == transformers.utils.find_labels(type(model))
+        assert type(pickle.loads(pickle.dumps(wrapped))) is type(wrapped)
         assert wrapped.module is model
         # Looked up through their modules, as the Trainer does (a name imported with from-import
         # before the first ORTModule.forward lookup keeps accelerate's original function).
@@ -76,13 +84,19 @@ def test_plain_trainer_trains_like_eager_evaluates_saves_a_loadable_checkpoint_a
     tmp_path: Path,
 ) -> None:
     train, evaluation = token_dataset(16), token_dataset(8, seed=2)
-    # The Trainer finds label names on the model's class (ORTModule): name them (ORTTrainer does).
-    settings = {"save_strategy": "steps", "save_steps": 2, "label_names": ["labels"]}
-    eager = Trainer(model=tiny_gpt2(), args=_args(tmp_path / "eager", **settings), train_dataset=train)
+    settings = {"save_strategy": "steps", "save_steps": 2}
+    eager = Trainer(
+        model=tiny_gpt2(),
+        args=_args(tmp_path / "eager", **settings),
+        train_dataset=train,
+        eval_dataset=evaluation,
+    )
     eager.train()
     model = ORTModule(tiny_gpt2())
     args = _args(tmp_path / "run", **settings)
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=evaluation)
+    # No label_names given: the Trainer reads them off type(model), which shows GPT-2's forward.
+    assert trainer.label_names == eager.label_names == ["labels"]
     trainer.train()
 
     # The same run with and without ortrain logs the same losses. The Trainer rounds them to 4
@@ -96,8 +110,17 @@ def test_plain_trainer_trains_like_eager_evaluates_saves_a_loadable_checkpoint_a
     eager_params = _params(eager.model)
     for name, value in final.items():
         torch.testing.assert_close(value, eager_params[name], rtol=1e-4, atol=1e-4)
-    metrics = trainer.evaluate()
-    assert torch.isfinite(torch.tensor(metrics["eval_loss"]))
+    # Evaluation and prediction see the labels: a loss, and the label ids beside the logits.
+    metrics, expected_metrics = trainer.evaluate(), eager.evaluate()
+    assert abs(metrics["eval_loss"] - expected_metrics["eval_loss"]) <= 1e-4 * expected_metrics["eval_loss"]
+    predicted, expected_prediction = trainer.predict(evaluation), eager.predict(evaluation)
+    assert predicted.label_ids is not None and predicted.label_ids.shape == (8, 16)
+    torch.testing.assert_close(
+        torch.tensor(predicted.metrics["test_loss"]),
+        torch.tensor(expected_prediction.metrics["test_loss"]),
+        rtol=1e-4,
+        atol=0,
+    )
 
     # The checkpoint is a plain Hugging Face one: from_pretrained loads it, ties the head again.
     checkpoint = tmp_path / "run" / "checkpoint-4"
