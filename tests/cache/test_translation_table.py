@@ -50,7 +50,7 @@ def test_answers_match_torch_onnx_and_are_read_back_without_the_registry(
 
 
 def test_user_operators_are_not_remembered(tmp_path: Path) -> None:
-    library = torch.library.Library("ortrain_test_tt", "DEF")  # noqa: TOR901 (a throwaway op)
+    library = torch.library.Library("ortrain_test_tt", "DEF")  # a throwaway operator
     library.define("twice(Tensor x) -> Tensor")
     table = TranslationTable(tmp_path)
     assert not table.has_onnx_translation(torch.ops.ortrain_test_tt.twice.default)
