@@ -30,6 +30,7 @@ _EXPORT_SOURCES = (
     "export/exported_graph_io.py",
     "export/onnx_translations.py",
     "export/index_dtypes.py",
+    "export/exporter_decompositions.py",
     "capture/view_ops.py",
     "cache/graph_key.py",
     "cache/store.py",

@@ -10,6 +10,7 @@ as that callable's forward and backward "compilers".
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import weakref
@@ -96,6 +97,20 @@ def _fake_inputs(
     return fakes
 
 
+def _skip_unread_graph_logs(joint: Any) -> None:
+    """AOTAutograd renders the joint, forward and backward graphs as text for its loggers whether
+    or not anyone reads them (0.1-0.2 s per capture of the tiny GPT); render them only when
+    ``TORCH_LOGS`` or ``TORCH_TRACE`` asks for them."""
+    from torch._logging._internal import log_state, trace_log
+
+    if trace_log.handlers or any(
+        log_state.is_artifact_enabled(name) for name in ("aot_graphs", "aot_joint_graph")
+    ):
+        return
+    state = joint._aot_state
+    state.aot_config = dataclasses.replace(state.aot_config, enable_log=False)
+
+
 def capture(
     module: torch.nn.Module,
     inputs: Sequence[torch.Tensor],
@@ -168,6 +183,7 @@ def capture(
         joint = aot_autograd.aot_export_joint_with_descriptors(
             stack, traced_module, tuple(example), decompositions=decomposition_table()
         )
+        _skip_unread_graph_logs(joint)
         reports: list[MemoryReport] = []
         fn = aot_autograd.aot_compile_joint_with_descriptors(
             joint,

@@ -25,6 +25,7 @@ from torch.export import Dim
 
 from ortrain.capture.symbolic_sizes import SizeMax, SizeMin
 from ortrain.capture.view_ops import RESHAPES
+from ortrain.export.exporter_decompositions import lean_decomposition
 from ortrain.export.index_dtypes import cast_indices_to_int64
 from ortrain.export.onnx_translations import reused_op_registry
 
@@ -253,7 +254,7 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
     if not onnx_nodes:
         return ExportedGraph(onnx.ModelProto(), [], outputs, sources)
     try:
-        with _quiet_exporter(), reused_op_registry():
+        with _quiet_exporter(), reused_op_registry(), lean_decomposition():
             program = torch.onnx.export(
                 gm,
                 tuple(examples),

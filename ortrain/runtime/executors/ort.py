@@ -29,9 +29,10 @@ import sympy
 import torch
 
 from ortrain.cache.cached_export import export_graph_cached
+from ortrain.cache.translation_table import translation_table
 from ortrain.export.element_types import ONNX_ELEMENT_TYPES
 from ortrain.export.fx_to_onnx import ExportedGraph, ExportError
-from ortrain.export.onnx_translations import decomposed_at_export, fx_origins, has_onnx_translation
+from ortrain.export.onnx_translations import fx_origins
 from ortrain.passes.pipeline import Pass, run_passes
 from ortrain.runtime import ort_profile
 from ortrain.runtime.executors.base import RegionRejected
@@ -315,6 +316,9 @@ class OnnxRuntimeExecutor:
         self.rejected: dict[str, str] = {}  # FX node name -> why ONNX Runtime cannot run it
         self._built: dict[str, OrtSessionRunner] = {}
         self._regions_built = 0  # names regions in logs and timings: "backward[2]"
+        # Which operators torch.onnx translates: from ORTMODULE_CACHE_DIR when it knows (a warm
+        # cache then never builds torch.onnx's op registry), else looked up and stored there.
+        self._translations = translation_table(cache_dir)
 
     def refusal(self, node: torch.fx.Node) -> str | None:
         if node.name in self.rejected:
@@ -322,7 +326,7 @@ class OnnxRuntimeExecutor:
         learned = _learned_refusals.get((self.provider, *_signature(node)))
         if learned is not None:
             return learned
-        if not has_onnx_translation(node.target):
+        if not self._translations.has_onnx_translation(node.target):
             return "no ONNX translation"
         return None
 
@@ -333,7 +337,10 @@ class OnnxRuntimeExecutor:
         # A region that a re-partition left as it was is not exported again.
         key = str(region.graph)
         if key not in self._built:
-            self._built[key] = self._build(region)
+            try:
+                self._built[key] = self._build(region)
+            finally:
+                self._translations.save()  # what the partition and this build looked up
         return self._built[key]
 
     def forget_builds(self) -> None:
@@ -353,7 +360,7 @@ class OnnxRuntimeExecutor:
                 calls = [n for n in region.graph.nodes if n.op == "call_function"]
                 # The missing operator itself, or else the ops whose decomposition produced it.
                 culprits = [n for n in calls if str(n.target) == error.operator] or [
-                    n for n in calls if decomposed_at_export(n.target)
+                    n for n in calls if self._translations.decomposed_at_export(n.target)
                 ]
                 why = (
                     "no ONNX translation"
@@ -396,7 +403,7 @@ class OnnxRuntimeExecutor:
         calls = [n for n in region.graph.nodes if n.op == "call_function"]
         names = {n.name for n in calls}
         # Ops the exporter decomposes yield ONNX nodes named after the decomposition's nodes.
-        decomposed = [n.name for n in calls if decomposed_at_export(n.target)]
+        decomposed = [n.name for n in calls if self._translations.decomposed_at_export(n.target)]
         reasons: dict[str, str] = {}
         origins = fx_origins(model, region.graph)
         for onnx_node, why in missing_kernels(model, self.provider):

@@ -1,0 +1,94 @@
+"""torch.onnx's decomposition step, skipped where it would change nothing and its table built once.
+
+``torch.onnx.export`` re-traces every exported program through ``run_decompositions`` with a table
+of the decompositions of the operators it has no ONNX translation for. Building that table takes
+about 0.3 s and the re-trace about 1 s even for a one-node graph (2-core machine): most of an
+export. ortrain exports graphs that AOTAutograd has already decomposed and functionalized, and
+the ONNX Runtime executor exports many small regions when it splits a graph between executors
+(a bfloat16 model: one per run of nodes with CPU kernels). So, while ortrain exports:
+
+- a program whose every operator has an ONNX translation is not re-traced: no decomposition
+  applies to it, and the re-trace would return the same operators. Any other program (an
+  operator a decomposition rewrites, a higher-order op, a call that is not an ATen operator or
+  size arithmetic) goes through torch.onnx's own step unchanged;
+- the table is built once per set of translated operators and decompositions, not per export.
+
+The private exporter API patched here is used in this file only, so a torch upgrade that moves it
+touches this file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+# Python functions on sizes that torch.onnx translates itself (dynamic shapes).
+_SIZE_ARITHMETIC_MODULES = ("_operator", "math")
+# Checks that torch.export inserts and torch.onnx removes after the decomposition step.
+_ASSERTIONS = frozenset(
+    {
+        torch.ops.aten.sym_constrain_range_for_size.default,
+        torch.ops.aten._assert_async.default,
+        torch.ops.aten._assert_async.msg,
+        torch.ops.aten._assert_scalar.default,
+        torch.ops.aten._assert_tensor_metadata.default,
+    }
+)
+_TABLES: dict[tuple[frozenset[Any], int], dict[Any, Callable[..., Any]]] = {}
+
+
+def needs_no_decomposition(graph_module: torch.fx.GraphModule, translated: set[Any]) -> bool:
+    """Whether every call in ``graph_module`` is an operator in ``translated`` or size arithmetic."""
+    for module in graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            return False
+        for node in module.graph.nodes:
+            if node.op in ("placeholder", "output", "get_attr"):
+                continue
+            if node.op != "call_function":
+                return False
+            target = node.target
+            if target in _ASSERTIONS:
+                continue
+            if isinstance(target, torch._ops.OpOverload):
+                # A mutating op would be functionalized by the re-trace: keep it.
+                if target not in translated or target._schema.is_mutable:
+                    return False
+            elif getattr(target, "__module__", None) not in _SIZE_ARITHMETIC_MODULES:
+                return False
+    return True
+
+
+@contextlib.contextmanager
+def lean_decomposition() -> Iterator[None]:
+    """While exporting: skip the re-trace of programs that need no decomposition; reuse the table.
+
+    Exports are serialized by ortrain's compile lock, like the rest of the export's patches."""
+    from torch.onnx._internal.exporter import _decomp, _fx_passes
+
+    original_step = _fx_passes.decompose_with_registry
+    original_table = _decomp.create_onnx_friendly_decomposition_table
+
+    def decompose_with_registry(program: torch.export.ExportedProgram, registry: Any) -> Any:
+        translated = set(_decomp.get_onnx_implemented_overloads(registry))
+        if needs_no_decomposition(program.graph_module, translated):
+            return program
+        return original_step(program, registry)
+
+    def table(translated: set[Any]) -> dict[Any, Callable[..., Any]]:
+        # torch's decomposition table only grows (registrations): its size tells its version.
+        key = (frozenset(translated), len(torch._decomp.decomposition_table))
+        if key not in _TABLES:
+            _TABLES[key] = original_table(translated)
+        return dict(_TABLES[key])
+
+    _fx_passes.decompose_with_registry = decompose_with_registry
+    _decomp.create_onnx_friendly_decomposition_table = table
+    try:
+        yield
+    finally:
+        _fx_passes.decompose_with_registry = original_step
+        _decomp.create_onnx_friendly_decomposition_table = original_table
