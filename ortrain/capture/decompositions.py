@@ -8,7 +8,8 @@ Each entry is here for a measured reason (see DESIGN.md):
 - ``native_batch_norm_backward``, ``silu_backward``, ``convolution_backward`` (plain and
   transposed): no ONNX translation.
 - pooling (``decompositions_pooling``), elementwise and distance ops (``decompositions_math``),
-  ``embedding_bag`` (``decompositions_embedding``), losses (``decompositions_losses``), 0-d
+  ``embedding_bag`` (``decompositions_embedding``), losses (``decompositions_losses``), the
+  ``erfc`` family (``decompositions_special``: a wrong value without an error before), 0-d
   scatters and gathers
   (``decompositions_indexing``): each module says why.
 """
@@ -26,6 +27,7 @@ from ortrain.capture import decompositions_indexing as indexing
 from ortrain.capture import decompositions_losses as losses
 from ortrain.capture import decompositions_math as math_ops
 from ortrain.capture import decompositions_pooling as pooling
+from ortrain.capture import decompositions_special as special
 from ortrain.capture.decompositions_breaks import break_decompositions
 
 aten = torch.ops.aten
@@ -156,6 +158,9 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.hypot.default] = math_ops.hypot
     table[aten.erfinv.default] = math_ops.erfinv
     table[aten.cumprod.default] = math_ops.cumprod
+    table[aten.erfc.default] = special.erfc
+    table[aten.special_erfcx.default] = special.erfcx
+    table[aten.special_log_ndtr.default] = special.log_ndtr
     table[aten._cdist_forward.default] = math_ops.cdist_forward
     table[aten._cdist_backward.default] = math_ops.cdist_backward
     table[aten._embedding_bag.default] = embedding.embedding_bag

@@ -13,6 +13,7 @@ from ortrain.capture import decompositions_indexing as indexing
 from ortrain.capture import decompositions_losses as losses
 from ortrain.capture import decompositions_math as math_ops
 from ortrain.capture import decompositions_pooling as pooling
+from ortrain.capture import decompositions_special as special
 from ortrain.capture.decompositions import convolution_backward
 from ortrain.capture.decompositions_pooling import adaptive_avg_pool2d_backward
 
@@ -271,3 +272,23 @@ def test_kthvalue_and_mode_match_native() -> None:
                 math_ops.mode(data, dim, keepdim), torch.mode(data, dim, keepdim), strict=True
             ):
                 torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    ("ours", "native"),
+    [
+        (special.erfc, torch.erfc),
+        (special.erfcx, torch.special.erfcx),
+        (special.log_ndtr, torch.special.log_ndtr),
+    ],
+)
+def test_erfc_family_keeps_its_tails_in_float32(ours, native) -> None:  # type: ignore[no-untyped-def]
+    # onnxscript's 1 - Erf(x) is 0 above x ~ 3.9, so log_ndtr came out -inf: compare with a
+    # float64 truth wherever float32 can hold the value, as closely as PyTorch's float32 kernel.
+    x = torch.linspace(-12.0, 30.0, 20001, dtype=torch.float64)
+    truth, got, eager = native(x), ours(x.float()).double(), native(x.float()).double()
+    assert torch.equal(torch.isfinite(got), torch.isfinite(eager))
+    normal = torch.isfinite(eager) & (eager.abs() > 1e-30)
+    relative = ((got - truth).abs() / truth.abs())[normal]
+    eager_relative = ((eager - truth).abs() / truth.abs())[normal]
+    assert relative.max() < 2 * eager_relative.max() + 1e-6
