@@ -206,3 +206,85 @@ def addmv(
     if beta == 0:  # as PyTorch: input is ignored, NaNs in it included
         return product.expand(torch.broadcast_shapes(input.shape, product.shape)).clone()
     return product + (input if beta == 1 else input * beta)
+
+
+# The exporter lowers ``fmax``/``fmin`` and ``copysign`` to prims without ONNX translation
+# (``prims.fmax``, ``prims.signbit``), and ``aminmax``, ``cummax``/``cummin``, ``median`` and
+# ``mish_backward`` have none.
+def fmax(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The maximum ignoring NaN: NaN only where both are."""
+    return torch.where(torch.isnan(b), a, torch.where(torch.isnan(a), b, torch.maximum(a, b)))
+
+
+def fmin(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isnan(b), a, torch.where(torch.isnan(a), b, torch.minimum(a, b)))
+
+
+def copysign(a: torch.Tensor, b: torch.Tensor | float) -> torch.Tensor:
+    """|a| with the sign bit of b; -0.0 counts as negative (1/-0.0 is -inf)."""
+    if not isinstance(b, torch.Tensor):
+        b = torch.tensor(b, dtype=a.dtype if a.is_floating_point() else torch.get_default_dtype())
+    magnitude = a.abs()
+    if not magnitude.is_floating_point():
+        magnitude = magnitude.to(torch.promote_types(a.dtype, b.dtype))
+    negative = (b < 0) | ((b == 0) & (1.0 / b < 0))
+    return torch.where(negative, -magnitude, magnitude)
+
+
+def aminmax(
+    x: torch.Tensor, *, dim: int | None = None, keepdim: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    dims = list(range(x.dim())) if dim is None else [dim]
+    if x.dim() == 0:
+        return x.clone(), x.clone()
+    return aten.amin.default(x, dims, keepdim), aten.amax.default(x, dims, keepdim)
+
+
+def _running_extreme(x: torch.Tensor, dim: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Running maximum (or minimum) and, as PyTorch's CPU kernel, the last index where it occurs
+    up to each position; over a lower-triangular mask, n² along ``dim`` as ``cumprod``."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    dim = dim % x.dim()
+    moved = x.movedim(dim, -1)
+    n = moved.shape[-1]
+    rows = moved.unsqueeze(-2).expand([*moved.shape[:-1], n, n])  # [..., i, j] = x_j
+    position = torch.arange(n, device=x.device)
+    keep = position.unsqueeze(0) <= position.unsqueeze(1)  # j <= i
+    fill = torch.full_like(rows, -math.inf if largest else math.inf)
+    masked = torch.where(keep, rows, fill)
+    values = masked.amax(-1) if largest else masked.amin(-1)
+    hit = keep & (rows == values.unsqueeze(-1))
+    indices = torch.where(hit, position.expand(rows.shape), torch.full_like(position, -1)).amax(-1)
+    return values.movedim(-1, dim), indices.movedim(-1, dim)
+
+
+def cummax(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _running_extreme(x, dim, largest=True)
+
+
+def cummin(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _running_extreme(x, dim, largest=False)
+
+
+def median(x: torch.Tensor) -> torch.Tensor:
+    """The lower median of all elements, as PyTorch (the ((n-1)//2)-th smallest)."""
+    flat = x.reshape(-1)
+    return kthvalue(flat, (flat.shape[0] - 1) // 2 + 1, 0)[0]
+
+
+def median_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    return kthvalue(x, (x.shape[dim] - 1) // 2 + 1, dim, keepdim)
+
+
+def mish_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """d/dx x·tanh(softplus(x)) = tanh(sp) + x·sigmoid(x)·(1 - tanh(sp)²)."""
+    tanh_softplus = torch.tanh(torch.nn.functional.softplus(x))
+    return grad * (tanh_softplus + x * torch.sigmoid(x) * (1 - tanh_softplus * tanh_softplus))
+
+
+def mish(x: torch.Tensor) -> torch.Tensor:
+    """ONNX Runtime's CPU provider has no kernel for ONNX's Mish."""
+    return x * torch.tanh(torch.nn.functional.softplus(x))
