@@ -149,6 +149,18 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.amin.default] = math_ops.amin
     table[aten.adaptive_max_pool2d.default] = pooling.adaptive_max_pool2d
     table[aten.adaptive_max_pool2d_backward.default] = pooling.adaptive_max_pool2d_backward
+    table[aten.max_pool3d_with_indices_backward.default] = pooling.max_pool3d_with_indices_backward
+    table[aten.adaptive_max_pool3d_backward.default] = pooling.adaptive_max_pool3d_backward
+    table[aten._adaptive_avg_pool3d.default] = pooling.adaptive_avg_pool3d
+    table[aten._adaptive_avg_pool3d_backward.default] = pooling.adaptive_avg_pool3d_backward
+    for pad_backward in (
+        aten.replication_pad1d_backward,
+        aten.replication_pad2d_backward,
+        aten.replication_pad3d_backward,
+    ):
+        table[pad_backward.default] = pooling.replication_pad_backward
+    for pad in (aten.replication_pad1d, aten.replication_pad2d, aten.replication_pad3d):
+        table[pad.default] = pooling.replication_pad
     table[aten.binary_cross_entropy_with_logits.default] = losses.binary_cross_entropy_with_logits
     table[aten.mv.default] = math_ops.mv
     table[aten.addmv.default] = math_ops.addmv

@@ -348,3 +348,38 @@ def test_nan_aware_extremes_copysign_and_running_extremes_match_native() -> None
     g, z = torch.randn(50), torch.linspace(-30, 30, 50)
     torch.testing.assert_close(math_ops.mish(z), torch.nn.functional.mish(z))
     torch.testing.assert_close(math_ops.mish_backward(g, z), aten.mish_backward(g, z))
+
+
+@pytest.mark.parametrize("padding", [(2, 1), (1, 3, 0, 2), (-1, 2, 1, -2), (1, 0, 2, 1, 1, 2)])
+def test_replication_pad_and_backward_match_native(padding: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    spatial = len(padding) // 2
+    x = torch.randn([2, 3, 5, 6, 4][: 2 + spatial])
+    want = torch.nn.functional.pad(x, padding, mode="replicate")
+    torch.testing.assert_close(pooling.replication_pad(x, padding), want)
+    grad = torch.randn_like(want)
+    native = getattr(aten, f"replication_pad{spatial}d_backward")(grad, x, padding)
+    torch.testing.assert_close(pooling.replication_pad_backward(grad, x, padding), native)
+
+
+def test_pool3d_decompositions_match_native() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 5, 6)
+    for out in ((3, 2, 4), (7, 5, 6), (1, 1, 1)):
+        torch.testing.assert_close(pooling.adaptive_avg_pool3d(x, out), aten._adaptive_avg_pool3d(x, out))
+        grad = torch.randn([2, 3, *out])
+        torch.testing.assert_close(
+            pooling.adaptive_avg_pool3d_backward(grad, x), aten._adaptive_avg_pool3d_backward(grad, x)
+        )
+        values, indices = aten.adaptive_max_pool3d(x, out)
+        torch.testing.assert_close(
+            pooling.adaptive_max_pool3d_backward(grad, x, indices),
+            aten.adaptive_max_pool3d_backward(grad, x, indices),
+        )
+    args = ([3, 2, 3], [2, 1, 2], [1, 0, 1], [1, 1, 1], True)
+    values, indices = aten.max_pool3d_with_indices(x, *args)
+    grad = torch.randn_like(values)
+    torch.testing.assert_close(
+        pooling.max_pool3d_with_indices_backward(grad, x, *args, indices),
+        aten.max_pool3d_with_indices_backward(grad, x, *args, indices),
+    )
