@@ -379,6 +379,10 @@ def check_grouped(cases: Sequence[Case], *, compare: bool = True) -> list[Result
     except Exception as error:
         seconds = time.perf_counter() - start
         return [Result(c.name, classify(error), first_line(error), seconds) for c in cases]
+    fallback = wrapped._ortrain_fallback.reason
+    if fallback is not None:  # the policy let PyTorch run the whole model: that is no pass
+        seconds = time.perf_counter() - start
+        return [Result(c.name, classify(fallback), first_line(fallback), seconds) for c in cases]
     kinds = _wrapped_executors(wrapped)
     seconds = time.perf_counter() - start
     bucket = "onnxruntime" if kinds <= {"onnxruntime"} else "partly_torch_executor"
@@ -529,6 +533,7 @@ def summary(results: Sequence[Result]) -> dict[str, Any]:
     passing = counts["onnxruntime"] + counts["partly_torch_executor"]
     return {
         "torch": torch.__version__,
+        "policy": os.environ["ORTMODULE_FALLBACK_POLICY"],
         "ops": len(results),
         "compared": compared,
         "counts": counts,
@@ -539,7 +544,11 @@ def summary(results: Sequence[Result]) -> dict[str, Any]:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    lines = [f"{report['ops']} ops swept ({report['compared']} compared), torch {report['torch']}", ""]
+    lines = [
+        f"{report['ops']} ops swept ({report['compared']} compared), torch {report['torch']}, "
+        f"{report.get('policy', 'FALLBACK_DISABLE')}",
+        "",
+    ]
     lines.append("| bucket | ops |")
     lines.append("|---|---|")
     for bucket, count in report["counts"].items():
@@ -565,9 +574,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=1, help="sample inputs tried per op")
     parser.add_argument("--json", help="write the report here (rewritten after every op)")
     parser.add_argument(
+        "--policy",
+        default="FALLBACK_DISABLE",
+        help="ORTMODULE_FALLBACK_POLICY for the sweep: FALLBACK_DISABLE (default: every node in ONNX "
+        "Runtime or an error) or FALLBACK_UNSUPPORTED_ONNX_MODEL (nodes ONNX Runtime cannot run go "
+        "to PyTorch one by one: bucket partly_torch_executor; a whole-model fallback still fails)",
+    )
+    parser.add_argument(
         "--resume", action="store_true", help="skip ops already in --json, keep their results"
     )
     args = parser.parse_args(argv)
+    os.environ["ORTMODULE_FALLBACK_POLICY"] = args.policy  # the worker processes inherit it
     all_ops = [op_id(o) for o in swept_ops()]
     # The common ops first, so that a partial run (stopped, then --resume'd) covers them.
     names = list(CI_OPS) if args.ci else (args.ops or [*CI_OPS, *(n for n in all_ops if n not in CI_OPS)])
