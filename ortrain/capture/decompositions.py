@@ -23,6 +23,7 @@ import torch
 from torch._decomp import get_decompositions
 
 from ortrain.capture import decompositions_embedding as embedding
+from ortrain.capture import decompositions_gathers as gathers
 from ortrain.capture import decompositions_indexing as indexing
 from ortrain.capture import decompositions_losses as losses
 from ortrain.capture import decompositions_math as math_ops
@@ -125,6 +126,19 @@ def convolution_backward(
     return grad_input, grad_weight, grad_bias
 
 
+def _first_of(*decompositions: Callable[..., Any]) -> Callable[..., Any]:
+    """The first of ``decompositions`` that applies (does not return NotImplemented)."""
+
+    def decomposition(*args: Any, **kwargs: Any) -> Any:
+        for candidate in decompositions:
+            result = candidate(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        return NotImplemented
+
+    return decomposition
+
+
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table = get_decompositions(
         [
@@ -132,9 +146,11 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
             aten._native_batch_norm_legit_functional,
             aten.native_batch_norm_backward,
             aten.silu_backward,
+            aten.bernoulli.default,  # ONNX Runtime's CPU provider refuses its Bernoulli: rand < p
         ]
     )
     table.update(indexing.scalar_indexing_table())
+    table[aten.scatter_reduce.two] = _first_of(table[aten.scatter_reduce.two], gathers.scatter_reduce_mean)
     table[aten.convolution_backward.default] = convolution_backward
     table[aten._adaptive_avg_pool2d_backward.default] = pooling.adaptive_avg_pool2d_backward
     table[aten.avg_pool2d.default] = pooling.avg_pool2d
@@ -176,6 +192,11 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.cummin.default] = math_ops.cummin
     table[aten.median.default] = math_ops.median
     table[aten.median.dim] = math_ops.median_dim
+    table[aten._trilinear.default] = math_ops.trilinear
+    table[aten._efficientzerotensor.default] = math_ops.efficient_zero_tensor
+    table[aten.put.default] = gathers.put
+    table[aten.take.default] = gathers.take
+    table[aten.index_reduce.default] = gathers.index_reduce
     table[aten.mish.default] = math_ops.mish
     table[aten.mish_backward.default] = math_ops.mish_backward
     table[aten.hypot.default] = math_ops.hypot

@@ -288,3 +288,37 @@ def mish_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def mish(x: torch.Tensor) -> torch.Tensor:
     """ONNX Runtime's CPU provider has no kernel for ONNX's Mish."""
     return x * torch.tanh(torch.nn.functional.softplus(x))
+
+
+def trilinear(
+    i1: torch.Tensor,
+    i2: torch.Tensor,
+    i3: torch.Tensor,
+    expand1: list[int],
+    expand2: list[int],
+    expand3: list[int],
+    sumdim: list[int],
+    unroll_dim: int = 1,
+) -> torch.Tensor:
+    """``_trilinear`` (``nn.Bilinear``, no ONNX translation): the three inputs, each unsqueezed at
+    its ``expand`` dims, multiplied and summed over ``sumdim``."""
+    factors = []
+    for x, expand in ((i1, expand1), (i2, expand2), (i3, expand3)):
+        for d in sorted(expand):
+            x = x.unsqueeze(d)
+        factors.append(x)
+    product = factors[0] * factors[1] * factors[2]
+    return product.sum(sorted(sumdim)) if sumdim else product
+
+
+def efficient_zero_tensor(
+    size: list[int],
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> torch.Tensor:
+    """PyTorch's backward formulas return this marker of a zero gradient (``sgn``'s for real
+    inputs); ONNX has no such thing, so an ordinary tensor of zeros."""
+    return torch.zeros(size, dtype=dtype, device=device)

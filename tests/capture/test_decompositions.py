@@ -383,3 +383,42 @@ def test_pool3d_decompositions_match_native() -> None:
         pooling.max_pool3d_with_indices_backward(grad, x, *args, indices),
         aten.max_pool3d_with_indices_backward(grad, x, *args, indices),
     )
+
+
+def test_gathers_scatters_and_trilinear_match_native() -> None:
+    from ortrain.capture import decompositions_gathers as gathers
+
+    torch.manual_seed(0)
+    x, src = torch.randn(4, 5), torch.randn(4, 7)
+    index = torch.tensor([[0, 1, 1, 4, 0, 2, 2]] * 4)
+    for include_self in (True, False):
+        want = x.scatter_reduce(1, index, src, "mean", include_self=include_self)
+        torch.testing.assert_close(
+            gathers.scatter_reduce_mean(x, 1, index, src, "mean", include_self=include_self), want
+        )
+        xi = torch.arange(20).reshape(4, 5)
+        want_int = xi.scatter_reduce(
+            1, index, torch.arange(28).reshape(4, 7), "mean", include_self=include_self
+        )
+        got_int = gathers.scatter_reduce_mean(
+            xi, 1, index, torch.arange(28).reshape(4, 7), "mean", include_self=include_self
+        )
+        torch.testing.assert_close(got_int, want_int)
+        for reduce in ("mean", "prod", "amax", "amin"):
+            rows = torch.tensor([0, 3, 3, 1, 0, 2, 0])
+            want = x.index_reduce(1, rows[:5], src[:, :5], reduce, include_self=include_self)
+            got = gathers.index_reduce(x, 1, rows[:5], src[:, :5], reduce, include_self=include_self)
+            torch.testing.assert_close(got, want)
+    flat_index = torch.tensor([[0, -1], [7, 19]])
+    torch.testing.assert_close(gathers.take(x, flat_index), torch.take(x, flat_index))
+    values = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    for accumulate in (True, False):
+        torch.testing.assert_close(
+            gathers.put(x, torch.tensor([[0, -1], [7, 7]]) if accumulate else flat_index, values, accumulate),
+            x.put(torch.tensor([[0, -1], [7, 7]]) if accumulate else flat_index, values, accumulate),
+        )
+    bilinear = torch.nn.Bilinear(3, 5, 6)
+    a, b = torch.randn(4, 3), torch.randn(4, 5)
+    args = ([1, 3], [0], [1, 2], [2, 3])  # as torch.nn.functional.bilinear calls it
+    want = aten._trilinear(a, bilinear.weight, b, *args)
+    torch.testing.assert_close(math_ops.trilinear(a, bilinear.weight, b, *args), want)

@@ -90,3 +90,27 @@ def test_random_ops_are_not_compared_but_their_deterministic_part_is() -> None:
     assert sweep.random_ops(case) == []
     (result,) = sweep.check_grouped([case])
     assert result.bucket == "onnxruntime", result
+
+
+# Ops that ortrain decomposes itself (tests/capture/test_decompositions.py checks each against
+# PyTorch's kernel): here they train under ORTModule, in one module; the mean reductions on their
+# first two samples (the second includes self, which onnxscript got wrong).
+DECOMPOSED_OPS = (
+    "scatter_reduce.mean",  # onnxscript scattered without averaging: wrong with include_self
+    "index_reduce.mean", "index_reduce.amax", "put", "take", "lgamma", "digamma",
+    "polygamma.polygamma_n_2", "mvlgamma.mvlgamma_p_3", "fmax", "copysign", "aminmax", "cummax", "median",
+    "nn.functional.mish", "nn.functional.pad.replicate_negative", "nn.functional.adaptive_avg_pool3d",
+    "nn.functional.max_pool3d", "nn.functional.bilinear", "sgn",
+)  # fmt: skip
+
+
+def test_decomposed_ops_train_with_gradient_parity_on_several_samples() -> None:
+    ops = {sweep.op_id(o): o for o in sweep.swept_ops()}
+    cases = []
+    for name in DECOMPOSED_OPS:
+        found, reason = sweep.cases_for(ops[name], 2 if name.endswith(".mean") else 1)
+        assert found, f"{name}: {reason}"
+        cases += found
+    results = sweep.check_grouped(cases)
+    failures = [f"{r.op}: {r.bucket}: {r.error}" for r in results if r.bucket != "onnxruntime"]
+    assert not failures, "\n".join(failures)
