@@ -384,6 +384,10 @@ def check_grouped(cases: Sequence[Case], *, compare: bool = True) -> list[Result
         seconds = time.perf_counter() - start
         return [Result(c.name, classify(fallback), first_line(fallback), seconds) for c in cases]
     kinds = _wrapped_executors(wrapped)
+    if wrapped._ortrain_graph_breaks is not None:
+        # Whole-graph capture failed and TorchDynamo split the model: the code between its graphs
+        # runs in eager PyTorch (the failing op among it, perhaps), so this is no ONNX Runtime pass.
+        kinds.add("torch (between graph breaks)")
     seconds = time.perf_counter() - start
     bucket = "onnxruntime" if kinds <= {"onnxruntime"} else "partly_torch_executor"
     results = []
