@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch._decomp import get_decompositions
 
-from ortrain.capture import decompositions_ctc as ctc
 from ortrain.capture import decompositions_embedding as embedding
 from ortrain.capture import decompositions_gathers as gathers
 from ortrain.capture import decompositions_indexing as indexing
@@ -194,10 +193,6 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.median.default] = math_ops.median
     table[aten.median.dim] = math_ops.median_dim
     table[aten._trilinear.default] = math_ops.trilinear
-    table[aten._ctc_loss.default] = ctc.ctc_loss
-    table[aten._ctc_loss.Tensor] = ctc.ctc_loss
-    table[aten._ctc_loss_backward.default] = ctc.ctc_loss_backward
-    table[aten._ctc_loss_backward.Tensor] = ctc.ctc_loss_backward
     table[aten._efficientzerotensor.default] = math_ops.efficient_zero_tensor
     table[aten.put.default] = gathers.put
     table[aten.take.default] = gathers.take

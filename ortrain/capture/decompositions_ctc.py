@@ -1,11 +1,8 @@
-"""CTC loss as its alpha (forward) and beta (backward) recursions, unrolled over time steps.
+"""CTC loss as its alpha (forward) recursion, unrolled over time steps, differentiated by autograd.
 
 PyTorch's ``_ctc_loss`` returns its alpha table sized by the longest target, a value of the
-target-lengths tensor: a data-dependent output shape, so capture failed. Here the table is sized
-by the targets' padded width (a shape), lengths act as masks, and ``_ctc_loss_backward`` computes
-PyTorch's own gradient from the alpha table: exp(log_probs) minus the label posteriors (the
-gradient with respect to logits under a log_softmax, which is what PyTorch returns for
-log_probs), times the incoming gradient, zero past each input's length.
+target-lengths tensor: a data-dependent output shape, so capture failed. Here the lattice is
+sized by the targets' padded width (a shape) and lengths act as masks.
 """
 
 from __future__ import annotations
@@ -96,67 +93,50 @@ class _Lattice:
         end_label = torch.where(self.out_lengths > 0, end_label, -math.inf)
         return -_log_add(end_blank, end_label), torch.stack(table, 1)
 
-    def beta(self) -> torch.Tensor:
-        """The beta table [T, N, S']: from each state at t to the end, emissions at t included."""
-        neg_inf = torch.full((self.batch, 1), -math.inf, dtype=self.emit.dtype, device=self.emit.device)
-        state = torch.arange(self.states, device=self.emit.device).unsqueeze(0)
-        last = 2 * self.out_lengths.unsqueeze(1)
-        ends = (state == last) | ((state == last - 1) & (self.out_lengths.unsqueeze(1) > 0))
-        skip_from = torch.cat([self.may_skip[:, 2:], torch.zeros_like(self.may_skip[:, :2])], 1)
-        beta = torch.full_like(self.emit[0], -math.inf)
-        table = []
-        for t in reversed(range(self.time_steps)):
-            one = torch.cat([beta[:, 1:], neg_inf], 1)
-            two = torch.where(skip_from, torch.cat([beta[:, 2:], neg_inf, neg_inf], 1), -math.inf)
-            step = _log_add(beta, one, two) + self.emit[t]
-            start = torch.where(ends, self.emit[t], -math.inf)
-            at_end = (self.in_lengths == t + 1).unsqueeze(1)
-            beta = torch.where(
-                at_end, start, torch.where((self.in_lengths > t + 1).unsqueeze(1), step, -math.inf)
-            )
-            table.append(beta)
-        return torch.stack(table[::-1], 0)
+
+_REDUCTIONS = ("none", "mean", "sum")
 
 
-def ctc_loss(
+def ctc_loss_function(
     log_probs: torch.Tensor,
     targets: torch.Tensor,
     input_lengths: Sequence[int] | torch.Tensor,
     target_lengths: Sequence[int] | torch.Tensor,
     blank: int = 0,
-    zero_infinity: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``_ctc_loss``: (negative log-likelihood [N], alpha table [N, T, S'])."""
-    if targets.dim() == 1 and isinstance(target_lengths, torch.Tensor):
-        return NotImplemented  # splitting concatenated targets needs the lengths' values
-    return _Lattice(log_probs, targets, input_lengths, target_lengths, blank).alpha()
-
-
-def ctc_loss_backward(
-    grad: torch.Tensor,
-    log_probs: torch.Tensor,
-    targets: torch.Tensor,
-    input_lengths: Sequence[int] | torch.Tensor,
-    target_lengths: Sequence[int] | torch.Tensor,
-    neg_log_likelihood: torch.Tensor,
-    log_alpha: torch.Tensor,
-    blank: int,
+    reduction: str = "mean",
     zero_infinity: bool = False,
 ) -> torch.Tensor:
-    if targets.dim() == 1 and isinstance(target_lengths, torch.Tensor):
+    """``torch.nn.functional.ctc_loss`` as the alpha recursion, differentiated by autograd.
+
+    Used while capturing (``capture/function_overrides.py``), above autograd: AOTAutograd's
+    metadata pass runs ``_ctc_loss`` itself, below any decomposition table, and fails on its
+    data-dependent output shape. Falls back to PyTorch (returns NotImplemented) for concatenated
+    targets with tensor lengths, whose split needs the lengths' values.
+    """
+    if reduction not in _REDUCTIONS or (targets.dim() == 1 and isinstance(target_lengths, torch.Tensor)):
         return NotImplemented
+    unbatched = log_probs.dim() == 2
+    if unbatched:
+        log_probs, targets = log_probs.unsqueeze(1), targets.unsqueeze(0)
+        if isinstance(input_lengths, torch.Tensor):
+            input_lengths, target_lengths = (
+                input_lengths.reshape(1),
+                torch.as_tensor(target_lengths).reshape(1),
+            )
     lattice = _Lattice(log_probs, targets, input_lengths, target_lengths, blank)
-    beta = lattice.beta()
-    # Posterior of each state: alpha·beta counts the emission at t twice.
-    log_posterior = log_alpha.transpose(0, 1) + beta - lattice.emit + neg_log_likelihood.unsqueeze(1)
-    finite = torch.isfinite(neg_log_likelihood).unsqueeze(1)
-    posterior = torch.where(finite & torch.isfinite(log_posterior), torch.exp(log_posterior), 0.0)
-    occupancy = torch.zeros_like(log_probs).scatter_add(2, lattice.index, posterior)
-    result = (torch.exp(log_probs) - occupancy) * grad.unsqueeze(0).unsqueeze(2)
-    live = torch.arange(lattice.time_steps, device=log_probs.device).unsqueeze(
-        1
-    ) < lattice.in_lengths.unsqueeze(0)
-    result = torch.where(live.unsqueeze(2), result, torch.zeros_like(result))
+    loss, _ = lattice.alpha()
+    # PyTorch's CTC backward returns exp(log_probs) - posteriors, not -posteriors (the gradient
+    # for logits under a log_softmax, whose backward maps both to the same result). Add a term
+    # whose value is exactly 0 and whose gradient is exp(log_probs) over each sample's steps.
+    steps = torch.arange(lattice.time_steps, device=log_probs.device).unsqueeze(1)
+    live = (steps < lattice.in_lengths.unsqueeze(0)).unsqueeze(2)
+    mass = torch.where(live, torch.exp(log_probs), torch.zeros_like(log_probs)).sum([0, 2])
     if zero_infinity:
-        result = torch.where(torch.isinf(neg_log_likelihood).view(1, -1, 1), torch.zeros_like(result), result)
-    return result
+        mass = torch.where(torch.isinf(loss), torch.zeros_like(mass), mass)
+        loss = torch.where(torch.isinf(loss), torch.zeros_like(loss), loss)
+    loss = loss + (mass - mass.detach())
+    if reduction == "mean":
+        return (loss / torch.clamp(lattice.out_lengths, min=1).to(loss.dtype)).mean()
+    if reduction == "sum":
+        return loss.sum()
+    return loss.squeeze(0) if unbatched else loss

@@ -422,3 +422,27 @@ def test_gathers_scatters_and_trilinear_match_native() -> None:
     args = ([1, 3], [0], [1, 2], [2, 3])  # as torch.nn.functional.bilinear calls it
     want = aten._trilinear(a, bilinear.weight, b, *args)
     torch.testing.assert_close(math_ops.trilinear(a, bilinear.weight, b, *args), want)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_ctc_loss_and_its_gradient_match_native(reduction: str) -> None:
+    from ortrain.capture.decompositions_ctc import ctc_loss_function
+
+    torch.manual_seed(0)
+    logits = torch.randn(12, 4, 5, requires_grad=True)
+    targets = torch.randint(1, 5, (4, 4))
+    targets[0, 1] = targets[0, 0]
+    input_lengths, target_lengths = [12, 10, 7, 2], [4, 3, 2, 3]  # the last cannot align
+    flat = torch.cat([row[:n] for row, n in zip(targets, target_lengths, strict=True)])
+    for labels, lengths in ((targets, (torch.tensor(input_lengths), torch.tensor(target_lengths))),
+                            (flat, (input_lengths, target_lengths))):  # fmt: skip
+        for source in (logits, logits.log_softmax(-1)):  # PyTorch's gradient for log_probs as given
+            want = torch.nn.functional.ctc_loss(
+                source, labels, *lengths, reduction=reduction, zero_infinity=True
+            )
+            got = ctc_loss_function(source, labels, *lengths, reduction=reduction, zero_infinity=True)
+            torch.testing.assert_close(got, want)
+            weight = torch.linspace(0.5, 1.5, want.numel()).reshape(want.shape)
+            (want_grad,) = torch.autograd.grad((want * weight).sum(), logits, retain_graph=True)
+            (got_grad,) = torch.autograd.grad((got * weight).sum(), logits, retain_graph=True)
+            torch.testing.assert_close(got_grad, want_grad)
