@@ -324,6 +324,9 @@ def _wrapped_executors(wrapped: Any) -> set[str]:
     return kinds
 
 
+_NO_TRANSLATION = "no ONNX translation"
+
+
 def classify(error: BaseException) -> str:
     """The stage that raised ``error``."""
     from ortrain.export.fx_to_onnx import ExportError
@@ -338,7 +341,8 @@ def classify(error: BaseException) -> str:
     while current is not None and current not in chain:
         chain.append(current)
         current = current.__cause__ or current.__context__
-    if any(isinstance(e, ExportError) for e in chain):
+    if any(isinstance(e, ExportError) for e in chain) or _NO_TRANSLATION in str(error):
+        # The partitioner refuses an op without translation before exporting: an export failure.
         return "export_fails"
     if isinstance(error, (ORTModuleTorchModelException, ORTModuleIOError)):
         return "capture_fails"

@@ -193,6 +193,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.median.default] = math_ops.median
     table[aten.median.dim] = math_ops.median_dim
     table[aten._trilinear.default] = math_ops.trilinear
+    table[aten.frexp.Tensor] = math_ops.frexp
     table[aten._efficientzerotensor.default] = math_ops.efficient_zero_tensor
     table[aten.put.default] = gathers.put
     table[aten.take.default] = gathers.take

@@ -322,3 +322,19 @@ def efficient_zero_tensor(
     """PyTorch's backward formulas return this marker of a zero gradient (``sgn``'s for real
     inputs); ONNX has no such thing, so an ordinary tensor of zeros."""
     return torch.zeros(size, dtype=dtype, device=device)
+
+
+def frexp(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x = mantissa·2^exponent with 0.5 <= |mantissa| < 1 (0, inf and NaN: exponent 0, mantissa x).
+    Computed in float64, where float32's subnormals are normal numbers; log2's rounding near a
+    power of two is corrected by one step either way."""
+    wide = x.to(torch.float64)
+    magnitude = wide.abs()
+    regular = torch.isfinite(wide) & (magnitude > 0)
+    safe = torch.where(regular, magnitude, torch.ones_like(magnitude))
+    exponent = torch.floor(torch.log2(safe)) + 1
+    scaled = safe / torch.pow(2.0, exponent)
+    exponent = torch.where(scaled >= 1, exponent + 1, torch.where(scaled < 0.5, exponent - 1, exponent))
+    mantissa = wide / torch.pow(2.0, exponent)
+    mantissa = torch.where(regular, mantissa, wide).to(x.dtype)
+    return mantissa, torch.where(regular, exponent, torch.zeros_like(exponent)).to(torch.int32)

@@ -446,3 +446,13 @@ def test_ctc_loss_and_its_gradient_match_native(reduction: str) -> None:
             (want_grad,) = torch.autograd.grad((want * weight).sum(), logits, retain_graph=True)
             (got_grad,) = torch.autograd.grad((got * weight).sum(), logits, retain_graph=True)
             torch.testing.assert_close(got_grad, want_grad)
+
+
+def test_frexp_matches_native_bit_for_bit() -> None:
+    torch.manual_seed(0)
+    special_values = [0.0, -0.0, 1.0, 2.0, 0.5, -4.0, 1e-40, -3e-45, 3.4e38, math.inf, -math.inf, math.nan]
+    x = torch.cat([torch.randn(1000) * 1e3, torch.tensor([*special_values, 0.9999999, 1.0000001, 2.0**-126])])
+    mantissa, exponent = math_ops.frexp(x)
+    want_mantissa, want_exponent = torch.frexp(x)
+    assert torch.equal(exponent, want_exponent)
+    torch.testing.assert_close(mantissa, want_mantissa, rtol=0, atol=0, equal_nan=True)
