@@ -194,6 +194,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.median.dim] = math_ops.median_dim
     table[aten._trilinear.default] = math_ops.trilinear
     table[aten.frexp.Tensor] = math_ops.frexp
+    table[aten.nanmedian.default] = math_ops.nanmedian
+    table[aten.nanmedian.dim] = math_ops.nanmedian_dim
     table[aten._efficientzerotensor.default] = math_ops.efficient_zero_tensor
     table[aten.put.default] = gathers.put
     table[aten.take.default] = gathers.take

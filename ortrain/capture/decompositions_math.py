@@ -338,3 +338,25 @@ def frexp(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     mantissa = wide / torch.pow(2.0, exponent)
     mantissa = torch.where(regular, mantissa, wide).to(x.dtype)
     return mantissa, torch.where(regular, exponent, torch.zeros_like(exponent)).to(torch.int32)
+
+
+def nanmedian_dim(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lower median of the non-NaN values along ``dim`` (NaN where all are NaN): an ascending
+    TopK with NaNs as +inf, read at ((count - 1) // 2) per row."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    dim = dim % x.dim()
+    missing = torch.isnan(x)
+    filled = torch.where(missing, torch.full_like(x, math.inf), x)
+    values, indices = torch.topk(filled, x.shape[dim], dim=dim, largest=False, sorted=True)
+    count = (~missing).sum(dim, keepdim=True)
+    position = torch.clamp(torch.div(count - 1, 2, rounding_mode="floor"), min=0)
+    value, index = values.gather(dim, position), indices.gather(dim, position)
+    value = torch.where(count == 0, torch.full_like(value, math.nan), value)
+    if not keepdim:
+        value, index = value.squeeze(dim), index.squeeze(dim)
+    return value, index
+
+
+def nanmedian(x: torch.Tensor) -> torch.Tensor:
+    return nanmedian_dim(x.reshape(-1), 0)[0]

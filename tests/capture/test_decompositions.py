@@ -456,3 +456,16 @@ def test_frexp_matches_native_bit_for_bit() -> None:
     want_mantissa, want_exponent = torch.frexp(x)
     assert torch.equal(exponent, want_exponent)
     torch.testing.assert_close(mantissa, want_mantissa, rtol=0, atol=0, equal_nan=True)
+
+
+def test_nanmedian_matches_native() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 7)
+    x[0, 2] = math.nan
+    x[2, [1, 3, 5]] = math.nan
+    for dim, keepdim in ((1, False), (0, True)):
+        for got, want in zip(math_ops.nanmedian_dim(x, dim, keepdim), torch.nanmedian(x, dim, keepdim), strict=True):
+            torch.testing.assert_close(got, want, equal_nan=True)
+    torch.testing.assert_close(math_ops.nanmedian(x), torch.nanmedian(x))
+    x[1, :] = math.nan  # an all-NaN row: NaN (its index is unspecified)
+    assert math_ops.nanmedian_dim(x, 1)[0][1].isnan()
