@@ -464,8 +464,9 @@ def test_nanmedian_matches_native() -> None:
     x[0, 2] = math.nan
     x[2, [1, 3, 5]] = math.nan
     for dim, keepdim in ((1, False), (0, True)):
-        for got, want in zip(math_ops.nanmedian_dim(x, dim, keepdim), torch.nanmedian(x, dim, keepdim), strict=True):
-            torch.testing.assert_close(got, want, equal_nan=True)
+        got, want = math_ops.nanmedian_dim(x, dim, keepdim), torch.nanmedian(x, dim, keepdim)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, equal_nan=True)
     torch.testing.assert_close(math_ops.nanmedian(x), torch.nanmedian(x))
     x[1, :] = math.nan  # an all-NaN row: NaN (its index is unspecified)
     assert math_ops.nanmedian_dim(x, 1)[0][1].isnan()
