@@ -453,21 +453,24 @@ def check_op(opinfo: Any, max_samples: int = 1) -> Result:
     cases, reason = cases_for(opinfo, max_samples)
     if not cases:
         return Result(op_id(opinfo), "not_compared", reason, time.perf_counter() - start)
-    randomness = random_ops(cases[0])
-    if randomness:
+    draws = [random_ops(case) for case in cases]
+    if all(draws):
         # A sample that draws nothing (dropout off, say) can still be compared value for value.
         deterministic = [c for c in cases_for(opinfo, 16)[0] if not random_ops(c)]
         if deterministic:
-            cases, randomness = deterministic[:max_samples], []
+            cases = deterministic[:max_samples]
+            draws = [[] for _ in cases]
     worst: Result | None = None
-    for case in cases:
-        (result,) = check_grouped([case], compare=not randomness)
+    for case, drawn in zip(cases, draws, strict=True):
+        # A sample that draws random numbers only has to run: ONNX Runtime's generator is not eager's.
+        (result,) = check_grouped([case], compare=not drawn)
         if worst is None or BUCKETS.index(result.bucket) > BUCKETS.index(worst.bucket):
             worst = result
     assert worst is not None
-    if randomness and worst.bucket in PASSING:
-        # It ran under ORTModule (a failure to run is still counted as one), but its values come
-        # from another generator than eager's.
+    if all(draws) and worst.bucket in PASSING:
+        # It ran under ORTModule (a failure to run is still counted as one), but no sample's values
+        # could be compared.
+        randomness = sorted({op for drawn in draws for op in drawn})
         worst = Result(
             worst.op,
             "not_compared",

