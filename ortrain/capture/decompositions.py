@@ -126,6 +126,16 @@ def convolution_backward(
     return grad_input, grad_weight, grad_bias
 
 
+def refuse_sparse(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """Sparse layouts do not survive the capture: measured with ``x.to_sparse().to_dense()`` under
+    per-operator fallback, the output came back without a gradient (a silently zero gradient).
+    Refused at capture, so the fallback policy lets PyTorch run such a model."""
+    raise NotImplementedError(
+        "ortrain does not train through sparse tensors (to_sparse and related conversions); "
+        "keep tensors dense or let PyTorch run the model"
+    )
+
+
 def _first_of(*decompositions: Callable[..., Any]) -> Callable[..., Any]:
     """The first of ``decompositions`` that applies (does not return NotImplemented)."""
 
@@ -193,6 +203,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.median.dim] = math_ops.median_dim
     table[aten._trilinear.default] = math_ops.trilinear
     table[aten.frexp.Tensor] = math_ops.frexp
+    for to_sparse in (aten._to_sparse.default, aten._to_sparse.sparse_dim, aten._to_sparse_csr.default):
+        table[to_sparse] = refuse_sparse
     table[aten.relu.default] = math_ops.relu
     table[aten.nanmedian.default] = math_ops.nanmedian
     table[aten.nanmedian.dim] = math_ops.nanmedian_dim

@@ -115,3 +115,24 @@ def test_decomposed_ops_train_with_gradient_parity_on_several_samples() -> None:
     results = sweep.check_grouped(cases)
     failures = [f"{r.op}: {r.bucket}: {r.error}" for r in results if r.bucket != "onnxruntime"]
     assert not failures, "\n".join(failures)
+
+
+def test_sparse_conversions_are_refused_not_given_a_zero_gradient(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Under per-operator fallback x.to_sparse().to_dense() came back without a gradient: now the
+    capture refuses it, and the default policy lets PyTorch train the model with its gradient."""
+    from ortrain.errors import ORTModuleTorchModelException
+
+    class Sparse(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+        def forward(self) -> torch.Tensor:
+            return (self.w.to_sparse().to_dense() * torch.arange(16.0).reshape(4, 4)).sum()
+
+    with pytest.raises(ORTModuleTorchModelException, match="sparse tensors"):
+        ORTModule(Sparse())()
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    model = Sparse()
+    ORTModule(model)().backward()
+    torch.testing.assert_close(model.w.grad, torch.arange(16.0).reshape(4, 4))
