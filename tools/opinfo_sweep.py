@@ -12,7 +12,9 @@ PyTorch at the tolerances OpInfo itself uses (float32 defaults, widened by the o
 - ``capture_fails`` / ``export_fails`` / ``session_fails``: the stage that raised;
 - ``wrong_values``: ran but outputs or gradients differ from eager;
 - ``timed_out``: took longer than ``--timeout`` seconds;
-- ``not_compared``: the op is random (two eager runs with different seeds differ), so values
+- ``not_compared``: the op is random (it calls an op tagged ``nondeterministic_seeded``, or two
+  eager runs with different seeds differ): it must still run under ORTModule (else it lands in
+  the bucket of the stage that failed), but ONNX Runtime's generator is not PyTorch's, so values
   cannot be compared; or eager PyTorch itself rejects every sample tried.
 
 Usage (slow: about 540 ops, a few seconds each; nice it on a shared machine)::
@@ -43,6 +45,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 os.environ.setdefault("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
 
@@ -270,14 +273,34 @@ def _within_rounding(got: Any, eager: Any, ref: Any, tol: tuple[float, float]) -
     return True
 
 
-def _is_random(case: Case) -> bool:
+class _SeededOps(TorchDispatchMode):
+    """Records the random ops (tagged ``nondeterministic_seeded``) that a computation calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.seen.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def random_ops(case: Case) -> list[str]:
+    """Why the op's values cannot be compared with eager's: the random ops it calls (OpInfo wraps
+    many in ``wrapper_set_seed``, which reseeds torch's generator so that two eager runs agree,
+    but ONNX Runtime draws from its own generator), or a note that two eager runs with different
+    seeds differ. Empty for a deterministic op."""
     module = OpsModule([case])
     with torch.no_grad():
-        torch.manual_seed(0)
-        first = module()
+        with _SeededOps() as seeded:
+            torch.manual_seed(0)
+            first = module()
         torch.manual_seed(1)
         second = module()
-    return bool(_close(first, second, (0.0, 0.0)))
+    if seeded.seen:
+        return sorted(seeded.seen)
+    return ["values differ between eager runs"] if _close(first, second, (0.0, 0.0)) else []
 
 
 def executor_kinds(runner: Any) -> set[str]:
@@ -301,6 +324,9 @@ def _wrapped_executors(wrapped: Any) -> set[str]:
     return kinds
 
 
+_NO_TRANSLATION = "no ONNX translation"
+
+
 def classify(error: BaseException) -> str:
     """The stage that raised ``error``."""
     from ortrain.export.fx_to_onnx import ExportError
@@ -315,7 +341,8 @@ def classify(error: BaseException) -> str:
     while current is not None and current not in chain:
         chain.append(current)
         current = current.__cause__ or current.__context__
-    if any(isinstance(e, ExportError) for e in chain):
+    if any(isinstance(e, ExportError) for e in chain) or _NO_TRANSLATION in str(error):
+        # The partitioner refuses an op without translation before exporting: an export failure.
         return "export_fails"
     if isinstance(error, (ORTModuleTorchModelException, ORTModuleIOError)):
         return "capture_fails"
@@ -335,8 +362,9 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
-def check_grouped(cases: Sequence[Case]) -> list[Result]:
-    """Train one step of one module applying every case, under ORTModule and eagerly; compare.
+def check_grouped(cases: Sequence[Case], *, compare: bool = True) -> list[Result]:
+    """Train one step of one module applying every case, under ORTModule and eagerly; compare
+    (unless ``compare`` is false: random ops, which only have to run).
 
     One capture covers all cases. A failure of the group is the failure of each of its cases
     (run them alone to find the culprit).
@@ -355,14 +383,25 @@ def check_grouped(cases: Sequence[Case]) -> list[Result]:
     except Exception as error:
         seconds = time.perf_counter() - start
         return [Result(c.name, classify(error), first_line(error), seconds) for c in cases]
+    fallback = wrapped._ortrain_fallback.reason
+    if fallback is not None:  # the policy let PyTorch run the whole model: that is no pass
+        seconds = time.perf_counter() - start
+        return [Result(c.name, classify(fallback), first_line(fallback), seconds) for c in cases]
     kinds = _wrapped_executors(wrapped)
+    if wrapped._ortrain_graph_breaks is not None:
+        # Whole-graph capture failed and TorchDynamo split the model: the code between its graphs
+        # runs in eager PyTorch (the failing op among it, perhaps), so this is no ONNX Runtime pass.
+        kinds.add("torch (between graph breaks)")
     seconds = time.perf_counter() - start
     bucket = "onnxruntime" if kinds <= {"onnxruntime"} else "partly_torch_executor"
     results = []
     for index, case in enumerate(cases):
         mine = [i for i, owner in enumerate(module.param_owner) if owner == index]
-        mismatch = _close(got_out[index], want_out[index], case.tol) or _grads_close(
-            [got_grads[i] for i in mine], [want_grads[i] for i in mine], case.tol
+        mismatch = (
+            _close(got_out[index], want_out[index], case.tol)
+            or _grads_close([got_grads[i] for i in mine], [want_grads[i] for i in mine], case.tol)
+            if compare
+            else ""
         )
         reference = _reference64(reference64) if mismatch else None
         if mismatch and reference is not None:
@@ -414,14 +453,30 @@ def check_op(opinfo: Any, max_samples: int = 1) -> Result:
     cases, reason = cases_for(opinfo, max_samples)
     if not cases:
         return Result(op_id(opinfo), "not_compared", reason, time.perf_counter() - start)
-    if _is_random(cases[0]):
-        return Result(op_id(opinfo), "not_compared", "random op: values differ between eager runs")
+    draws = [random_ops(case) for case in cases]
+    if all(draws):
+        # A sample that draws nothing (dropout off, say) can still be compared value for value.
+        deterministic = [c for c in cases_for(opinfo, 16)[0] if not random_ops(c)]
+        if deterministic:
+            cases = deterministic[:max_samples]
+            draws = [[] for _ in cases]
     worst: Result | None = None
-    for case in cases:
-        (result,) = check_grouped([case])
+    for case, drawn in zip(cases, draws, strict=True):
+        # A sample that draws random numbers only has to run: ONNX Runtime's generator is not eager's.
+        (result,) = check_grouped([case], compare=not drawn)
         if worst is None or BUCKETS.index(result.bucket) > BUCKETS.index(worst.bucket):
             worst = result
     assert worst is not None
+    if all(draws) and worst.bucket in PASSING:
+        # It ran under ORTModule (a failure to run is still counted as one), but no sample's values
+        # could be compared.
+        randomness = sorted({op for drawn in draws for op in drawn})
+        worst = Result(
+            worst.op,
+            "not_compared",
+            f"random op ({', '.join(randomness)}): ran, values not comparable",
+            executors=worst.executors,
+        )
     worst.seconds = time.perf_counter() - start
     return worst
 
@@ -489,6 +544,7 @@ def summary(results: Sequence[Result]) -> dict[str, Any]:
     passing = counts["onnxruntime"] + counts["partly_torch_executor"]
     return {
         "torch": torch.__version__,
+        "policy": os.environ["ORTMODULE_FALLBACK_POLICY"],
         "ops": len(results),
         "compared": compared,
         "counts": counts,
@@ -499,7 +555,11 @@ def summary(results: Sequence[Result]) -> dict[str, Any]:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    lines = [f"{report['ops']} ops swept ({report['compared']} compared), torch {report['torch']}", ""]
+    lines = [
+        f"{report['ops']} ops swept ({report['compared']} compared), torch {report['torch']}, "
+        f"{report.get('policy', 'FALLBACK_DISABLE')}",
+        "",
+    ]
     lines.append("| bucket | ops |")
     lines.append("|---|---|")
     for bucket, count in report["counts"].items():
@@ -525,9 +585,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=1, help="sample inputs tried per op")
     parser.add_argument("--json", help="write the report here (rewritten after every op)")
     parser.add_argument(
+        "--policy",
+        default="FALLBACK_DISABLE",
+        help="ORTMODULE_FALLBACK_POLICY for the sweep: FALLBACK_DISABLE (default: every node in ONNX "
+        "Runtime or an error) or FALLBACK_UNSUPPORTED_ONNX_MODEL (nodes ONNX Runtime cannot run go "
+        "to PyTorch one by one: bucket partly_torch_executor; a whole-model fallback still fails)",
+    )
+    parser.add_argument(
         "--resume", action="store_true", help="skip ops already in --json, keep their results"
     )
     args = parser.parse_args(argv)
+    os.environ["ORTMODULE_FALLBACK_POLICY"] = args.policy  # the worker processes inherit it
     all_ops = [op_id(o) for o in swept_ops()]
     # The common ops first, so that a partial run (stopped, then --resume'd) covers them.
     names = list(CI_OPS) if args.ci else (args.ops or [*CI_OPS, *(n for n in all_ops if n not in CI_OPS)])

@@ -27,6 +27,7 @@ from ortrain.capture.checkpointing import CheckpointRegions
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.forward_rewrite import ForwardRewrite, ForwardTrace, rewrite_forward
 from ortrain.capture.function_calls import intercept_functions
+from ortrain.capture.function_overrides import function_overrides
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig, MemoryReport
 from ortrain.capture.module_paths import annotate_module_paths
 from ortrain.capture.partition import partition
@@ -162,6 +163,7 @@ def capture(
         stack.enter_context(tracing_context())
         stack.enter_context(tensor_attributes_as_buffers(module))
         stack.enter_context(annotate_module_paths(module))
+        stack.enter_context(function_overrides())  # ctc_loss: see capture/function_overrides.py
         regions = CheckpointRegions(as_python_ops=checkpoint_ops and opaque_functions)
         stack.enter_context(regions.patched())
         call_ids = stack.enter_context(

@@ -8,7 +8,8 @@ Each entry is here for a measured reason (see DESIGN.md):
 - ``native_batch_norm_backward``, ``silu_backward``, ``convolution_backward`` (plain and
   transposed): no ONNX translation.
 - pooling (``decompositions_pooling``), elementwise and distance ops (``decompositions_math``),
-  ``embedding_bag`` (``decompositions_embedding``), losses (``decompositions_losses``), 0-d
+  ``embedding_bag`` (``decompositions_embedding``), losses (``decompositions_losses``), the
+  ``erfc`` family (``decompositions_special``: a wrong value without an error before), 0-d
   scatters and gathers
   (``decompositions_indexing``), view-scatters such as the backward of ``diagonal``
   (``decompositions_view_scatter``): each module says why.
@@ -23,10 +24,12 @@ import torch
 from torch._decomp import get_decompositions
 
 from ortrain.capture import decompositions_embedding as embedding
+from ortrain.capture import decompositions_gathers as gathers
 from ortrain.capture import decompositions_indexing as indexing
 from ortrain.capture import decompositions_losses as losses
 from ortrain.capture import decompositions_math as math_ops
 from ortrain.capture import decompositions_pooling as pooling
+from ortrain.capture import decompositions_special as special
 from ortrain.capture import decompositions_view_scatter as view_scatter
 from ortrain.capture.decompositions_breaks import break_decompositions
 
@@ -125,6 +128,29 @@ def convolution_backward(
     return grad_input, grad_weight, grad_bias
 
 
+def refuse_sparse(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """Sparse layouts do not survive the capture: measured with ``x.to_sparse().to_dense()`` under
+    per-operator fallback, the output came back without a gradient (a silently zero gradient).
+    Refused at capture, so the fallback policy lets PyTorch run such a model."""
+    raise NotImplementedError(
+        "ortrain does not train through sparse tensors (to_sparse and related conversions); "
+        "keep tensors dense or let PyTorch run the model"
+    )
+
+
+def _first_of(*decompositions: Callable[..., Any]) -> Callable[..., Any]:
+    """The first of ``decompositions`` that applies (does not return NotImplemented)."""
+
+    def decomposition(*args: Any, **kwargs: Any) -> Any:
+        for candidate in decompositions:
+            result = candidate(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        return NotImplemented
+
+    return decomposition
+
+
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table = get_decompositions(
         [
@@ -135,6 +161,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
         ]
     )
     table.update(indexing.scalar_indexing_table())
+    table[aten.scatter_reduce.two] = _first_of(table[aten.scatter_reduce.two], gathers.scatter_reduce_mean)
     table[aten.convolution_backward.default] = convolution_backward
     table[aten._adaptive_avg_pool2d_backward.default] = pooling.adaptive_avg_pool2d_backward
     table[aten.avg_pool2d.default] = pooling.avg_pool2d
@@ -149,15 +176,55 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.amin.default] = math_ops.amin
     table[aten.adaptive_max_pool2d.default] = pooling.adaptive_max_pool2d
     table[aten.adaptive_max_pool2d_backward.default] = pooling.adaptive_max_pool2d_backward
+    table[aten.max_pool3d_with_indices_backward.default] = pooling.max_pool3d_with_indices_backward
+    table[aten.adaptive_max_pool3d_backward.default] = pooling.adaptive_max_pool3d_backward
+    table[aten._adaptive_avg_pool3d.default] = pooling.adaptive_avg_pool3d
+    table[aten._adaptive_avg_pool3d_backward.default] = pooling.adaptive_avg_pool3d_backward
+    for pad_backward in (
+        aten.replication_pad1d_backward,
+        aten.replication_pad2d_backward,
+        aten.replication_pad3d_backward,
+    ):
+        table[pad_backward.default] = pooling.replication_pad_backward
+    for pad in (aten.replication_pad1d, aten.replication_pad2d, aten.replication_pad3d):
+        table[pad.default] = pooling.replication_pad
     table[aten.binary_cross_entropy_with_logits.default] = losses.binary_cross_entropy_with_logits
     table[aten.mv.default] = math_ops.mv
     table[aten.addmv.default] = math_ops.addmv
     table[aten.kthvalue.default] = math_ops.kthvalue
     table[aten.sort.stable] = math_ops.sort_stable
     table[aten.mode.default] = math_ops.mode
+    table[aten.fmax.default] = math_ops.fmax
+    table[aten.fmin.default] = math_ops.fmin
+    table[aten.copysign.Tensor] = math_ops.copysign
+    table[aten.copysign.Scalar] = math_ops.copysign
+    table[aten.aminmax.default] = math_ops.aminmax
+    table[aten.cummax.default] = math_ops.cummax
+    table[aten.cummin.default] = math_ops.cummin
+    table[aten.median.default] = math_ops.median
+    table[aten.median.dim] = math_ops.median_dim
+    table[aten._trilinear.default] = math_ops.trilinear
+    table[aten.frexp.Tensor] = math_ops.frexp
+    for to_sparse in (aten._to_sparse.default, aten._to_sparse.sparse_dim, aten._to_sparse_csr.default):
+        table[to_sparse] = refuse_sparse
+    table[aten.relu.default] = math_ops.relu
+    table[aten.nanmedian.default] = math_ops.nanmedian
+    table[aten.nanmedian.dim] = math_ops.nanmedian_dim
+    table[aten._efficientzerotensor.default] = math_ops.efficient_zero_tensor
+    table[aten.put.default] = gathers.put
+    table[aten.take.default] = gathers.take
+    table[aten.index_reduce.default] = gathers.index_reduce
+    table[aten.mish_backward.default] = math_ops.mish_backward
     table[aten.hypot.default] = math_ops.hypot
     table[aten.erfinv.default] = math_ops.erfinv
     table[aten.cumprod.default] = math_ops.cumprod
+    table[aten.erfc.default] = special.erfc
+    table[aten.special_erfcx.default] = special.erfcx
+    table[aten.special_log_ndtr.default] = special.log_ndtr
+    table[aten.lgamma.default] = special.lgamma
+    table[aten.digamma.default] = special.digamma
+    table[aten.polygamma.default] = special.polygamma
+    table[aten.mvlgamma.default] = special.mvlgamma
     table[aten._cdist_forward.default] = math_ops.cdist_forward
     table[aten._cdist_backward.default] = math_ops.cdist_backward
     table[aten._embedding_bag.default] = embedding.embedding_bag

@@ -206,3 +206,161 @@ def addmv(
     if beta == 0:  # as PyTorch: input is ignored, NaNs in it included
         return product.expand(torch.broadcast_shapes(input.shape, product.shape)).clone()
     return product + (input if beta == 1 else input * beta)
+
+
+# The exporter lowers ``fmax``/``fmin`` and ``copysign`` to prims without ONNX translation
+# (``prims.fmax``, ``prims.signbit``), and ``aminmax``, ``cummax``/``cummin``, ``median`` and
+# ``mish_backward`` have none.
+def fmax(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The maximum ignoring NaN: NaN only where both are."""
+    return torch.where(torch.isnan(b), a, torch.where(torch.isnan(a), b, torch.maximum(a, b)))
+
+
+def fmin(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isnan(b), a, torch.where(torch.isnan(a), b, torch.minimum(a, b)))
+
+
+def copysign(a: torch.Tensor, b: torch.Tensor | float) -> torch.Tensor:
+    """|a| with the sign bit of b; -0.0 counts as negative (1/-0.0 is -inf)."""
+    if not isinstance(b, torch.Tensor):
+        b = torch.tensor(b, dtype=a.dtype if a.is_floating_point() else torch.get_default_dtype())
+    magnitude = a.abs()
+    if not magnitude.is_floating_point():
+        magnitude = magnitude.to(torch.promote_types(a.dtype, b.dtype))
+    negative = (b < 0) | ((b == 0) & (1.0 / b < 0))
+    return torch.where(negative, -magnitude, magnitude)
+
+
+def aminmax(
+    x: torch.Tensor, *, dim: int | None = None, keepdim: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    dims = list(range(x.dim())) if dim is None else [dim]
+    if x.dim() == 0:
+        return x.clone(), x.clone()
+    return aten.amin.default(x, dims, keepdim), aten.amax.default(x, dims, keepdim)
+
+
+def _running_extreme(x: torch.Tensor, dim: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Running maximum (or minimum) and, as PyTorch's CPU kernel, the last index where it occurs
+    up to each position; over a lower-triangular mask, n² along ``dim`` as ``cumprod``."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    dim = dim % x.dim()
+    moved = x.movedim(dim, -1)
+    n = moved.shape[-1]
+    rows = moved.unsqueeze(-2).expand([*moved.shape[:-1], n, n])  # [..., i, j] = x_j
+    position = torch.arange(n, device=x.device)
+    keep = position.unsqueeze(0) <= position.unsqueeze(1)  # j <= i
+    fill = torch.full_like(rows, -math.inf if largest else math.inf)
+    masked = torch.where(keep, rows, fill)
+    values = masked.amax(-1) if largest else masked.amin(-1)
+    hit = keep & (rows == values.unsqueeze(-1))
+    indices = torch.where(hit, position.expand(rows.shape), torch.full_like(position, -1)).amax(-1)
+    return values.movedim(-1, dim), indices.movedim(-1, dim)
+
+
+def cummax(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _running_extreme(x, dim, largest=True)
+
+
+def cummin(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _running_extreme(x, dim, largest=False)
+
+
+def median(x: torch.Tensor) -> torch.Tensor:
+    """The lower median of all elements, as PyTorch (the ((n-1)//2)-th smallest)."""
+    flat = x.reshape(-1)
+    return kthvalue(flat, (flat.shape[0] - 1) // 2 + 1, 0)[0]
+
+
+def median_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    return kthvalue(x, (x.shape[dim] - 1) // 2 + 1, dim, keepdim)
+
+
+def mish_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """d/dx x·tanh(softplus(x)) = tanh(sp) + x·sigmoid(x)·(1 - tanh(sp)²)."""
+    tanh_softplus = torch.tanh(torch.nn.functional.softplus(x))
+    return grad * (tanh_softplus + x * torch.sigmoid(x) * (1 - tanh_softplus * tanh_softplus))
+
+
+def trilinear(
+    i1: torch.Tensor,
+    i2: torch.Tensor,
+    i3: torch.Tensor,
+    expand1: list[int],
+    expand2: list[int],
+    expand3: list[int],
+    sumdim: list[int],
+    unroll_dim: int = 1,
+) -> torch.Tensor:
+    """``_trilinear`` (``nn.Bilinear``, no ONNX translation): the three inputs, each unsqueezed at
+    its ``expand`` dims, multiplied and summed over ``sumdim``."""
+    factors = []
+    for x, expand in ((i1, expand1), (i2, expand2), (i3, expand3)):
+        for d in sorted(expand):
+            x = x.unsqueeze(d)
+        factors.append(x)
+    product = factors[0] * factors[1] * factors[2]
+    return product.sum(sorted(sumdim)) if sumdim else product
+
+
+def efficient_zero_tensor(
+    size: list[int],
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> torch.Tensor:
+    """PyTorch's backward formulas return this marker of a zero gradient (``sgn``'s for real
+    inputs); ONNX has no such thing, so an ordinary tensor of zeros."""
+    return torch.zeros(size, dtype=dtype, device=device)
+
+
+def frexp(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x = mantissa·2^exponent with 0.5 <= |mantissa| < 1 (0, inf and NaN: exponent 0, mantissa x).
+    Computed in float64, where float32's subnormals are normal numbers; log2's rounding near a
+    power of two is corrected by one step either way."""
+    wide = x.to(torch.float64)
+    magnitude = wide.abs()
+    regular = torch.isfinite(wide) & (magnitude > 0)
+    safe = torch.where(regular, magnitude, torch.ones_like(magnitude))
+    exponent = torch.floor(torch.log2(safe)) + 1
+    scaled = safe / torch.pow(2.0, exponent)
+    exponent = torch.where(scaled >= 1, exponent + 1, torch.where(scaled < 0.5, exponent - 1, exponent))
+    mantissa = wide / torch.pow(2.0, exponent)
+    mantissa = torch.where(regular, mantissa, wide).to(x.dtype)
+    return mantissa, torch.where(regular, exponent, torch.zeros_like(exponent)).to(torch.int32)
+
+
+def nanmedian_dim(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lower median of the non-NaN values along ``dim`` (NaN where all are NaN): an ascending
+    TopK with NaNs as +inf, read at ((count - 1) // 2) per row."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    dim = dim % x.dim()
+    missing = torch.isnan(x)
+    filled = torch.where(missing, torch.full_like(x, math.inf), x)
+    values, indices = torch.topk(filled, x.shape[dim], dim=dim, largest=False, sorted=True)
+    count = (~missing).sum(dim, keepdim=True)
+    position = torch.clamp(torch.div(count - 1, 2, rounding_mode="floor"), min=0)
+    value, index = values.gather(dim, position), indices.gather(dim, position)
+    value = torch.where(count == 0, torch.full_like(value, math.nan), value)
+    if not keepdim:
+        value, index = value.squeeze(dim), index.squeeze(dim)
+    return value, index
+
+
+def nanmedian(x: torch.Tensor) -> torch.Tensor:
+    return nanmedian_dim(x.reshape(-1), 0)[0]
+
+
+def relu(x: torch.Tensor) -> torch.Tensor:
+    """ONNX Runtime's CPU Relu has int8 and int32 kernels only among integers; PyTorch's own
+    backward formulas apply relu to int64 counts (cumprod's finds the first zero with one).
+    Floating dtypes keep Relu (or the per-operator fallback, for those without a kernel)."""
+    if x.is_floating_point() or x.dtype in (torch.int8, torch.int32):
+        return NotImplemented
+    return torch.where(x > 0, x, torch.zeros_like(x))

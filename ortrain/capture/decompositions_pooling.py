@@ -234,3 +234,87 @@ def _divisor(
         counts = counts.reshape([-1] + [1] * (spatial - 1 - axis))
         divisor = counts if divisor is None else divisor * counts
     return divisor
+
+
+# No ONNX translation either: ``max_pool3d_with_indices_backward``, ``adaptive_max_pool3d_backward``,
+# ``_adaptive_avg_pool3d`` and its backward, ``replication_pad{1,2,3}d_backward``.
+def _scatter_to_planes(
+    grad_output: torch.Tensor, input: torch.Tensor, indices: torch.Tensor, spatial: int
+) -> torch.Tensor:
+    """Each output cell's gradient goes to the input element its flat (per plane) index names."""
+    lead = list(input.shape[:-spatial])
+    plane = 1
+    for size in input.shape[-spatial:]:
+        plane *= size
+    zeros = torch.zeros([*lead, plane], dtype=grad_output.dtype, device=grad_output.device)
+    grad = grad_output.reshape([*lead, -1])
+    return zeros.scatter_add(-1, indices.reshape([*lead, -1]), grad).reshape(input.shape)
+
+
+def max_pool3d_with_indices_backward(
+    grad_output: torch.Tensor, input: torch.Tensor, *args: object
+) -> torch.Tensor:
+    indices = args[-1]
+    assert isinstance(indices, torch.Tensor)
+    return _scatter_to_planes(grad_output, input, indices, 3)
+
+
+def adaptive_max_pool3d_backward(
+    grad_output: torch.Tensor, input: torch.Tensor, indices: torch.Tensor
+) -> torch.Tensor:
+    return _scatter_to_planes(grad_output, input, indices, 3)
+
+
+def _apply_per_axis(x: torch.Tensor, weights: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Multiply each of the trailing len(weights) axes of ``x`` by its matrix ([new, old])."""
+    spatial = len(weights)
+    for axis, weight in enumerate(weights):
+        dim = x.dim() - spatial + axis
+        x = torch.matmul(x.movedim(dim, -1), weight.t()).movedim(-1, dim)
+    return x
+
+
+def adaptive_avg_pool3d(input: torch.Tensor, output_size: Sequence[int]) -> torch.Tensor:
+    """Averages over each adaptive window, as one averaging matrix per axis."""
+    sizes = input.shape[-3:]
+    weights = [_adaptive_weights(sizes[a], output_size[a], input) for a in range(3)]
+    return _apply_per_axis(input, weights)
+
+
+def adaptive_avg_pool3d_backward(grad_output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+    sizes, out = input.shape[-3:], grad_output.shape[-3:]
+    weights = [_adaptive_weights(sizes[a], out[a], grad_output).t() for a in range(3)]
+    return _apply_per_axis(grad_output, weights)
+
+
+def replication_pad_backward(
+    grad_output: torch.Tensor, input: torch.Tensor, padding: Sequence[int]
+) -> torch.Tensor:
+    """Each padded position copies the nearest edge element (clamped index), so the input's
+    gradient sums, axis by axis, the output positions that copied each element. Negative padding
+    crops, which the same clamped index describes."""
+    spatial = len(padding) // 2
+    grad = grad_output
+    for axis in range(spatial):
+        dim = input.dim() - 1 - axis  # padding lists the last axis first
+        left = padding[2 * axis]
+        n_in, n_out = input.shape[dim], grad.shape[dim]
+        source = torch.clamp(torch.arange(n_out, device=grad.device) - left, 0, n_in - 1)
+        moved = grad.movedim(dim, -1)
+        index = source.expand(moved.shape)
+        zeros = torch.zeros([*moved.shape[:-1], n_in], dtype=grad.dtype, device=grad.device)
+        grad = zeros.scatter_add(-1, index, moved).movedim(-1, dim)
+    return grad
+
+
+def replication_pad(input: torch.Tensor, padding: Sequence[int]) -> torch.Tensor:
+    """A gather of the clamped index along each padded axis: ONNX Runtime's edge-mode Pad fails
+    at run time when a negative padding crops an axis ("zero effective input extent")."""
+    x = input
+    for axis in range(len(padding) // 2):
+        dim = input.dim() - 1 - axis
+        left, right = padding[2 * axis], padding[2 * axis + 1]
+        n_in = x.shape[dim]
+        source = torch.clamp(torch.arange(n_in + left + right, device=x.device) - left, 0, n_in - 1)
+        x = x.index_select(dim, source)
+    return x

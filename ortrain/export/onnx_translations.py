@@ -106,11 +106,21 @@ def _registered(target: Any) -> bool:
         return False
 
 
+@functools.cache
+def _incomplete_translations() -> frozenset[Any]:
+    # Registered, but the translation computes fewer outputs than the op has: onnxscript's
+    # ``_linalg_det`` is ONNX's Det alone, without the LU factors and pivots that the op also
+    # returns (and its backward reads), so ONNX Runtime fails on the missing outputs.
+    return frozenset({torch.ops.aten._linalg_det.default})
+
+
 def has_onnx_translation(target: Any) -> bool:
     """Whether torch.onnx can translate this FX ``call_function`` target: directly, or (as far as
     one can tell before exporting) through a decomposition."""
     if target in _SYMBOLIC or target is torch.ops.aten.sym_size.int:
         return True
+    if target in _incomplete_translations():
+        return False
     return _registered(target) or target in _decomposed()
 
 

@@ -13,6 +13,7 @@ from ortrain.capture import decompositions_indexing as indexing
 from ortrain.capture import decompositions_losses as losses
 from ortrain.capture import decompositions_math as math_ops
 from ortrain.capture import decompositions_pooling as pooling
+from ortrain.capture import decompositions_special as special
 from ortrain.capture.decompositions import convolution_backward
 from ortrain.capture.decompositions_pooling import adaptive_avg_pool2d_backward
 
@@ -271,3 +272,206 @@ def test_kthvalue_and_mode_match_native() -> None:
                 math_ops.mode(data, dim, keepdim), torch.mode(data, dim, keepdim), strict=True
             ):
                 torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    ("ours", "native"),
+    [
+        (special.erfc, torch.erfc),
+        (special.erfcx, torch.special.erfcx),
+        (special.log_ndtr, torch.special.log_ndtr),
+    ],
+)
+def test_erfc_family_keeps_its_tails_in_float32(ours, native) -> None:  # type: ignore[no-untyped-def]
+    # onnxscript's 1 - Erf(x) is 0 above x ~ 3.9, so log_ndtr came out -inf: compare with a
+    # float64 truth wherever float32 can hold the value, as closely as PyTorch's float32 kernel.
+    x = torch.linspace(-12.0, 30.0, 20001, dtype=torch.float64)
+    truth, got, eager = native(x), ours(x.float()).double(), native(x.float()).double()
+    assert torch.equal(torch.isfinite(got), torch.isfinite(eager))
+    normal = torch.isfinite(eager) & (eager.abs() > 1e-30)
+    relative = ((got - truth).abs() / truth.abs())[normal]
+    eager_relative = ((eager - truth).abs() / truth.abs())[normal]
+    assert relative.max() < 2 * eager_relative.max() + 1e-6
+
+
+def test_gamma_family_matches_native_as_closely_as_float32_does() -> None:
+    # Both sides of the reflection at 1/2, large arguments, and away from the poles.
+    x = torch.linspace(-9.7, 40.0, 8001, dtype=torch.float64)
+    x = x[(x - x.round()).abs() > 1e-3]
+    pairs = [(special.lgamma, torch.lgamma), (special.digamma, torch.digamma)]
+    pairs += [
+        (lambda t, n=n: special.polygamma(n, t), lambda t, n=n: torch.polygamma(n, t)) for n in (1, 2, 4)
+    ]
+    for ours, native in pairs:
+        truth, got, eager = native(x), ours(x.float()).double(), native(x.float()).double()
+        error = ((got - truth).abs() / (truth.abs() + 1)).max()
+        eager_error = ((eager - truth).abs() / (truth.abs() + 1)).max()
+        assert error <= 1.5 * eager_error + 1e-5
+    poles = torch.tensor([0.0, -1.0, -3.0])
+    torch.testing.assert_close(special.digamma(poles), torch.digamma(poles), equal_nan=True)
+    torch.testing.assert_close(special.lgamma(poles), torch.lgamma(poles))
+    torch.testing.assert_close(special.polygamma(2, poles), torch.polygamma(2, poles))
+    y = torch.tensor([1.3, 2.0, 7.5])
+    torch.testing.assert_close(special.mvlgamma(y, 3), torch.mvlgamma(y, 3))
+    assert special.mvlgamma(torch.tensor([0.9]), 3).isnan().all()  # PyTorch raises here
+
+
+def test_nan_aware_extremes_copysign_and_running_extremes_match_native() -> None:
+    a = torch.tensor([1.0, math.nan, -2.0, math.nan, 0.0, -0.0])
+    b = torch.tensor([math.nan, 3.0, -1.0, math.nan, -0.0, 2.0])
+    torch.testing.assert_close(math_ops.fmax(a, b), torch.fmax(a, b), equal_nan=True)
+    torch.testing.assert_close(math_ops.fmin(a, b), torch.fmin(a, b), equal_nan=True)
+    signs = math_ops.copysign(torch.tensor([1.0, -2.0, 3.0, 4.0]), torch.tensor([-0.0, 0.0, -5.0, 1.0]))
+    assert torch.equal(
+        signs, torch.copysign(torch.tensor([1.0, -2.0, 3.0, 4.0]), torch.tensor([-0.0, 0.0, -5.0, 1.0]))
+    )
+    torch.testing.assert_close(
+        math_ops.copysign(torch.tensor([2, -3]), -1.5), torch.copysign(torch.tensor([2, -3]), -1.5)
+    )
+    ties = torch.tensor([[1.0, 3.0, 3.0, 2.0, 5.0, 5.0, 1.0], [0.0, -1.0, -1.0, 4.0, 4.0, -2.0, -2.0]])
+    for data in (ties, torch.randn(3, 5, 4)):
+        for dim in range(data.dim()):
+            for ours, native in ((math_ops.cummax, torch.cummax), (math_ops.cummin, torch.cummin)):
+                for got, want in zip(ours(data, dim), native(data, dim), strict=True):
+                    torch.testing.assert_close(got, want)
+        for got, want in zip(
+            math_ops.aminmax(data, dim=1, keepdim=True), torch.aminmax(data, dim=1, keepdim=True), strict=True
+        ):
+            torch.testing.assert_close(got, want)
+        torch.testing.assert_close(math_ops.median(data), torch.median(data))
+    x = torch.randn(5, 6)
+    for dim, keepdim in ((1, False), (0, True)):
+        for got, want in zip(
+            math_ops.median_dim(x, dim, keepdim), torch.median(x, dim, keepdim), strict=True
+        ):
+            torch.testing.assert_close(got, want)
+    g, z = torch.randn(50), torch.linspace(-30, 30, 50)
+    torch.testing.assert_close(math_ops.mish_backward(g, z), aten.mish_backward(g, z))
+
+
+@pytest.mark.parametrize("padding", [(2, 1), (1, 3, 0, 2), (-1, 2, 1, -2), (1, 0, 2, 1, 1, 2)])
+def test_replication_pad_and_backward_match_native(padding: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    spatial = len(padding) // 2
+    x = torch.randn([2, 3, 5, 6, 4][: 2 + spatial])
+    want = torch.nn.functional.pad(x, padding, mode="replicate")
+    torch.testing.assert_close(pooling.replication_pad(x, padding), want)
+    grad = torch.randn_like(want)
+    native = getattr(aten, f"replication_pad{spatial}d_backward")(grad, x, padding)
+    torch.testing.assert_close(pooling.replication_pad_backward(grad, x, padding), native)
+
+
+def test_pool3d_decompositions_match_native() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 5, 6)
+    for out in ((3, 2, 4), (7, 5, 6), (1, 1, 1)):
+        torch.testing.assert_close(pooling.adaptive_avg_pool3d(x, out), aten._adaptive_avg_pool3d(x, out))
+        grad = torch.randn([2, 3, *out])
+        torch.testing.assert_close(
+            pooling.adaptive_avg_pool3d_backward(grad, x), aten._adaptive_avg_pool3d_backward(grad, x)
+        )
+        values, indices = aten.adaptive_max_pool3d(x, out)
+        torch.testing.assert_close(
+            pooling.adaptive_max_pool3d_backward(grad, x, indices),
+            aten.adaptive_max_pool3d_backward(grad, x, indices),
+        )
+    args = ([3, 2, 3], [2, 1, 2], [1, 0, 1], [1, 1, 1], True)
+    values, indices = aten.max_pool3d_with_indices(x, *args)
+    grad = torch.randn_like(values)
+    torch.testing.assert_close(
+        pooling.max_pool3d_with_indices_backward(grad, x, *args, indices),
+        aten.max_pool3d_with_indices_backward(grad, x, *args, indices),
+    )
+
+
+def test_gathers_scatters_and_trilinear_match_native() -> None:
+    from ortrain.capture import decompositions_gathers as gathers
+
+    torch.manual_seed(0)
+    x, src = torch.randn(4, 5), torch.randn(4, 7)
+    index = torch.tensor([[0, 1, 1, 4, 0, 2, 2]] * 4)
+    for include_self in (True, False):
+        want = x.scatter_reduce(1, index, src, "mean", include_self=include_self)
+        torch.testing.assert_close(
+            gathers.scatter_reduce_mean(x, 1, index, src, "mean", include_self=include_self), want
+        )
+        xi = torch.arange(20).reshape(4, 5)
+        want_int = xi.scatter_reduce(
+            1, index, torch.arange(28).reshape(4, 7), "mean", include_self=include_self
+        )
+        got_int = gathers.scatter_reduce_mean(
+            xi, 1, index, torch.arange(28).reshape(4, 7), "mean", include_self=include_self
+        )
+        torch.testing.assert_close(got_int, want_int)
+        for reduce in ("mean", "prod", "amax", "amin"):
+            rows = torch.tensor([0, 3, 3, 1, 0, 2, 0])
+            want = x.index_reduce(1, rows[:5], src[:, :5], reduce, include_self=include_self)
+            got = gathers.index_reduce(x, 1, rows[:5], src[:, :5], reduce, include_self=include_self)
+            torch.testing.assert_close(got, want)
+    flat_index = torch.tensor([[0, -1], [7, 19]])
+    torch.testing.assert_close(gathers.take(x, flat_index), torch.take(x, flat_index))
+    values = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    for accumulate in (True, False):
+        torch.testing.assert_close(
+            gathers.put(x, torch.tensor([[0, -1], [7, 7]]) if accumulate else flat_index, values, accumulate),
+            x.put(torch.tensor([[0, -1], [7, 7]]) if accumulate else flat_index, values, accumulate),
+        )
+    bilinear = torch.nn.Bilinear(3, 5, 6)
+    a, b = torch.randn(4, 3), torch.randn(4, 5)
+    args = ([1, 3], [0], [1, 2], [2, 3])  # as torch.nn.functional.bilinear calls it
+    want = aten._trilinear(a, bilinear.weight, b, *args)
+    torch.testing.assert_close(math_ops.trilinear(a, bilinear.weight, b, *args), want)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_ctc_loss_and_its_gradient_match_native(reduction: str) -> None:
+    from ortrain.capture.decompositions_ctc import ctc_loss_function
+
+    torch.manual_seed(0)
+    logits = torch.randn(12, 4, 5, requires_grad=True)
+    targets = torch.randint(1, 5, (4, 4))
+    targets[0, 1] = targets[0, 0]
+    input_lengths, target_lengths = [12, 10, 7, 2], [4, 3, 2, 3]  # the last cannot align
+    flat = torch.cat([row[:n] for row, n in zip(targets, target_lengths, strict=True)])
+    for labels, lengths in ((targets, (torch.tensor(input_lengths), torch.tensor(target_lengths))),
+                            (flat, (input_lengths, target_lengths))):  # fmt: skip
+        for source in (logits, logits.log_softmax(-1)):  # PyTorch's gradient for log_probs as given
+            want = torch.nn.functional.ctc_loss(
+                source, labels, *lengths, reduction=reduction, zero_infinity=True
+            )
+            got = ctc_loss_function(source, labels, *lengths, reduction=reduction, zero_infinity=True)
+            torch.testing.assert_close(got, want)
+            weight = torch.linspace(0.5, 1.5, want.numel()).reshape(want.shape)
+            (want_grad,) = torch.autograd.grad((want * weight).sum(), logits, retain_graph=True)
+            (got_grad,) = torch.autograd.grad((got * weight).sum(), logits, retain_graph=True)
+            torch.testing.assert_close(got_grad, want_grad)
+
+
+def test_frexp_matches_native_bit_for_bit() -> None:
+    torch.manual_seed(0)
+    special_values = [0.0, -0.0, 1.0, 2.0, 0.5, -4.0, 1e-40, -3e-45, 3.4e38, math.inf, -math.inf, math.nan]
+    x = torch.cat([torch.randn(1000) * 1e3, torch.tensor([*special_values, 0.9999999, 1.0000001, 2.0**-126])])
+    mantissa, exponent = math_ops.frexp(x)
+    want_mantissa, want_exponent = torch.frexp(x)
+    assert torch.equal(exponent, want_exponent)
+    torch.testing.assert_close(mantissa, want_mantissa, rtol=0, atol=0, equal_nan=True)
+
+
+def test_nanmedian_matches_native() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 7)
+    x[0, 2] = math.nan
+    x[2, [1, 3, 5]] = math.nan
+    for dim, keepdim in ((1, False), (0, True)):
+        got, want = math_ops.nanmedian_dim(x, dim, keepdim), torch.nanmedian(x, dim, keepdim)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, equal_nan=True)
+    torch.testing.assert_close(math_ops.nanmedian(x), torch.nanmedian(x))
+    x[1, :] = math.nan  # an all-NaN row: NaN (its index is unspecified)
+    assert math_ops.nanmedian_dim(x, 1)[0][1].isnan()
+
+
+def test_integer_relu_matches_native_and_floats_are_left_alone() -> None:
+    x = torch.tensor([-3, 0, 5], dtype=torch.int64)
+    assert torch.equal(math_ops.relu(x), torch.relu(x))
+    assert math_ops.relu(torch.randn(3)) is NotImplemented

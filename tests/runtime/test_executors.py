@@ -123,6 +123,31 @@ def test_kernel_check_reads_the_type_constraints() -> None:
     assert node.name == "gemm" and "bfloat16" in why
 
 
+def test_kernel_check_accepts_function_ops_that_onnxruntime_inlines() -> None:
+    """HardSwish and Mish have no CPU kernel but an ONNX function body, which ONNX Runtime
+    inlines: they were refused ("no HardSwish-18 kernel"), failing nn.Hardswish under
+    FALLBACK_DISABLE."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    for op in ("HardSwish", "Mish"):
+        graph = helper.make_graph(
+            [helper.make_node(op, ["x"], ["y"], name="f")],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        )
+        model: onnx.ModelProto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+        assert missing_kernels(model, "CPUExecutionProvider") == []
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        x = np.array([-4.0, -1.0, 0.5, 3.5], dtype=np.float32)
+        reference = torch.nn.functional.hardswish if op == "HardSwish" else torch.nn.functional.mish
+        want = reference(torch.from_numpy(x))
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], want.numpy(), rtol=1e-6, atol=1e-6)
+
+
 def test_cuda_uses_the_cuda_provider_when_onnxruntime_has_it() -> None:
     selection = select_executors(
         torch.device("cuda", 1),
@@ -178,7 +203,7 @@ class _Scale(torch.autograd.Function):
 
 
 class _Mixed(torch.nn.Module):
-    """ONNX region, python op, torch-only op (lgamma has no ONNX translation), ONNX region."""
+    """ONNX region, python op, torch-only op (i0 has no ONNX translation), ONNX region."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -187,7 +212,7 @@ class _Mixed(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         h = _Scale.apply(torch.tanh(self.first(x)))
-        return (self.second(torch.lgamma(h.abs() + 1) * h).sum(),)
+        return (self.second(torch.special.i0(h.abs() + 1) * h).sum(),)
 
 
 def test_a_graph_mixing_python_ops_torch_ops_and_onnx_regions() -> None:
@@ -201,7 +226,7 @@ def test_a_graph_mixing_python_ops_torch_ops_and_onnx_regions() -> None:
             slot.graph, name=name, opset_version=18, passes=[], saver=None, device=torch.device("cpu")
         )
     steps = [s.executor.name for s in runners["forward"].plan.steps]
-    # lgamma's input (abs, add) runs in ONNX Runtime after the python op; lgamma alone in PyTorch.
+    # i0's input (abs, add) runs in ONNX Runtime after the python op; i0 alone in PyTorch.
     assert steps == ["onnxruntime", "python op", "onnxruntime", "torch", "onnxruntime"]
     assert {s.executor.name for s in runners["backward"].plan.steps} == {"onnxruntime", "python op", "torch"}
     state = [*model.parameters()]

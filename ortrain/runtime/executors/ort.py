@@ -233,6 +233,8 @@ def missing_kernels(model: onnx.ModelProto, provider: str) -> list[tuple[onnx.No
             if k.version_range[0] <= version <= k.version_range[1]
         ]
         if not candidates:
+            if _is_function_op(domain, node.op_type, version):
+                continue  # ONNX Runtime inlines its function body (HardSwish, Mish, Bernoulli)
             missing.append((node, f"{provider} has no {node.op_type}-{version} kernel"))
             continue
         known = [s for s in schemas.get((domain, node.op_type), []) if s.since_version <= version]
@@ -255,6 +257,14 @@ def missing_kernels(model: onnx.ModelProto, provider: str) -> list[tuple[onnx.No
             seen = sorted({t.removeprefix("tensor(").removesuffix(")") for _, t in actual})
             missing.append((node, f"{provider} has no {node.op_type} kernel for {'/'.join(seen)}"))
     return missing
+
+
+def _is_function_op(domain: str, op_type: str, version: int) -> bool:
+    try:
+        schema = onnx.defs.get_schema(op_type, version, domain)
+    except Exception:  # not an ONNX-standard op
+        return False
+    return bool(schema.has_function or schema.has_context_dependent_function)
 
 
 def _signature(node: torch.fx.Node) -> tuple[Any, ...]:

@@ -1,0 +1,43 @@
+"""PyTorch functions that the capture replaces by a traceable formulation, above autograd.
+
+A decomposition table acts below autograd, after AOTAutograd's metadata pass has already run
+each op on fake tensors: an op whose output shape depends on values (``_ctc_loss``'s alpha table)
+fails there. A TorchFunctionMode, active only while capturing, swaps the Python-level function
+for one written with static shapes, which autograd then differentiates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ortrain.capture.decompositions_ctc import ctc_loss_function
+
+
+def _overrides() -> dict[Callable[..., Any], Callable[..., Any]]:
+    return {torch.nn.functional.ctc_loss: ctc_loss_function}
+
+
+class _Overrides(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = _overrides()
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        replacement = self.table.get(func)
+        if replacement is not None:
+            result = replacement(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def function_overrides() -> Iterator[None]:
+    with _Overrides():
+        yield
