@@ -10,9 +10,8 @@ graphs whole.
 from __future__ import annotations
 
 import torch
+from _parity import assert_same_state, ort_graph_count, train_side_by_side
 from torch import nn
-
-from tests.ortmodule._parity import assert_same_state, ort_graph_count, train_side_by_side
 
 
 class ViewScatters(nn.Module):
