@@ -1,9 +1,9 @@
 """Memory held at each phase of a training step: the process, and PyTorch's device allocator.
 
-ONNX Runtime does not expose its arenas' statistics through its Python API (the C API's
+ONNX Runtime does not expose its allocators' statistics through its Python API (the C API's
 ``AllocatorGetStats`` has no binding), so on the CPU the process figures are the whole picture:
-ortrain's sessions share one arena (see ``ortrain.runtime``), and its memory is part of the
-process's resident set. On CUDA, PyTorch's allocator figures are reported beside it.
+ortrain's sessions allocate through malloc, without an arena (see
+``ortrain.runtime.executors.ort``), and their memory is part of the process's resident set. On CUDA, PyTorch's allocator figures are reported beside it.
 """
 
 from __future__ import annotations
