@@ -22,13 +22,11 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_ortmodule import _build
+from ortrain import bench
 
 COMPETITORS = ("eager", "ortmodule", "dynamo")
 
@@ -49,7 +47,7 @@ class WithItemBreak(nn.Module):
 
 
 def run_one(model_name: str, competitor: str, steps: int, with_break: bool) -> dict[str, float]:
-    model, data, loss_fn = _build(model_name)
+    model, batch = bench.build_model(model_name)  # model(*batch) is the loss
     if with_break:
         model = WithItemBreak(model)
     if competitor == "ortmodule":
@@ -65,7 +63,7 @@ def run_one(model_name: str, competitor: str, steps: int, with_break: bool) -> d
     for _ in range(steps + 1):
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss_fn(model, *data).backward()
+        model(*batch).backward()
         optimizer.step()
         times.append(time.perf_counter() - start)
     rest = times[2:] or times[1:]
@@ -88,7 +86,10 @@ def main() -> None:
     if args.child:
         print(json.dumps(run_one(args.child[0], args.child[1], args.steps, args.with_break)))
         return
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, medians of {args.repeats} runs")
+    print(
+        f"{bench.cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"medians of {args.repeats} runs"
+    )
     print(f"{'model':6} {'competitor':10} {'step ms':>9} {'vs eager':>9} {'first s':>8}")
     for model_name in args.models.split(","):
         runs: dict[str, list[dict[str, float]]] = {c: [] for c in COMPETITORS}
