@@ -3,7 +3,8 @@
 ONNX Runtime does not expose its allocators' statistics through its Python API (the C API's
 ``AllocatorGetStats`` has no binding), so on the CPU the process figures are the whole picture:
 ortrain's sessions allocate through malloc, without an arena (see
-``ortrain.runtime.executors.ort``), and their memory is part of the process's resident set. On CUDA, PyTorch's allocator figures are reported beside it.
+``ortrain.runtime.executors.ort``), and their memory is part of the process's resident set. On
+CUDA, PyTorch's allocator figures are reported beside it.
 """
 
 from __future__ import annotations
