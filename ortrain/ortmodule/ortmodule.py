@@ -491,8 +491,10 @@ class ORTModule(nn.Module):
         if exports_run() != exports_before:
             gc.collect()
             release_freed_memory()
-        first = len(captured.state_names)
-        fw_values = captured.forward.placeholder_values[first:]
+        # The user inputs are the forward's last placeholders: state comes before them, and so
+        # do AOTAutograd's effect tokens (a graph with linalg.inv's error check has one).
+        values = captured.forward.placeholder_values
+        fw_values = values[len(values) - len(inputs) :]
         sizes = [tuple(s if isinstance(s, int) else None for s in value.shape) for value in fw_values]
         binding = binding_order(self._ortrain_module, captured.state_names, prefix="module")
         if self._ortrain_inspector.enabled:

@@ -7,6 +7,8 @@ its execution provider cannot run (no kernel for that dtype, no ONNX translation
 graph is partitioned again without them. Nodes that ONNX Runtime cannot run then run in PyTorch,
 with one warning per graph naming them and why; under a fallback policy without
 ``FALLBACK_UNSUPPORTED_ONNX_MODEL`` (``FALLBACK_DISABLE``) that is an error naming them.
+Operators without an ONNX equivalent (:mod:`ortrain.runtime.torch_native_ops`: factorizations,
+complex tensors) run in PyTorch under every policy: one INFO line per graph names them.
 
 A graph that ONNX Runtime runs whole is one session over the original graph (the fast path). For
 other graphs the debug files show one ONNX "view" of the whole graph: ONNX regions joined by
@@ -28,7 +30,7 @@ from torch.fx.node import map_aggregate
 from ortrain.errors import FallbackPolicy, ORTModuleDeviceException, ORTModuleONNXModelException
 from ortrain.export.python_op_view import PythonOpNode, TorchRegionNode, ViewSegment, python_op_view
 from ortrain.passes.pipeline import Pass, StageSaver
-from ortrain.runtime.executors.base import RegionRejected, Runner, fx_target_name
+from ortrain.runtime.executors.base import RegionRejected, Runner, fx_target_name, fx_target_name_of
 from ortrain.runtime.executors.ort import OnnxRuntimeExecutor, OrtSessionRunner
 from ortrain.runtime.executors.python_op import PythonOpExecutor
 from ortrain.runtime.executors.torch import TorchExecutor
@@ -36,6 +38,7 @@ from ortrain.runtime.partitioner import Plan, Slot, partition
 from ortrain.runtime.placement import DEFAULT, Placement
 from ortrain.runtime.selection import select_executors
 from ortrain.runtime.startup_timings import timed
+from ortrain.runtime.torch_native_ops import torch_native_reason
 
 logger = logging.getLogger("ortrain.runtime")
 
@@ -140,6 +143,32 @@ def announce_plan(plan: Plan, name: str, *, openmp_passive: bool) -> None:
         name,
         ", ".join(f"{count} nodes in {e}" for e, count in plan.nodes_by_executor().items()),
     )
+    native = _torch_native(plan)
+    if native:
+        logger.info(
+            "%s graph: PyTorch runs %d node(s) by design, as ONNX has no equivalent: %s",
+            name,
+            sum(native.values()),
+            "; ".join(f"{op} x{count} ({why})" for (op, why), count in sorted(native.items())),
+        )
+
+
+def _torch_native(plan: Plan) -> dict[tuple[str, str], int]:
+    """(operator, why) -> how many nodes of the plan PyTorch runs by design (torch_native_ops)."""
+    found: dict[tuple[str, str], int] = {}
+    for step in plan.steps:
+        if not isinstance(step.executor, TorchExecutor):
+            continue
+        for node in step.nodes:
+            if node.target is operator.getitem:
+                continue
+            why = torch_native_reason(node)
+            if why is not None:
+                op = fx_target_name(node)
+                if op == "with_effects" and len(node.args) > 1:
+                    op = f"with_effects({fx_target_name_of(node.args[1])})"
+                found[(op, why)] = found.get((op, why), 0) + 1
+    return found
 
 
 def _refused(plan: Plan, onnxruntime: OnnxRuntimeExecutor) -> dict[str, tuple[str, str]]:

@@ -47,5 +47,8 @@ class Executor(Protocol):
 
 def fx_target_name(node: torch.fx.Node) -> str:
     """``aten.addmm.default`` for an ATen node; the function's name otherwise."""
-    target = node.target
+    return fx_target_name_of(node.target)
+
+
+def fx_target_name_of(target: object) -> str:
     return str(target) if hasattr(target, "_schema") else getattr(target, "__name__", str(target))

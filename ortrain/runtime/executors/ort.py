@@ -37,6 +37,7 @@ from ortrain.passes.pipeline import Pass, run_passes
 from ortrain.runtime import ort_profile
 from ortrain.runtime.executors.base import RegionRejected
 from ortrain.runtime.startup_timings import timed
+from ortrain.runtime.torch_native_ops import is_torch_native
 
 logger = logging.getLogger("ortrain.runtime")
 
@@ -303,7 +304,8 @@ _REJECTED_NODE = re.compile(r"node with name '([^']*)'")
 
 class OnnxRuntimeExecutor:
     """Claims nodes that have an ONNX translation and a kernel in ``provider``, except the
-    operators a placement declines (those are not refusals: nothing is logged about them)."""
+    operators a placement declines and those PyTorch runs by design (:mod:`ortrain.runtime.
+    torch_native_ops`): those are not refusals, nothing warns about them."""
 
     name = "onnxruntime"
     merges = True
@@ -335,6 +337,8 @@ class OnnxRuntimeExecutor:
         self._translations = translation_table(cache_dir)
 
     def refusal(self, node: torch.fx.Node) -> str | None:
+        if is_torch_native(node):
+            return None  # left to PyTorch on purpose, not refused
         if node.name in self.rejected:
             return self.rejected[node.name]
         learned = _learned_refusals.get((self.provider, *_signature(node)))
@@ -345,7 +349,12 @@ class OnnxRuntimeExecutor:
         return None
 
     def claims(self, node: torch.fx.Node) -> bool:
-        return node.op == "call_function" and node.target not in self.declined and self.refusal(node) is None
+        return (
+            node.op == "call_function"
+            and node.target not in self.declined
+            and not is_torch_native(node)
+            and self.refusal(node) is None
+        )
 
     def build(self, region: torch.fx.GraphModule, *, what: str, whole: bool) -> OrtSessionRunner:
         # A region that a re-partition left as it was is not exported again.

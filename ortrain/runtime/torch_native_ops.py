@@ -1,0 +1,98 @@
+"""Operators that PyTorch runs by design: ONNX has no equivalent for them.
+
+The partitioner gives these nodes to the torch executor under every fallback policy,
+``FALLBACK_DISABLE`` included: they are not refusals (nothing warns, nothing counts as a
+fallback), and each graph names them in one INFO line. The rest of the graph stays in ONNX
+Runtime. An operator that merely lacks a translation today is *not* listed here: that is a gap
+to fill (a decomposition or a translation), and ``FALLBACK_DISABLE`` still reports it.
+
+Two kinds of nodes are PyTorch's:
+
+- **Matrix factorizations and what is built on them**: ONNX has ``Det`` and nothing else of
+  linear algebra beyond products (no LU, QR, Cholesky, SVD, eigen-decomposition, triangular or
+  general solve, inverse). Writing them as loops of ONNX ops would be a slow, numerically weaker
+  copy of LAPACK; their gradients are AOTAutograd's formulas, made of these same ops and matrix
+  products, so they stay exact. ``_linalg_check_errors`` (the check that raises on a singular
+  matrix, wrapped by ``with_effects``) goes with them. ``_linalg_det`` is listed although ONNX has
+  ``Det``: the op also returns the LU factors its backward reads.
+- **Complex tensors**: ONNX Runtime has no complex arithmetic. onnxscript models a complex tensor
+  as a real one with a trailing dimension of 2, which holds only while every reader is in ONNX
+  (values crossing to PyTorch had the wrong shape), and several complex ops have no translation
+  (``slice_scatter`` in the backward of ``irfft``). Any node that reads or writes a complex
+  tensor (the FFTs of complex data, ``view_as_complex``, ``stft``'s intermediates) runs in PyTorch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+
+# Packets, so that every overload (``.default``, ``.out``-less variants, ``atol_rtol_tensor``) counts.
+LINEAR_ALGEBRA: frozenset[object] = frozenset(
+    {
+        aten._linalg_check_errors,
+        aten._linalg_det,
+        aten._linalg_eigh,
+        aten._linalg_slogdet,
+        aten._linalg_solve_ex,
+        aten._linalg_svd,
+        aten.cholesky,
+        aten.cholesky_inverse,
+        aten.cholesky_solve,
+        aten.geqrf,
+        aten.linalg_cholesky_ex,
+        aten.linalg_eig,
+        aten.linalg_householder_product,
+        aten.linalg_inv_ex,
+        aten.linalg_ldl_factor_ex,
+        aten.linalg_ldl_solve,
+        aten.linalg_lstsq,
+        aten.linalg_lu,
+        aten.linalg_lu_factor_ex,
+        aten.linalg_lu_solve,
+        aten.linalg_matrix_exp,
+        aten.linalg_pinv,
+        aten.linalg_qr,
+        aten.linalg_solve_triangular,
+        aten.lu_unpack,
+        aten.ormqr,
+        aten.triangular_solve,
+    }
+)
+
+_WITH_EFFECTS = torch.ops.higher_order.with_effects
+
+
+def _packet(target: object) -> object:
+    return getattr(target, "overloadpacket", target)
+
+
+def _is_complex(value: object) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_complex()
+
+
+def _touches_complex(node: torch.fx.Node) -> bool:
+    values = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
+    flat: list[object] = []
+    for value in values:
+        flat.extend(value if isinstance(value, (list, tuple)) else [value])
+    return any(_is_complex(v) for v in flat)
+
+
+def torch_native_reason(node: torch.fx.Node) -> str | None:
+    """Why PyTorch runs ``node`` by design, or None when ONNX Runtime should try it."""
+    if node.op != "call_function":
+        return None
+    target = node.target
+    if target is _WITH_EFFECTS and len(node.args) > 1:
+        target = node.args[1]  # with_effects(token, op, *args): the op it orders
+    if _packet(target) in LINEAR_ALGEBRA:
+        return "linear algebra"
+    if _touches_complex(node):
+        return "complex tensor"
+    return None
+
+
+def is_torch_native(node: torch.fx.Node) -> bool:
+    return torch_native_reason(node) is not None
