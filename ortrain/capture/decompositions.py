@@ -9,7 +9,8 @@ Each entry is here for a measured reason (see DESIGN.md):
   transposed): no ONNX translation.
 - pooling (``decompositions_pooling``), elementwise and distance ops (``decompositions_math``),
   ``embedding_bag`` (``decompositions_embedding``), losses (``decompositions_losses``), the
-  ``erfc`` family (``decompositions_special``: a wrong value without an error before), 0-d
+  ``erfc`` family and ``ndtri`` (``decompositions_special``), the modified Bessel functions
+  (``decompositions_bessel``), 0-d
   scatters and gathers
   (``decompositions_indexing``), view-scatters such as the backward of ``diagonal``
   (``decompositions_view_scatter``): each module says why.
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 from torch._decomp import get_decompositions
 
+from ortrain.capture import decompositions_bessel as bessel
 from ortrain.capture import decompositions_embedding as embedding
 from ortrain.capture import decompositions_gathers as gathers
 from ortrain.capture import decompositions_indexing as indexing
@@ -225,8 +227,17 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.digamma.default] = special.digamma
     table[aten.polygamma.default] = special.polygamma
     table[aten.mvlgamma.default] = special.mvlgamma
+    table[aten.special_ndtri.default] = special.ndtri
+    table[aten.i0.default] = bessel.i0
+    table[aten.special_i0e.default] = bessel.special_i0e
+    table[aten.special_i1.default] = bessel.special_i1
+    table[aten.special_i1e.default] = bessel.special_i1e
     table[aten._cdist_forward.default] = math_ops.cdist_forward
     table[aten._cdist_backward.default] = math_ops.cdist_backward
+    table[aten._pdist_forward.default] = math_ops.pdist_forward
+    table[aten._pdist_backward.default] = math_ops.pdist_backward
+    table[aten.nextafter.default] = math_ops.nextafter
+    table[aten.masked_scatter_backward.default] = gathers.masked_scatter_backward
     table[aten._embedding_bag.default] = embedding.embedding_bag
     table[aten._embedding_bag_forward_only.default] = embedding.embedding_bag
     table[aten._embedding_bag_backward.default] = embedding.embedding_bag_backward

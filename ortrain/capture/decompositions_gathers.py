@@ -70,3 +70,17 @@ def scatter_reduce_mean(
     safe = torch.clamp(count, min=1)
     mean = total / safe if x.is_floating_point() else torch.div(total, safe, rounding_mode="floor")
     return torch.where(count == 0, x, mean)  # untouched positions keep x (only without include_self)
+
+
+def masked_scatter_backward(grad: torch.Tensor, mask: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """The gradient of ``masked_scatter``'s source: the gradient at the masked positions, in
+    order, then zeros (PyTorch: ``masked_select`` padded, a data-dependent size). Here each
+    masked position scatters to its rank among the masked ones; the others to a spare slot."""
+    total = 1
+    for size in sizes:
+        total *= size
+    flat_mask = mask.expand(grad.shape).reshape(-1)
+    rank = torch.cumsum(flat_mask.to(torch.int64), 0) - 1
+    index = torch.where(flat_mask, rank, torch.full_like(rank, total))
+    spare = grad.new_zeros([total + 1])
+    return spare.scatter_add(0, index, grad.reshape(-1))[:total].reshape(sizes)

@@ -364,3 +364,46 @@ def relu(x: torch.Tensor) -> torch.Tensor:
     if x.is_floating_point() or x.dtype in (torch.int8, torch.int32):
         return NotImplemented
     return torch.where(x > 0, x, torch.zeros_like(x))
+
+
+def pdist_forward(x: torch.Tensor, p: float = 2.0) -> torch.Tensor:
+    """Distances between the rows of ``x``, pairs (i < j) in row-major order: ``cdist``'s upper
+    triangle."""
+    n = x.shape[0]
+    rows, cols = torch.triu_indices(n, n, 1, device=x.device)
+    return cdist_forward(x, x, p, None)[rows, cols]
+
+
+def pdist_backward(grad: torch.Tensor, x: torch.Tensor, p: float, pdist: torch.Tensor) -> torch.Tensor:
+    """Each pair's distance depends on both rows: with the gradient and the distances laid out as
+    symmetric matrices, ``cdist``'s gradient with respect to its first argument counts both."""
+    n = x.shape[0]
+    rows, cols = torch.triu_indices(n, n, 1, device=x.device)
+
+    def symmetric(values: torch.Tensor) -> torch.Tensor:
+        upper = values.new_zeros([n, n]).index_put((rows, cols), values)
+        return upper + upper.transpose(0, 1)
+
+    return cdist_backward(symmetric(grad), x, x, p, symmetric(pdist))
+
+
+_BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
+
+
+def nextafter(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The float after ``x`` toward ``y`` (the exporter's ``prims.nextafter`` has no ONNX
+    translation): the bit pattern of a finite float, read as an integer, steps by one toward the
+    next float away from zero when ``y`` lies that way, toward zero otherwise."""
+    bits_dtype = _BITS.get(x.dtype)
+    if bits_dtype is None or y.dtype != x.dtype:
+        return NotImplemented
+    x, y = torch.broadcast_tensors(x, y)
+    bits = x.view(bits_dtype)
+    away_from_zero = (y > x) == (x > 0)
+    stepped = torch.where(away_from_zero, bits + 1, bits - 1).view(x.dtype)
+    # From zero: the smallest subnormal, with the sign of the direction.
+    tiny = 2.0 ** (-149 if x.dtype == torch.float32 else -1074)
+    from_zero = torch.where(y > x, torch.full_like(x, tiny), torch.full_like(x, -tiny))
+    value = torch.where(x == 0, from_zero, stepped)
+    value = torch.where(x == y, y, value)
+    return torch.where(torch.isnan(x) | torch.isnan(y), torch.full_like(x, math.nan), value)

@@ -148,3 +148,58 @@ def mvlgamma(x: torch.Tensor, p: int) -> torch.Tensor:
     for j in range(p):
         value = value + lgamma(x - j / 2)
     return torch.where(x > (p - 1) / 2, value, torch.full_like(x, math.nan))
+
+
+# ndtri: the inverse of the standard normal CDF. The exporter lowers it to ``prims.ndtri``, which
+# has no ONNX translation. PyTorch's kernel evaluates Cephes' rational approximations (Cephes Math
+# Library, 3-clause BSD; the coefficients are Cephes' published constants): one in y - 1/2 for
+# the centre (|y - 1/2| <= 3/8 ... exp(-2) to 1 - exp(-2)), two in 1/sqrt(-2·log y) for the tails.
+# Polynomial coefficients, highest power first.
+_NDTRI_P0 = (-5.99633501014107895267e1, 9.80010754185999661536e1, -5.66762857469070293439e1,
+             1.39312609387279679503e1, -1.23916583867381258016e0)  # fmt: skip
+_NDTRI_Q0 = (1.0, 1.95448858338141759834e0, 4.67627912898881538453e0, 8.63602421390890590575e1,
+             -2.25462687854119370527e2, 2.00260212380060660359e2, -8.20372256168333339912e1,
+             1.59056225126211695515e1, -1.18331621121330003142e0)  # fmt: skip
+_NDTRI_P1 = (4.05544892305962419923e0, 3.15251094599893866154e1, 5.71628192246421288162e1,
+             4.40805073893200834700e1, 1.46849561928858024014e1, 2.18663306850790267539e0,
+             -1.40256079171354495875e-1, -3.50424626827848203418e-2, -8.57456785154685413611e-4)  # fmt: skip
+_NDTRI_Q1 = (1.0, 1.57799883256466749731e1, 4.53907635128879210584e1, 4.13172038254672030440e1,
+             1.50425385692907503408e1, 2.50464946208309415979e0, -1.42182922854787788574e-1,
+             -3.80806407691578277194e-2, -9.33259480895457427372e-4)  # fmt: skip
+_NDTRI_P2 = (3.23774891776946035970e0, 6.91522889068984211695e0, 3.93881025292474443415e0,
+             1.33303460815807542389e0, 2.01485389549179081538e-1, 1.23716634817820021358e-2,
+             3.01581553508235416007e-4, 2.65806974686737550832e-6, 6.23974539184983293730e-9)  # fmt: skip
+_NDTRI_Q2 = (1.0, 6.02427039364742014255e0, 3.67983563856160859403e0, 1.37702099489081330271e0,
+             2.16236993594496635890e-1, 1.34204006088543189037e-2, 3.28014464682127739104e-4,
+             2.89247864745380683936e-6, 6.79019408009981274425e-9)  # fmt: skip
+_EXP_MINUS_2 = 0.13533528323661269189
+
+
+def _polynomial(x: torch.Tensor, coefficients: tuple[float, ...]) -> torch.Tensor:
+    value = torch.full_like(x, coefficients[0])
+    for c in coefficients[1:]:
+        value = value * x + c
+    return value
+
+
+def ndtri(y: torch.Tensor) -> torch.Tensor:
+    """x with Φ(x) = y: -inf at 0, inf at 1, NaN outside [0, 1], as PyTorch."""
+    upper = y > 1.0 - _EXP_MINUS_2
+    tail = torch.where(upper, 1.0 - y, y)  # the tail nearest y, as a probability <= exp(-2)
+    centre = tail > _EXP_MINUS_2
+    # Centre: y - 1/2 with |y - 1/2| <= 1/2 - exp(-2).
+    u = y - 0.5
+    u2 = u * u
+    middle = (u + u * (u2 * _polynomial(u2, _NDTRI_P0) / _polynomial(u2, _NDTRI_Q0))) * math.sqrt(2 * math.pi)
+    # Tails: x = sqrt(-2·log p) >= 2 where p <= exp(-2); elsewhere a harmless 1/2 stands in.
+    p = torch.where(centre, torch.full_like(tail, 0.5), tail)
+    x = torch.sqrt(-2.0 * torch.log(p))
+    z = 1.0 / x
+    near = z * _polynomial(z, _NDTRI_P1) / _polynomial(z, _NDTRI_Q1)
+    far = z * _polynomial(z, _NDTRI_P2) / _polynomial(z, _NDTRI_Q2)
+    value = x - torch.log(x) / x - torch.where(x < 8.0, near, far)
+    value = torch.where(upper, value, -value)
+    value = torch.where(centre, middle, value)
+    value = torch.where(y == 0.0, -math.inf, value)
+    value = torch.where(y == 1.0, math.inf, value)
+    return torch.where((y < 0.0) | (y > 1.0), math.nan, value)
