@@ -370,6 +370,8 @@ def pdist_forward(x: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     """Distances between the rows of ``x``, pairs (i < j) in row-major order: ``cdist``'s upper
     triangle."""
     n = x.shape[0]
+    if n < 2:  # no pair (ONNX cannot concatenate the empty index lists)
+        return x.new_zeros([0])
     rows, cols = torch.triu_indices(n, n, 1, device=x.device)
     return cdist_forward(x, x, p, None)[rows, cols]
 
@@ -378,6 +380,8 @@ def pdist_backward(grad: torch.Tensor, x: torch.Tensor, p: float, pdist: torch.T
     """Each pair's distance depends on both rows: with the gradient and the distances laid out as
     symmetric matrices, ``cdist``'s gradient with respect to its first argument counts both."""
     n = x.shape[0]
+    if n < 2:
+        return torch.zeros_like(x)
     rows, cols = torch.triu_indices(n, n, 1, device=x.device)
 
     def symmetric(values: torch.Tensor) -> torch.Tensor:
@@ -387,23 +391,25 @@ def pdist_backward(grad: torch.Tensor, x: torch.Tensor, p: float, pdist: torch.T
     return cdist_backward(symmetric(grad), x, x, p, symmetric(pdist))
 
 
-_BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
-
-
 def nextafter(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The float after ``x`` toward ``y`` (the exporter's ``prims.nextafter`` has no ONNX
-    translation): the bit pattern of a finite float, read as an integer, steps by one toward the
-    next float away from zero when ``y`` lies that way, toward zero otherwise."""
-    bits_dtype = _BITS.get(x.dtype)
-    if bits_dtype is None or y.dtype != x.dtype:
+    """The float after ``x`` toward ``y``. The exporter's ``prims.nextafter`` has no ONNX
+    translation and ONNX cannot reinterpret bits, so the step is computed: one unit in the last
+    place of ``x`` (from ``frexp``), halved when moving toward zero from a power of two, never below
+    the smallest subnormal; the sum is exact in float64 and so is its rounding back."""
+    if x.dtype not in (torch.float32, torch.float64) or y.dtype != x.dtype:
         return NotImplemented
-    x, y = torch.broadcast_tensors(x, y)
-    bits = x.view(bits_dtype)
-    away_from_zero = (y > x) == (x > 0)
-    stepped = torch.where(away_from_zero, bits + 1, bits - 1).view(x.dtype)
-    # From zero: the smallest subnormal, with the sign of the direction.
-    tiny = 2.0 ** (-149 if x.dtype == torch.float32 else -1074)
-    from_zero = torch.where(y > x, torch.full_like(x, tiny), torch.full_like(x, -tiny))
-    value = torch.where(x == 0, from_zero, stepped)
-    value = torch.where(x == y, y, value)
-    return torch.where(torch.isnan(x) | torch.isnan(y), torch.full_like(x, math.nan), value)
+    info = torch.finfo(x.dtype)
+    smallest = info.tiny * info.eps  # the smallest subnormal
+    wide, target = (t.to(torch.float64) for t in torch.broadcast_tensors(x, y))
+    mantissa, exponent = frexp(wide)
+    digits = 24 if x.dtype == torch.float32 else 53  # significand bits
+    step = torch.pow(2.0, (exponent - digits).to(torch.float64)).clamp_min(smallest)
+    shrinking = (target > wide) != (wide > 0)
+    step = torch.where(shrinking & (mantissa.abs() == 0.5), (step / 2).clamp_min(smallest), step)
+    value = wide + torch.where(target > wide, step, -step)
+    tiny = torch.full_like(wide, smallest)  # a Python scalar here would be rounded to float32
+    value = torch.where(wide == 0, torch.where(target > 0, tiny, -tiny), value)
+    value = torch.where(torch.isinf(wide), torch.sign(wide) * info.max, value)
+    value = torch.where(wide == target, target, value)
+    value = torch.where(torch.isnan(wide) | torch.isnan(target), math.nan, value)
+    return value.to(x.dtype)
