@@ -20,6 +20,10 @@ def _offset2bag(indices: torch.Tensor, offsets: torch.Tensor, bags: int) -> torc
     return (starts.unsqueeze(0) <= position.unsqueeze(1)).sum(-1) - 1
 
 
+def _zero_unless(keep: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.where(keep, x, torch.zeros_like(x))
+
+
 def _valid(indices: torch.Tensor, padding_idx: int) -> torch.Tensor:
     if padding_idx is None or padding_idx < 0:
         return torch.ones_like(indices, dtype=torch.bool)
@@ -52,12 +56,12 @@ def embedding_bag(
         candidates = torch.where(member.unsqueeze(-1), rows.unsqueeze(0), torch.full_like(rows, -torch.inf))
         values, position = candidates.max(1)  # [bags, dim]
         filled = (bag_size > 0).unsqueeze(1)
-        output = torch.where(filled, values, torch.zeros_like(values))
+        output = _zero_unless(filled, values)
         max_indices = torch.where(filled, indices[position], torch.full_like(position, -1))
         return output, offset2bag, bag_size, max_indices
     if per_sample_weights is not None:
         rows = rows * per_sample_weights.unsqueeze(1)
-    rows = torch.where(valid.unsqueeze(1), rows, torch.zeros_like(rows))
+    rows = _zero_unless(valid.unsqueeze(1), rows)
     output = torch.zeros(bags, dim, dtype=weight.dtype, device=weight.device).index_add(0, offset2bag, rows)
     if mode == MEAN:
         output = output / bag_size.clamp(min=1).to(weight.dtype).unsqueeze(1)
@@ -89,14 +93,13 @@ def embedding_bag_dense_backward(
     result = torch.zeros(num_weights, dim, dtype=grad.dtype, device=grad.device)
     if mode == MAX:
         filled = (bag_size > 0).unsqueeze(1)
-        target = torch.where(filled, maximum_indices, torch.zeros_like(maximum_indices))
-        return result.scatter_add(0, target, torch.where(filled, grad, torch.zeros_like(grad)))
+        return result.scatter_add(0, _zero_unless(filled, maximum_indices), _zero_unless(filled, grad))
     contrib = grad.index_select(0, offset2bag)
     if per_sample_weights is not None:
         contrib = contrib * per_sample_weights.unsqueeze(1)
     if mode == MEAN:
         contrib = contrib / bag_size.index_select(0, offset2bag).clamp(min=1).to(grad.dtype).unsqueeze(1)
-    contrib = torch.where(_valid(indices, padding_idx).unsqueeze(1), contrib, torch.zeros_like(contrib))
+    contrib = _zero_unless(_valid(indices, padding_idx).unsqueeze(1), contrib)
     return result.index_add(0, indices, contrib)
 
 
@@ -133,4 +136,4 @@ def embedding_bag_per_sample_weights_backward(
 ) -> torch.Tensor:
     rows = weight.index_select(0, indices)
     result = (grad.index_select(0, offset2bag) * rows).sum(1)
-    return torch.where(_valid(indices, padding_idx), result, torch.zeros_like(result))
+    return _zero_unless(_valid(indices, padding_idx), result)

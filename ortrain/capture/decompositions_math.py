@@ -1,12 +1,15 @@
 """Elementwise and distance ops written with ops that have ONNX translations.
 
 The exporter lowers ``hypot``, ``erfinv`` and ``cumprod`` to ``prims`` ops that have no ONNX
-translation, and ``_cdist_forward``/``_cdist_backward`` have none at all.
+translation, and ``_cdist_forward``/``_cdist_backward`` (also behind ``pdist``) have none at
+all; ``nextafter``'s ``prims.nextafter`` neither.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -104,48 +107,50 @@ def _as_uint8(x: torch.Tensor) -> torch.Tensor | None:
     return x.to(torch.uint8) if x.dtype == torch.bool else None
 
 
-def max_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    small = _as_uint8(x)
-    if small is None:
-        return NotImplemented
-    values, indices = aten.max.dim(small, dim, keepdim)
-    return values.to(torch.bool), indices
+def _extreme_with_indices(op: Any) -> Callable[..., Any]:
+    """``max.dim``/``min.dim`` of a boolean tensor, reduced as uint8."""
+
+    def decomposition(x: torch.Tensor, dim: int, keepdim: bool = False) -> Any:
+        small = _as_uint8(x)
+        if small is None:
+            return NotImplemented
+        values, indices = op(small, dim, keepdim)
+        return values.to(torch.bool), indices
+
+    return decomposition
 
 
-def min_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    small = _as_uint8(x)
-    if small is None:
-        return NotImplemented
-    values, indices = aten.min.dim(small, dim, keepdim)
-    return values.to(torch.bool), indices
+def _arg_extreme(op: Any) -> Callable[..., Any]:
+    """``argmax``/``argmin`` of a boolean tensor, reduced as uint8."""
+
+    def decomposition(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
+        small = _as_uint8(x)
+        return NotImplemented if small is None else op(small, dim, keepdim)
+
+    return decomposition
 
 
-def argmax(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
-    small = _as_uint8(x)
-    return NotImplemented if small is None else aten.argmax.default(small, dim, keepdim)
-
-
-def argmin(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
-    small = _as_uint8(x)
-    return NotImplemented if small is None else aten.argmin.default(small, dim, keepdim)
+max_dim = _extreme_with_indices(aten.max.dim)
+min_dim = _extreme_with_indices(aten.min.dim)
+argmax = _arg_extreme(aten.argmax.default)
+argmin = _arg_extreme(aten.argmin.default)
 
 
 # ``amax(x)``/``amin(x)`` with the default ``dim=()`` reduce over every dim; onnxscript's
 # translation requires ``dim`` and fails export. On a 0-d tensor ONNX Runtime refuses any axis.
-def amax(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> torch.Tensor:
-    if x.dim() == 0:
-        return x.clone()  # ONNX's ReduceMax/Min refuse any axis on a scalar; the result is the scalar
-    if len(dim):
-        return NotImplemented
-    return aten.amax.default(x, list(range(x.dim())), keepdim)
+def _extreme_over_all(op: Any) -> Callable[..., Any]:
+    def decomposition(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> Any:
+        if x.dim() == 0:
+            return x.clone()  # ONNX's ReduceMax/Min refuse any axis on a scalar; the result is the scalar
+        if len(dim):
+            return NotImplemented
+        return op(x, list(range(x.dim())), keepdim)
+
+    return decomposition
 
 
-def amin(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> torch.Tensor:
-    if x.dim() == 0:
-        return x.clone()  # ONNX's ReduceMax/Min refuse any axis on a scalar; the result is the scalar
-    if len(dim):
-        return NotImplemented
-    return aten.amin.default(x, list(range(x.dim())), keepdim)
+amax = _extreme_over_all(aten.amax.default)
+amin = _extreme_over_all(aten.amin.default)
 
 
 # ``kthvalue`` and ``mode`` have no ONNX translation.
