@@ -8,7 +8,9 @@ import math
 import pytest
 import torch
 
+from ortrain.capture import decompositions_bessel as bessel
 from ortrain.capture import decompositions_embedding as embedding
+from ortrain.capture import decompositions_gathers as gathers
 from ortrain.capture import decompositions_indexing as indexing
 from ortrain.capture import decompositions_losses as losses
 from ortrain.capture import decompositions_math as math_ops
@@ -475,3 +477,79 @@ def test_integer_relu_matches_native_and_floats_are_left_alone() -> None:
     x = torch.tensor([-3, 0, 5], dtype=torch.int64)
     assert torch.equal(math_ops.relu(x), torch.relu(x))
     assert math_ops.relu(torch.randn(3)) is NotImplemented
+
+
+@pytest.mark.parametrize(
+    ("ours", "native"),
+    [
+        (bessel.i0, torch.i0),
+        (bessel.special_i0e, torch.special.i0e),
+        (bessel.special_i1, torch.special.i1),
+        (bessel.special_i1e, torch.special.i1e),
+    ],
+)
+def test_bessel_functions_match_native_as_closely_as_float32_does(ours, native) -> None:  # type: ignore[no-untyped-def]
+    """Both Chebyshev branches (|x| <= 8 and beyond, up to float32's overflow of I(x)), the
+    branch point, 0, ±inf and NaN; in float64 to 1e-14, in float32 within 2x eager's error."""
+    x = torch.cat([torch.linspace(-95, 95, 3801, dtype=torch.float64), torch.tensor([0.0, 8.0, -8.0, 1e-30])])
+    reference = native(x)
+    torch.testing.assert_close(ours(x), reference, rtol=1e-14, atol=0)
+    special_values = torch.tensor([math.inf, -math.inf, math.nan])
+    torch.testing.assert_close(ours(special_values), native(special_values), equal_nan=True)
+    finite = torch.isfinite(native(x.float()))
+    scale = reference.abs()[finite].clamp_min(1e-30)  # i1(0) = 0
+    got_error = ((ours(x.float()).double() - reference)[finite].abs() / scale).max()
+    eager_error = ((native(x.float()).double() - reference)[finite].abs() / scale).max()
+    assert got_error <= 2 * eager_error + 1e-7
+
+
+def test_ndtri_matches_native_in_the_centre_and_both_tails() -> None:
+    y = torch.cat(
+        [
+            torch.linspace(0, 1, 2001, dtype=torch.float64),
+            torch.logspace(-300, -1, 300, dtype=torch.float64),
+            1 - torch.logspace(-15, -1, 50, dtype=torch.float64),
+            torch.tensor([-0.5, 1.5, math.nan], dtype=torch.float64),
+        ]
+    )
+    torch.testing.assert_close(
+        special.ndtri(y), torch.special.ndtri(y), rtol=1e-14, atol=1e-14, equal_nan=True
+    )
+    tails = torch.cat([torch.logspace(-38, -1, 100), torch.rand(1000)])  # float32
+    reference = torch.special.ndtri(tails.double())
+    got_error = (special.ndtri(tails).double() - reference).abs().max()
+    assert got_error <= 2 * (torch.special.ndtri(tails).double() - reference).abs().max()
+
+
+def test_nextafter_matches_native_bit_for_bit() -> None:
+    for dtype, bits in ((torch.float32, torch.int32), (torch.float64, torch.int64)):
+        info = torch.finfo(dtype)
+        edges = [0.0, -0.0, 1.0, -1.0, 0.5, info.tiny, -info.tiny, info.tiny * info.eps, info.max,
+                 -info.max, math.inf, -math.inf, math.nan, 3.0]  # fmt: skip
+        torch.manual_seed(0)
+        values = torch.cat(
+            [torch.tensor(edges, dtype=dtype), torch.randn(200, dtype=dtype) * 1e30 ** torch.randn(200)]
+        )
+        x = values.repeat_interleave(len(edges))
+        y = torch.tensor(edges, dtype=dtype).repeat(len(values))
+        got, want = math_ops.nextafter(x, y), torch.nextafter(x, y)
+        same = (got.view(bits) == want.view(bits)) | (got.isnan() & want.isnan())
+        assert same.all(), (x[~same][:4], y[~same][:4], got[~same][:4], want[~same][:4])
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 0.5, 3.0, math.inf])
+def test_pdist_and_masked_scatter_backward_match_native(p: float) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    distances = torch.pdist(x, p)
+    grad = torch.randn_like(distances)
+    (want,) = torch.autograd.grad(distances, x, grad)
+    torch.testing.assert_close(math_ops.pdist_forward(x.detach(), p), distances.detach())
+    torch.testing.assert_close(math_ops.pdist_backward(grad, x.detach(), p, distances.detach()), want)
+    assert math_ops.pdist_forward(x[:1].detach(), p).shape == (0,)
+    source = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(2, 1) > 0.4
+    out = torch.randn(2, 4, dtype=torch.float64).masked_scatter(mask, source)
+    grad_out = torch.randn_like(out)
+    (want,) = torch.autograd.grad(out, source, grad_out)
+    assert torch.equal(gathers.masked_scatter_backward(grad_out, mask, [3, 4]), want)

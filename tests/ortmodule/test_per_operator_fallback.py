@@ -15,19 +15,39 @@ from ortrain.errors import ORTModuleONNXModelException
 from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
 
 
-class _Eigh(nn.Module):
-    """``torch.linalg.eigh`` (no ONNX translation) between two Linears."""
+class _Segments(nn.Module):
+    """``torch.segment_reduce`` (no ONNX translation, forward nor backward) between two Linears."""
 
     def __init__(self) -> None:
         super().__init__()
         self.first = nn.Linear(6, 6)
         self.second = nn.Linear(6, 3)
+        self.register_buffer("lengths", torch.tensor([3, 5]), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.first(x))
+        sums = torch.segment_reduce(h, "sum", lengths=self.lengths, axis=0)
+        return self.second(h[:2] * sums).pow(2).mean()
+
+
+class _LinearAlgebra(nn.Module):
+    """Factorizations and an FFT of complex intermediates (no ONNX equivalent) among Linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(6, 6)
+        self.second = nn.Linear(6, 3)
+        self.square = nn.Parameter(torch.randn(6, 6) / 3 + 2 * torch.eye(6))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.first(x))
         gram = h.transpose(0, 1) @ h + torch.eye(6)
-        eigenvalues = torch.linalg.eigh(gram).eigenvalues
-        return self.second(h * eigenvalues.sqrt()).pow(2).mean()
+        spread = torch.linalg.eigh(gram).eigenvalues.sqrt()
+        solved = torch.linalg.solve(self.square, h.transpose(0, 1)).transpose(0, 1)
+        mixed = h @ torch.linalg.inv(self.square) + torch.linalg.cholesky(gram).sum(0)
+        singular = torch.linalg.svdvals(self.square).sum()
+        smooth = torch.fft.irfft(torch.fft.rfft(h, dim=-1), n=6, dim=-1)
+        return self.second(mixed * spread + solved + smooth).pow(2).mean() + singular
 
 
 def _runners(wrapped: ORTModule) -> list:
@@ -66,23 +86,47 @@ def test_an_op_without_onnx_translation_runs_alone_in_pytorch(monkeypatch, caplo
     torch.manual_seed(0)
     batches = [torch.randn(8, 6) for _ in range(4)]
     with caplog.at_level(logging.WARNING, logger="ortrain"):
-        got, want, eager, wrapped = _train(_Eigh(), batches, lambda m, x: m(x))
+        got, want, eager, wrapped = _train(_Segments(), batches, lambda m, x: m(x))
     torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=1e-4, atol=1e-6)
     _assert_close_state(wrapped, eager, rtol=1e-4, atol=1e-5)
     assert wrapped._ortrain_fallback.reason is None  # no whole-model fallback
     forward, backward = (r.plan.nodes_by_executor() for r in _runners(wrapped))
-    # Only eigh runs in PyTorch in the forward; the backward's eigh gradient is plain ATen ops.
-    assert forward["torch"] == 1 and forward["onnxruntime"] >= 10
-    assert backward.get("torch", 0) <= 2 and backward["onnxruntime"] >= 15
+    # Only segment_reduce runs in PyTorch in the forward, only its gradient in the backward.
+    assert forward["torch"] == 1 and forward["onnxruntime"] >= 5
+    assert backward["torch"] == 1 and backward["onnxruntime"] >= 15
     warned = [r.getMessage() for r in caplog.records if "run in PyTorch because" in r.getMessage()]
-    assert len(warned) == 1 and "aten._linalg_eigh.default (no ONNX translation)" in warned[0]
+    assert len(warned) == 2 and "aten.segment_reduce.default (no ONNX translation)" in warned[0]
 
 
 def test_fallback_disable_names_the_operator() -> None:
     with pytest.raises(
-        ORTModuleONNXModelException, match=r"aten\._linalg_eigh\.default \(no ONNX translation\)"
+        ORTModuleONNXModelException, match=r"aten\.segment_reduce\.default \(no ONNX translation\)"
     ):
-        ORTModule(_Eigh())(torch.randn(8, 6))
+        ORTModule(_Segments())(torch.randn(8, 6))
+
+
+def test_operators_without_onnx_equivalent_run_in_pytorch_by_design_under_fallback_disable(caplog) -> None:
+    """Factorizations and complex tensors (ortrain/runtime/torch_native_ops.py) are no refusal:
+    FALLBACK_DISABLE trains the model with eager's gradients, the rest in ONNX Runtime, without
+    a warning; one INFO line per graph names what PyTorch runs."""
+    torch.manual_seed(0)
+    batches = [torch.randn(8, 6) for _ in range(3)]
+    with caplog.at_level(logging.INFO, logger="ortrain.runtime"):  # ORTModule sets "ortrain"'s
+        got, want, eager, wrapped = _train(_LinearAlgebra(), batches, lambda m, x: m(x))
+    torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=1e-4, atol=1e-5)
+    _assert_close_state(wrapped, eager, rtol=1e-4, atol=1e-4)
+    assert wrapped._ortrain_fallback.reason is None
+    assert not [
+        r for r in caplog.records if r.levelno >= logging.WARNING and "OMP_WAIT" not in r.getMessage()
+    ]
+    forward, backward = (r.plan.nodes_by_executor() for r in _runners(wrapped))
+    assert forward["onnxruntime"] >= 10 and forward["torch"] >= 5
+    assert backward["onnxruntime"] >= 15 and backward["torch"] >= 1
+    named = [r.getMessage() for r in caplog.records if "by design" in r.getMessage()]
+    assert len(named) == 2 and named[0].startswith("forward graph")
+    for op in ("_linalg_eigh", "_linalg_solve_ex", "linalg_inv_ex", "linalg_cholesky_ex", "_linalg_svd"):
+        assert f"aten.{op}.default x1 (linear algebra)" in named[0]
+    assert "aten._fft_r2c.default x1 (complex tensor)" in named[0]
 
 
 def _mlp() -> nn.Module:
