@@ -101,7 +101,7 @@ DECOMPOSED_OPS = (
     "polygamma.polygamma_n_2", "mvlgamma.mvlgamma_p_3", "fmax", "copysign", "aminmax", "cummax", "median",
     "nn.functional.mish", "nn.functional.pad.replicate_negative", "nn.functional.adaptive_avg_pool3d",
     "nn.functional.max_pool3d", "nn.functional.bilinear", "sgn", "frexp", "nanmedian", "cumprod",
-    "nn.functional.hardswish",
+    "nn.functional.hardswish", "special.ndtri", "masked_scatter",
 )  # fmt: skip
 
 
