@@ -182,6 +182,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.adaptive_max_pool3d_backward.default] = pooling.adaptive_max_pool3d_backward
     table[aten._adaptive_avg_pool3d.default] = pooling.adaptive_avg_pool3d
     table[aten._adaptive_avg_pool3d_backward.default] = pooling.adaptive_avg_pool3d_backward
+    table[aten.im2col.default] = pooling.im2col
+    table[aten.col2im.default] = pooling.col2im
     for pad_backward in (
         aten.replication_pad1d_backward,
         aten.replication_pad2d_backward,

@@ -318,3 +318,36 @@ def replication_pad(input: torch.Tensor, padding: Sequence[int]) -> torch.Tensor
         source = torch.clamp(torch.arange(n_in + left + right, device=x.device) - left, 0, n_in - 1)
         x = x.index_select(dim, source)
     return x
+
+
+# ``unfold`` (im2col) and its backward (col2im) on an empty batch: the translation reshapes to a
+# shape with a 0 dimension, which ONNX Runtime refuses at session creation ("Invalid Target shape
+# product of 0"). An empty input has an empty result of a shape known at capture: zeros.
+def im2col(
+    input: torch.Tensor,
+    kernel_size: Sequence[int],
+    dilation: Sequence[int],
+    padding: Sequence[int],
+    stride: Sequence[int],
+) -> torch.Tensor:
+    if input.numel() != 0:
+        return NotImplemented
+    blocks = 1
+    for i, size in enumerate(input.shape[-2:]):
+        blocks *= (size + 2 * padding[i] - dilation[i] * (kernel_size[i] - 1) - 1) // stride[i] + 1
+    channels = input.shape[-3] * kernel_size[0] * kernel_size[1]
+    return input.new_zeros([*input.shape[:-3], channels, blocks])
+
+
+def col2im(
+    input: torch.Tensor,
+    output_size: Sequence[int],
+    kernel_size: Sequence[int],
+    dilation: Sequence[int],
+    padding: Sequence[int],
+    stride: Sequence[int],
+) -> torch.Tensor:
+    if input.numel() != 0:
+        return NotImplemented
+    channels = input.shape[-2] // (kernel_size[0] * kernel_size[1])
+    return input.new_zeros([*input.shape[:-2], channels, *output_size])

@@ -572,3 +572,12 @@ def test_grid_sample_decomposition_gradients_match_native() -> None:
         for a, b in zip(ours, native, strict=True):
             torch.testing.assert_close(a, b)
     assert grid_sample.grid_sample_function(x, grid, "nearest") is NotImplemented
+
+
+def test_unfold_and_its_backward_on_an_empty_batch_are_zeros_of_the_right_shape() -> None:
+    x = torch.randn(0, 2, 5, 6)
+    args = ([2, 3], [1, 2], [1, 0], [2, 1])  # kernel, dilation, padding, stride
+    columns = aten.im2col(x, *args)
+    assert pooling.im2col(x, *args).shape == columns.shape == (0, 12, 6)
+    assert pooling.col2im(columns, [5, 6], *args).shape == aten.col2im(columns, [5, 6], *args).shape
+    assert pooling.im2col(torch.randn(1, 2, 5, 6), *args) is NotImplemented
