@@ -38,6 +38,7 @@ ASSERTIONS = frozenset(
     }
 )
 _TABLES: dict[tuple[frozenset[Any], int], dict[Any, Callable[..., Any]]] = {}
+_TRANSLATED: dict[int, set[Any]] = {}  # by id() of one of onnx_translations' shared registries
 
 
 def needs_no_decomposition(graph_module: torch.fx.GraphModule, translated: set[Any]) -> bool:
@@ -77,7 +78,9 @@ def onnx_decomposition_table(registry: Any) -> tuple[set[Any], dict[Any, Callabl
     them only: the table is shared)."""
     from torch.onnx._internal.exporter import _decomp
 
-    translated = set(_decomp.get_onnx_implemented_overloads(registry))
+    translated = _TRANSLATED.get(id(registry))
+    if translated is None:  # 0.2 s: the registries are built once per process and never change
+        translated = _TRANSLATED[id(registry)] = set(_decomp.get_onnx_implemented_overloads(registry))
     return translated, _cached_table(translated, _decomp.create_onnx_friendly_decomposition_table)
 
 

@@ -191,8 +191,6 @@ def _example_inputs(
     dynamic: list[dict[int, Any] | None] = []
     for node in placeholders:
         val = node.meta["val"]
-        if not isinstance(val, torch.Tensor):
-            raise ExportError(f"graph input {node.name} is not a tensor ({type(val).__name__})")
         sizes = [int(_expr(s).subs(values)) for s in val.shape]
         examples.append(torch.zeros(sizes, dtype=val.dtype))
         dims = {d: Dim.AUTO for d, s in enumerate(val.shape) if _expr(s).free_symbols}
@@ -266,10 +264,13 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
     gm.recompile()
 
     kept = [n for n in graph.nodes if n.op == "placeholder"]
-    examples, dynamic = _example_inputs(kept)
+    for node in kept:
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            raise ExportError(f"graph input {node.name} is not a tensor ({type(value).__name__})")
     if not onnx_nodes:
         return ExportedGraph(onnx.ModelProto(), [], outputs, sources)
-    ir_model = _translate(gm, examples, dynamic, opset_version=opset_version)
+    ir_model = _translate(gm, kept, opset_version=opset_version)
     cast = cast_indices_to_int64(ir_model)
     if cast:
         logger.debug("cast %d int32 index inputs to int64", cast)
@@ -289,7 +290,7 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
 
 
 def _translate(
-    gm: torch.fx.GraphModule, examples: list[Any], dynamic: list[dict[int, Any] | None], *, opset_version: int
+    gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], *, opset_version: int
 ) -> onnx_ir.Model:
     """The ONNX model of ``gm``: translated node by node where it can be (see
     :mod:`ortrain.export.direct_translation`), else through ``torch.onnx.export``."""
@@ -302,6 +303,7 @@ def _translate(
         except Exception as error:  # whatever it is, torch.onnx's own path gets its chance
             TRANSLATIONS["torch.onnx.export"] += 1
             logger.debug("exporting through torch.onnx.export: %s", _summarize_export_error(error)[0])
+    examples, dynamic = _example_inputs(placeholders)
     try:
         with _quiet_exporter(), reused_op_registry(), lean_decomposition():
             program = torch.onnx.export(
