@@ -67,6 +67,9 @@ def translate(gm: torch.fx.GraphModule, *, opset_version: int) -> Any:
         gm.graph, model, graph_like=model.graph, owned_graphs={}, lower="at_conversion", registry=registry
     )
     _ir_passes.add_opset_imports(model)
+    from torch.onnx._internal._lazy_import import onnxscript_apis
+
+    model = onnxscript_apis.convert_version(model, opset_version)  # as torch.onnx.export does
     _optimize(model)
     return model
 
