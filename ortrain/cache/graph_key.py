@@ -31,6 +31,7 @@ _EXPORT_SOURCES = (
     "export/onnx_translations.py",
     "export/index_dtypes.py",
     "export/exporter_decompositions.py",
+    "export/direct_translation.py",
     "capture/view_ops.py",
     "cache/graph_key.py",
     "cache/store.py",

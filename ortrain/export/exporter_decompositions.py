@@ -28,7 +28,7 @@ import torch
 # Python functions on sizes that torch.onnx translates itself (dynamic shapes).
 _SIZE_ARITHMETIC_MODULES = ("_operator", "math")
 # Checks that torch.export inserts and torch.onnx removes after the decomposition step.
-_ASSERTIONS = frozenset(
+ASSERTIONS = frozenset(
     {
         torch.ops.aten.sym_constrain_range_for_size.default,
         torch.ops.aten._assert_async.default,
@@ -38,6 +38,7 @@ _ASSERTIONS = frozenset(
     }
 )
 _TABLES: dict[tuple[frozenset[Any], int], dict[Any, Callable[..., Any]]] = {}
+_TRANSLATED: dict[int, set[Any]] = {}  # by id() of one of onnx_translations' shared registries
 
 
 def needs_no_decomposition(graph_module: torch.fx.GraphModule, translated: set[Any]) -> bool:
@@ -51,7 +52,7 @@ def needs_no_decomposition(graph_module: torch.fx.GraphModule, translated: set[A
             if node.op != "call_function":
                 return False
             target = node.target
-            if target in _ASSERTIONS:
+            if target in ASSERTIONS:
                 continue
             if isinstance(target, torch._ops.OpOverload):
                 # A mutating op would be functionalized by the re-trace: keep it.
@@ -60,6 +61,27 @@ def needs_no_decomposition(graph_module: torch.fx.GraphModule, translated: set[A
             elif getattr(target, "__module__", None) not in _SIZE_ARITHMETIC_MODULES:
                 return False
     return True
+
+
+def _cached_table(
+    translated: set[Any], build: Callable[[set[Any]], dict[Any, Callable[..., Any]]]
+) -> dict[Any, Callable[..., Any]]:
+    # torch's decomposition table only grows (registrations): its size tells its version.
+    key = (frozenset(translated), len(torch._decomp.decomposition_table))
+    if key not in _TABLES:
+        _TABLES[key] = build(translated)
+    return _TABLES[key]
+
+
+def onnx_decomposition_table(registry: Any) -> tuple[set[Any], dict[Any, Callable[..., Any]]]:
+    """The operators ``registry`` translates, and torch.onnx's decompositions of the others (read
+    them only: the table is shared)."""
+    from torch.onnx._internal.exporter import _decomp
+
+    translated = _TRANSLATED.get(id(registry))
+    if translated is None:  # 0.2 s: the registries are built once per process and never change
+        translated = _TRANSLATED[id(registry)] = set(_decomp.get_onnx_implemented_overloads(registry))
+    return translated, _cached_table(translated, _decomp.create_onnx_friendly_decomposition_table)
 
 
 @contextlib.contextmanager
@@ -79,11 +101,7 @@ def lean_decomposition() -> Iterator[None]:
         return original_step(program, registry)
 
     def table(translated: set[Any]) -> dict[Any, Callable[..., Any]]:
-        # torch's decomposition table only grows (registrations): its size tells its version.
-        key = (frozenset(translated), len(torch._decomp.decomposition_table))
-        if key not in _TABLES:
-            _TABLES[key] = original_table(translated)
-        return dict(_TABLES[key])
+        return dict(_cached_table(translated, original_table))
 
     _fx_passes.decompose_with_registry = decompose_with_registry
     _decomp.create_onnx_friendly_decomposition_table = table

@@ -14,22 +14,30 @@ import logging
 import operator
 import re
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import onnx
+import onnx_ir
 import sympy
 import torch
 from torch.export import Dim
 
 from ortrain.capture.symbolic_sizes import SizeMax, SizeMin
 from ortrain.capture.view_ops import RESHAPES
+from ortrain.export import direct_translation
 from ortrain.export.exporter_decompositions import lean_decomposition
 from ortrain.export.index_dtypes import cast_indices_to_int64
 from ortrain.export.onnx_translations import reused_op_registry
 
 logger = logging.getLogger("ortrain.export")
+
+# Whether graphs are translated node by node before trying torch.onnx.export (tests turn it off
+# to compare both paths), and how many graphs took each path in this process.
+DIRECT_TRANSLATION = True
+TRANSLATIONS: Counter[str] = Counter()
 
 _HINT_CANDIDATES = [17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97]
 
@@ -125,15 +133,23 @@ def _size_node(
         if expr not in sources:
             raise ExportError(f"size {expr} is not the size of any input tensor")
         position, dim = sources[expr]
-        return graph.call_function(torch.ops.aten.sym_size.int, (placeholders[position], dim))
+        size = graph.call_function(torch.ops.aten.sym_size.int, (placeholders[position], dim))
+        size.meta["val"] = placeholders[position].meta["val"].shape[dim]
+        return size
     op = _SIZE_OPERATORS.get(type(expr))
     if op is not None:
         parts = [_size_node(graph, arg, sources, placeholders) for arg in expr.args]
         acc = parts[0]
         for part in parts[1:]:
+            value = op(_size_value(acc), _size_value(part))
             acc = graph.call_function(op, (acc, part))
+            acc.meta["val"] = value  # the translator reads every node's value
         return acc
     raise ExportError(f"cannot express size {expr} in ONNX")
+
+
+def _size_value(size: Any) -> Any:
+    return size.meta["val"] if isinstance(size, torch.fx.Node) else size
 
 
 def _tensor_with_size(candidates: list[Any], size: sympy.Expr) -> tuple[torch.fx.Node, int] | None:
@@ -175,8 +191,6 @@ def _example_inputs(
     dynamic: list[dict[int, Any] | None] = []
     for node in placeholders:
         val = node.meta["val"]
-        if not isinstance(val, torch.Tensor):
-            raise ExportError(f"graph input {node.name} is not a tensor ({type(val).__name__})")
         sizes = [int(_expr(s).subs(values)) for s in val.shape]
         examples.append(torch.zeros(sizes, dtype=val.dtype))
         dims = {d: Dim.AUTO for d, s in enumerate(val.shape) if _expr(s).free_symbols}
@@ -250,9 +264,46 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
     gm.recompile()
 
     kept = [n for n in graph.nodes if n.op == "placeholder"]
-    examples, dynamic = _example_inputs(kept)
+    for node in kept:
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            raise ExportError(f"graph input {node.name} is not a tensor ({type(value).__name__})")
     if not onnx_nodes:
         return ExportedGraph(onnx.ModelProto(), [], outputs, sources)
+    ir_model = _translate(gm, kept, opset_version=opset_version)
+    cast = cast_indices_to_int64(ir_model)
+    if cast:
+        logger.debug("cast %d int32 index inputs to int64", cast)
+    model = onnx_ir.serde.serialize_model(ir_model)
+    name_to_position = {n.name: sources_by_node[n] for n in kept}
+    onnx_names = [i.name for i in model.graph.input]
+    if all(name in name_to_position for name in onnx_names):
+        input_positions = [name_to_position[name] for name in onnx_names]
+    elif len(onnx_names) == len(kept):
+        # The exporter renames an input that is also returned as is (``max`` of a 0-d tensor
+        # along dim 0, say) but keeps the placeholders' order.
+        input_positions = [sources_by_node[n] for n in kept]
+    else:
+        missing = next(name for name in onnx_names if name not in name_to_position)
+        raise ExportError(f"exported graph has an input {missing!r} that matches no FX placeholder")
+    return ExportedGraph(model, input_positions, outputs, sources)
+
+
+def _translate(
+    gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], *, opset_version: int
+) -> onnx_ir.Model:
+    """The ONNX model of ``gm``: translated node by node where it can be (see
+    :mod:`ortrain.export.direct_translation`), else through ``torch.onnx.export``."""
+    if DIRECT_TRANSLATION:
+        try:
+            with _quiet_exporter():
+                model = direct_translation.translate(copy.deepcopy(gm), opset_version=opset_version)
+            TRANSLATIONS["direct"] += 1
+            return model
+        except Exception as error:  # whatever it is, torch.onnx's own path gets its chance
+            TRANSLATIONS["torch.onnx.export"] += 1
+            logger.debug("exporting through torch.onnx.export: %s", _summarize_export_error(error)[0])
+    examples, dynamic = _example_inputs(placeholders)
     try:
         with _quiet_exporter(), reused_op_registry(), lean_decomposition():
             program = torch.onnx.export(
@@ -266,22 +317,7 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
             )
     except Exception as error:  # the exporter raises many types; all mean "cannot export"
         raise ExportError(*_summarize_export_error(error)) from error
-    cast = cast_indices_to_int64(program.model)
-    if cast:
-        logger.debug("cast %d int32 index inputs to int64", cast)
-    model = program.model_proto
-    name_to_position = {n.name: sources_by_node[n] for n in kept}
-    onnx_names = [i.name for i in model.graph.input]
-    if all(name in name_to_position for name in onnx_names):
-        input_positions = [name_to_position[name] for name in onnx_names]
-    elif len(onnx_names) == len(kept):
-        # The exporter renames an input that is also returned as is (``max`` of a 0-d tensor
-        # along dim 0, say) but keeps the placeholders' order.
-        input_positions = [sources_by_node[n] for n in kept]
-    else:
-        missing = next(name for name in onnx_names if name not in name_to_position)
-        raise ExportError(f"exported graph has an input {missing!r} that matches no FX placeholder")
-    return ExportedGraph(model, input_positions, outputs, sources)
+    return program.model
 
 
 @contextlib.contextmanager

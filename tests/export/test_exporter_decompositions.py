@@ -68,6 +68,8 @@ def test_skipped_export_is_the_same_model(monkeypatch: pytest.MonkeyPatch) -> No
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", counting)
+    # This file is about torch.onnx.export's path; test_direct_translation.py covers the other.
+    monkeypatch.setattr("ortrain.export.fx_to_onnx.DIRECT_TRANSLATION", False)
     lean = export_graph(forward, opset_version=18)
     assert retraced == []  # addmm, relu, sum, ...: nothing to decompose, not re-traced
     monkeypatch.setattr("ortrain.export.fx_to_onnx.lean_decomposition", contextlib.nullcontext)
