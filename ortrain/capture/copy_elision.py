@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from ortrain.capture.view_ops import RELAYOUTS
+
 aten = torch.ops.aten
 
 
@@ -25,6 +27,29 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     return all(statically_known_true(x == y) for x, y in pairs)
 
 
+def _base(node: torch.fx.Node) -> torch.fx.Node:
+    """The tensor a chain of views starts from."""
+    while node.op == "call_function" and node.target in RELAYOUTS and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return node
+
+
+def _reaches_output(node: torch.fx.Node) -> bool:
+    """Whether the graph returns ``node`` or a view of it."""
+    todo, seen = [node], set()
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for user in current.users:
+            if user.op == "output":
+                return True
+            if user.target in RELAYOUTS and user.args and user.args[0] is current:
+                todo.append(user)
+    return False
+
+
 def drop_layout_preserving_clones(graph: torch.fx.Graph) -> int:
     """Make forward readers of a layout-preserving ``clone`` read its input; returns how many."""
     dropped = 0
@@ -32,9 +57,11 @@ def drop_layout_preserving_clones(graph: torch.fx.Graph) -> int:
         if node.target is not aten.clone.default or node.meta.get("partitioner_tag") != "is_forward":
             continue
         (source,) = node.args[:1]
-        if not isinstance(source, torch.fx.Node) or source.op != "call_function":
-            continue  # a clone of an input or parameter: a user output must not alias it
-        if any(u.op == "output" or getattr(u.target, "_schema", None) is None for u in node.users):
+        if not isinstance(source, torch.fx.Node) or _base(source).op != "call_function":
+            continue  # a copy of (a view of) an input or parameter: nothing may alias those
+        if _reaches_output(node):
+            continue  # a returned tensor must stay its own, whatever it was copied from
+        if any(getattr(u.target, "_schema", None) is None for u in node.users):
             continue
         if any(u.target._schema.is_mutable for u in node.users):  # type: ignore[union-attr]
             continue
