@@ -10,6 +10,9 @@ upstream's ``Gelu+`` or ``Cast+Where+Softmax+``) and become plans:
 - *recompute with compromise* (type 2): rebuilding needs a smaller tensor saved instead (a cast's
   narrower input, a broadcast's source...); only part of the activation's bytes are freed.
 
+Level 0 (the default) applies one plan by itself: the attention probabilities of
+``scaled_dot_product_attention``, which eager's fused SDPA kernels recompute too (see :func:`_level`).
+
 Applying a plan tags the subgraph's nodes ``CheckpointPolicy.PREFER_RECOMPUTE``; AOTAutograd's
 default partitioner then copies them into the backward graph, so the recompute runs in ONNX
 Runtime like every other node, never by re-running the user's Python.
@@ -50,6 +53,7 @@ OFF = 0
 ALL = -1
 
 _MATMULS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default})
+_SOFTMAXES = frozenset({aten._softmax.default, aten._safe_softmax.default})
 # Ops that create a tensor from nothing but scalars: constants, cost nothing to rebuild.
 _FACTORIES = frozenset(
     {
@@ -394,14 +398,32 @@ def _pattern(nodes: Iterable[torch.fx.Node]) -> str:
 
 
 def _level(nodes: Sequence[torch.fx.Node], kind: int) -> int:
-    """Level 1: cheap subgraphs, attention included (batched matmuls of two activations, ``bmm``).
+    """The lowest level that applies a plan.
 
-    Level 2 adds compromise plans and subgraphs that recompute a linear layer's matmul (``mm``,
-    ``addmm``: a weight times the activations, the bulk of a transformer's FLOPs).
+    Level 0 (the default) recomputes what eager PyTorch recomputes too: the attention probabilities
+    of ``scaled_dot_product_attention``. Eager runs SDPA as one fused kernel (flash attention, on
+    the CPU as on CUDA) that saves q, k, v, the output and one log-sum-exp a row, and rebuilds the
+    batch x heads x seq x seq probabilities in its backward; capture decomposes SDPA into its math
+    form (``_safe_softmax`` marks it), whose probabilities would otherwise be stashed (tiny GPT at
+    sequence 512: 128 of the 517 MiB stashed at batch 8, the whole excess over eager's 390).
+
+    Level 1: cheap subgraphs. A batched matmul of two activations (``bmm``) counts as cheap only
+    where its plan frees attention probabilities (a softmax follows it in the plan: seq x seq per
+    head freed for q @ k^T's FLOPs); rebuilding ``probs @ v`` costs as much and frees seq x head_dim
+    (at sequence 512, head 64: 256 FLOP per byte freed against 35).
+
+    Level 2 adds compromise plans, the remaining batched matmuls and subgraphs that recompute a
+    linear layer's matmul (``mm``, ``addmm``: a weight times the activations, the bulk of a
+    transformer's FLOPs).
     """
     if kind == COMPROMISE:
         return 2
-    return 1 if all(n.target not in _MATMULS or n.target is aten.bmm.default for n in nodes) else 2
+    if any(n.target in _MATMULS and n.target is not aten.bmm.default for n in nodes):
+        return 2
+    softmax = any(n.target in _SOFTMAXES for n in nodes)
+    if any(n.target is aten.bmm.default for n in nodes) and not softmax:
+        return 2
+    return 0 if any(n.target is aten._safe_softmax.default for n in nodes) else 1
 
 
 def find_plans(graph: torch.fx.Graph) -> tuple[list[Plan], list[torch.fx.Node]]:

@@ -3,6 +3,8 @@
 AOTAutograd's default partition saves every forward value the backward reads. Two kinds of value
 are cheaper to rebuild in the backward graph than to pass across:
 
+- Copies that keep their input's layout are dropped first (see :mod:`ortrain.capture.copy_elision`):
+  otherwise a tensor and its copy can both be stashed.
 - Reshapes and transposes (``t``, ``view``, ``permute``, ...). Saved as forward outputs, ONNX
   Runtime must materialize each one as a copy; recomputed in the backward graph they cost nothing,
   and a transposed weight folds into the backward ``MatMul`` (measured on the tiny GPT: the
@@ -21,6 +23,7 @@ from torch._functorch.partitioners import default_partition
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ortrain.capture.checkpointing import tag_regions_for_recompute
+from ortrain.capture.copy_elision import drop_layout_preserving_clones
 from ortrain.capture.memory_optimizer import (
     MemoryOptimizerConfig,
     MemoryReport,
@@ -57,9 +60,16 @@ def partition(
     **kwargs: Any,
 ) -> Any:
     """``default_partition`` after tagging what to recompute; the memory report goes to ``reports``."""
+    clones = drop_layout_preserving_clones(joint.graph)
     regions = tag_regions_for_recompute(joint.graph)
     relayouts = tag_relayouts_for_recompute(joint.graph)
-    logger.debug("recomputing %d checkpointed nodes and %d reshapes in the backward", regions, relayouts)
+    logger.debug(
+        "dropped %d clones that kept their input's layout; recomputing %d checkpointed nodes and %d "
+        "reshapes in the backward",
+        clones,
+        regions,
+        relayouts,
+    )
     report = plan_recompute(joint.graph, memory or MemoryOptimizerConfig())
     forward, backward = default_partition(joint, joint_inputs, **kwargs)
     record_partition(report, forward, kwargs["num_fwd_outputs"])

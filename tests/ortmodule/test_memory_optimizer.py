@@ -91,8 +91,11 @@ def test_summary_lists_the_patterns_of_a_gpt_block(caplog: pytest.LogCaptureFixt
     assert found["Gelu+"].bytes_per_occurrence == 4 * 16 * 64 * 4
     assert found[SOFTMAX_CHAIN].bytes_per_occurrence == 4 * 2 * 16 * 16 * 4
     assert found[SOFTMAX_CHAIN].flops_per_occurrence >= 2 * 4 * 2 * 16 * 16 * 8  # the q @ k^T matmul
-    assert found[SOFTMAX_CHAIN].level == 1
-    assert all(p.requested is None and p.applied == 0 for p in report.plans)  # level 0, no config
+    # SDPA's probabilities: eager's fused kernel recomputes them, so level 0 does too.
+    assert found[SOFTMAX_CHAIN].level == 0 and found[SOFTMAX_CHAIN].applied == 2
+    assert found["MatMul+Identity+"].level == 2  # probs @ v: a bmm that frees no probabilities
+    others = [p for p in report.plans if p.pattern != SOFTMAX_CHAIN]
+    assert all(p.requested is None and p.applied == 0 for p in others)  # level 0, no config
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "memory optimizer summary" in logged
     assert "| Gelu+ " in logged and "2 (1/layer x 2)" in logged and "5 (2/layer x 2 + 1)" in logged
@@ -117,12 +120,51 @@ def test_levels_and_config_choose_the_applied_counts(caplog: pytest.LogCaptureFi
     assert "LayerNormalization+:1:2" in format_summary(report)
 
 
+def _eager_saved_bytes(model: nn.Module, inputs: list[torch.Tensor]) -> int:
+    """Bytes eager autograd saves for backward, but parameters and inputs (views counted once)."""
+    alive_anyway = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *inputs)}
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in alive_anyway:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = _Loss(model)(*inputs)[0]
+    loss.backward()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "softmax"])
+def test_default_stashes_no_more_than_eager_saves(attention: str) -> None:
+    """Level 0 stashes at most what eager autograd saves (counted tensor by tensor, not timed).
+
+    Eager's fused SDPA kernel saves no attention probabilities; without level 0's plan the
+    captured math form stashed them (one batch x heads x seq x seq tensor a layer) on top.
+    """
+    model = _gpt(n_layer=2, attention=attention)
+    captured, inputs = _capture(model)
+    stashed = _saved_bytes(captured, model, inputs)
+    eager = _eager_saved_bytes(model, inputs)
+    assert stashed <= eager, (stashed, eager)
+    report = _report(captured)
+    assert stashed == report.stashed_bytes
+    probabilities = 2 * 4 * 2 * 16 * 16 * 4  # two layers of (4, 2, 16, 16) float32
+    if attention == "sdpa":
+        assert report.stashed_bytes_before - stashed == probabilities
+        assert stashed < report.stashed_bytes_before <= eager + probabilities
+    else:  # spelled-out attention: eager saves its probabilities, and so does level 0
+        assert report.applied_bytes == 0
+
+
 def test_saved_activation_bytes_drop_as_the_summary_says() -> None:
     model = _gpt(n_layer=1)
-    baseline, inputs = _capture(model)
+    baseline, inputs = _capture(model, config=f"{SOFTMAX_CHAIN}:0:-1")  # level 0's plan switched off
     before = _saved_bytes(baseline, model, inputs)
-    assert before == _report(baseline).stashed_bytes_before
-    for level, config in ((0, "Gelu+:1:-1,LayerNormalization+:1:1"), (1, ""), (2, "")):
+    assert before == _report(baseline).stashed_bytes_before == _report(baseline).stashed_bytes
+    for level, config in ((0, ""), (0, "Gelu+:1:-1,LayerNormalization+:1:1"), (1, ""), (2, "")):
         captured, inputs = _capture(model, level, config)
         report = _report(captured)
         assert report.applied_bytes > 0
