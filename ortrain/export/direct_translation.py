@@ -76,8 +76,9 @@ def translate(gm: torch.fx.GraphModule, *, opset_version: int) -> Any:
 
 def _optimize(model: Any) -> None:
     """What ``torch.onnx.export(optimize=True)`` runs on the translated model: the same graphs
-    reach ONNX Runtime through either path. (onnxscript's rewrite rules are half of what is left
-    of an export; without them the tiny GPT's backward graph keeps 83 more Transposes.)"""
+    reach ONNX Runtime through either path. (Only onnxscript's basic rewrite rules measured no
+    faster on the tiny GPT, within noise, and left 24 more Reshapes in its forward; none at all
+    left 83 more Transposes in its backward.)"""
     from torch.onnx._internal._lazy_import import onnxscript_apis
 
     onnxscript_apis.optimize(model)
