@@ -34,11 +34,7 @@ def _mse(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.T
 
 
 def _graphs(model: ORTModule) -> list[Any]:
-    runners = []
-    for entries in model._ortrain_graphs.values():
-        for entry in entries:
-            runners += [entry.capture.forward.runner, entry.capture.backward.runner]
-    return runners
+    return [runner for _, runner in model.graph_runners()]
 
 
 @pytest.fixture(autouse=True)
