@@ -45,9 +45,12 @@ def _fresh_choices(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---- ORTModule with tuning on -------------------------------------------------------------------
 
 
-def test_tuned_training_matches_eager_and_untuned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_tuned_training_matches_eager_and_untuned_and_its_choices_round_trip(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One tuning run serves both checks (a forced tuning of the MLP is most of this file's time).
     monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "1")
-    monkeypatch.setenv("ORTMODULE_TUNING_RESULTS_PATH", str(tmp_path))
+    monkeypatch.setenv("ORTMODULE_TUNING_RESULTS_PATH", str(tmp_path))  # a directory: the file goes in it
     model = _mlp()
     untuned_model = copy.deepcopy(model)
     losses_ort, losses_eager, eager, wrapped = train_side_by_side(model, _batches(30), _mse)
@@ -58,25 +61,13 @@ def test_tuned_training_matches_eager_and_untuned(monkeypatch: pytest.MonkeyPatc
     # every placement was really tried, on the real graphs
     assert {"onnxruntime", "all-torch"} <= set(runners[1].report)
 
-    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
-    monkeypatch.delenv("ORTMODULE_TUNING_RESULTS_PATH")
-    losses_untuned, _, _, _ = train_side_by_side(untuned_model, _batches(30), _mse)
-    torch.testing.assert_close(losses_ort, losses_untuned, rtol=1e-4, atol=1e-5)
-
-
-def test_results_file_round_trip(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "1")
-    results = tmp_path / "tuning.json"
-    monkeypatch.setenv("ORTMODULE_TUNING_RESULTS_PATH", str(results))
-    _, _, _, first = train_side_by_side(_mlp(), _batches(30), _mse)
-    chosen = {r.chosen_placement.name for r in _graphs(first)}
+    # The choices are in the results file, keyed per graph and machine.
+    results = tmp_path / tuning_results.FILE_NAME
     payload = json.loads(results.read_text())
     entries = payload["entries"]
     assert payload["format"] == tuning_results.FORMAT and len(entries) == 2
     assert {e["graph"] for e in entries.values()} == {"forward", "backward"}
-    assert {e["placement"] for e in entries.values()} == chosen
+    assert {e["placement"] for e in entries.values()} == {r.chosen_placement.name for r in runners}
     assert all(e["machine"]["threads"] == torch.get_num_threads() for e in entries.values())
 
     # A new process (no choices in memory), tuning off: the recorded placements are used as they are.
@@ -88,6 +79,12 @@ def test_results_file_round_trip(
     assert not any(isinstance(r, TunedRunner) for r in _graphs(second))
     read = [r.getMessage() for r in caplog.records if f"read from {results}" in r.getMessage()]
     assert len(read) == 2
+
+    # Untuned (no results file either), the same model trains to the same losses.
+    monkeypatch.delenv("ORTMODULE_TUNING_RESULTS_PATH")
+    losses_untuned, _, _, third = train_side_by_side(untuned_model, _batches(30), _mse)
+    assert not any(isinstance(r, TunedRunner) for r in _graphs(third))
+    torch.testing.assert_close(losses_ort, losses_untuned, rtol=1e-4, atol=1e-5)
 
 
 def test_a_results_file_of_another_format_is_ignored_with_a_warning(
