@@ -1,5 +1,3 @@
-from pathlib import Path
-
 import pytest
 
 
@@ -9,15 +7,7 @@ def _no_silent_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
 
 
-@pytest.fixture(scope="session")
-def export_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("export_cache")
-
-
 @pytest.fixture(autouse=True)
-def _shared_export_cache(monkeypatch: pytest.MonkeyPatch, export_cache: Path) -> None:
-    """These tests wrap the same tiny GPT-2 again and again (a resumed Trainer wraps a new model;
-    both Trainer tests evaluate the same inference graph), and exporting is most of their time:
-    each graph is exported once, then read from ORTMODULE_CACHE_DIR, which CI users also set. The
-    cache's own correctness (keys, hits, misses, stale entries) is tested in tests/cache/."""
-    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(export_cache))
+def _shared_export_cache(shared_export_cache: None) -> None:
+    """The Trainer tests wrap the same tiny GPT-2 again and again (a resumed Trainer wraps a new
+    model; both tests train and evaluate the same graphs): see tests/conftest.py."""

@@ -19,6 +19,9 @@ from torch.nn import functional as F
 
 from ortrain import DebugOptions, LogLevel, ORTModule
 
+# ORTModule's graph-break path and the torch.compile backend export the same subgraphs.
+pytestmark = pytest.mark.usefixtures("shared_export_cache")
+
 STEPS = 4
 
 
