@@ -20,7 +20,7 @@ def shared_export_cache(monkeypatch: pytest.MonkeyPatch, export_cache_dir: Path)
     """ORTMODULE_CACHE_DIR shared by the test files that opt in
     (``pytestmark = pytest.mark.usefixtures("shared_export_cache")``): files that wrap the same
     models again and again (each guard scenario starts from one model, a resumed Trainer wraps a
-    new copy, the zoo again under torch.compile) export each graph once, as users who set the
-    variable do; exporting is most of their time. Files that patch the exporter must not opt in.
-    The cache's own behaviour is tested in tests/cache/."""
+    new copy) export each graph once, as users who set the variable do; exporting is most of their
+    time. Files that patch the exporter must not opt in. The cache's own behaviour is tested in
+    tests/cache/. (The zoo gains nothing: Dynamo's graphs of its models differ from ORTModule's.)"""
     monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(export_cache_dir))

@@ -10,9 +10,6 @@ from torch.nn import functional as F
 
 from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
 
-# Shared with test_parity_zoo_compiled.py, whose graphs are often these (tests/conftest.py).
-pytestmark = pytest.mark.usefixtures("shared_export_cache")
-
 STEPS = 5
 
 

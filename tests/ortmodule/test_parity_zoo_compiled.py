@@ -6,9 +6,6 @@ import pytest
 import test_parity_zoo as zoo
 from _compile_parity import count_dynamo_graphs, train_compiled_side_by_side
 
-# The zoo's graphs again: read from the export cache when Dynamo hands over the same ones.
-pytestmark = pytest.mark.usefixtures("shared_export_cache")
-
 
 def _train_compiled(model, batches, loss_fn):
     expected = count_dynamo_graphs(model, batches, loss_fn)
