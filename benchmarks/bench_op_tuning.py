@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ortrain import ORTModule, bench
-from ortrain.ortmodule.options import openmp_wait_policy
+from ortrain.ortmodule.options import openmp_wait_policy, runtime_options
 from ortrain.passes.pipeline import default_passes
 from ortrain.runtime.executors.ort import OrtSessionRunner
 from ortrain.runtime.graph_executor import build_graph_executor
@@ -45,6 +45,9 @@ def forced(model_name: str, placement_name: str, steps: int) -> dict[str, float]
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=1e-3)
     _step(wrapped, optimizer, batch)
     placement = Placement.from_name(placement_name)
+    # Built as ORTModule builds its graphs (same opset, passes and options), the placement aside.
+    options = runtime_options()
+    passes = default_passes(compute_optimizer=options.enable_compute_optimizer)
     onnx_nodes = regions = 0
     build_s = 0.0
     for entries in wrapped._ortrain_graphs.values():
@@ -54,12 +57,14 @@ def forced(model_name: str, placement_name: str, steps: int) -> dict[str, float]
                 slot.runner = build_graph_executor(
                     slot.graph,
                     name=name,
-                    opset_version=18,
-                    passes=default_passes(compute_optimizer=True),
+                    opset_version=options.opset_version,
+                    passes=passes,
                     saver=None,
                     device=torch.device("cpu"),
+                    policy=options.fallback_policy,
                     placement=placement,
                     openmp_passive=openmp_wait_policy() == "PASSIVE",
+                    cache_dir=options.cache_dir,
                 )
                 build_s += time.perf_counter() - start
                 regions += len(slot.runner.plan.steps)

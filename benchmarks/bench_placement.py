@@ -32,16 +32,9 @@ def placement(dtype_name: str, steps: int) -> dict[str, dict[str, float]]:
     start = time.perf_counter()
     step()
     first = time.perf_counter() - start
-    runners = [
-        slot.runner
-        for entries in wrapped._ortrain_graphs.values()
-        for entry in entries
-        for slot in (entry.capture.forward, entry.capture.backward)
-        if slot is not None
-    ]
     nodes: dict[str, float] = {}
     seconds: dict[str, float] = {}
-    for runner in runners:
+    for _, runner in wrapped.graph_runners():
         for name, count in runner.plan.nodes_by_executor().items():
             nodes[name] = nodes.get(name, 0) + count
         runner.profile = seconds

@@ -223,11 +223,8 @@ def run_competitor(
 def _profile_executors(model: nn.Module) -> dict[str, float]:
     """Seconds per executor over the following steps (the runners of ortrain's graphs add to it)."""
     seconds: dict[str, float] = {}
-    for entries in model._ortrain_graphs.values():  # type: ignore[union-attr]
-        for entry in entries:
-            for slot in (entry.capture.forward, entry.capture.backward):
-                if slot is not None and slot.runner is not None:
-                    slot.runner.profile = seconds
+    for _, runner in model.graph_runners():  # type: ignore[operator]
+        runner.profile = seconds
     return seconds
 
 

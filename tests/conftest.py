@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 
@@ -6,3 +8,19 @@ def _no_automatic_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests inspect the plan they train with; automatic op tuning would swap it mid-test for the
     placement that measures fastest on the machine. Tuning's own tests set the variable back."""
     monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
+
+
+@pytest.fixture(scope="session")
+def export_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("export_cache")
+
+
+@pytest.fixture
+def shared_export_cache(monkeypatch: pytest.MonkeyPatch, export_cache_dir: Path) -> None:
+    """ORTMODULE_CACHE_DIR shared by the test files that opt in
+    (``pytestmark = pytest.mark.usefixtures("shared_export_cache")``): files that wrap the same
+    models again and again (each guard scenario starts from one model, a resumed Trainer wraps a
+    new copy) export each graph once, as users who set the variable do; exporting is most of their
+    time. Files that patch the exporter must not opt in. The cache's own behaviour is tested in
+    tests/cache/. (The zoo gains nothing: Dynamo's graphs of its models differ from ORTModule's.)"""
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(export_cache_dir))

@@ -188,14 +188,17 @@ class ORTModule(nn.Module):
         """Op tuning of each captured graph (see :mod:`ortrain.runtime.placement_tuning`): ``graph``
         ("forward", "backward"), ``tuning`` (still measuring), ``placement`` (in use, None while
         tuning) and ``measured_ms`` (median call time of each placement tried)."""
-        found = []
+        return [runner.summary() for _, runner in self.graph_runners() if isinstance(runner, TunedRunner)]
+
+    def graph_runners(self) -> Iterator[tuple[str, Any]]:
+        """``(graph, runner)`` for each captured graph: graph "forward" or "backward", runner its
+        :class:`~ortrain.runtime.graph_executor.PlanRunner` (a ``TunedRunner`` under op tuning)."""
         for entries in self._ortrain_graphs.values():
             for entry in entries:
-                for slot in (entry.capture.forward, entry.capture.backward):
+                for name, slot in (("forward", entry.capture.forward), ("backward", entry.capture.backward)):
                     runner = getattr(slot, "runner", None)
-                    if isinstance(runner, TunedRunner):
-                        found.append(runner.summary())
-        return found
+                    if runner is not None:
+                        yield name, runner
 
     # ---- the wrapped module's own objects --------------------------------------------------
     @property

@@ -99,9 +99,9 @@ def build_tuned_graph_executor(
     # Mixed placements export one ONNX region per stretch between PyTorch nodes: seconds to a
     # minute for a transformer (README, "Op tuning"). The automatic mode races only placements
     # that export nothing new; ORTMODULE_ENABLE_TUNING=1 races them all.
-    found = candidates(graph, mixed=settings.enabled is True)
-    key = tuning_key(graph, found)
-    recorded = _recorded_choice(graph, settings)
+    races = _races(graph, settings)
+    found, key = races[0] if settings.enabled is True else races[1]  # the race this mode runs
+    recorded = _recorded_choice(races, settings)
     if recorded is not None:
         placement, source = recorded
         logger.info("%s graph: placement %s (%s)", name, placement.name, source)
@@ -125,15 +125,25 @@ def build_tuned_graph_executor(
     )
 
 
-def _recorded_choice(graph: torch.fx.GraphModule, settings: TuningSettings) -> tuple[Placement, str] | None:
-    """A choice made earlier for this graph, and where it comes from. A choice among every
-    placement (ORTMODULE_ENABLE_TUNING=1) serves any mode; one among the automatic mode's few
-    serves all but a forced tuning, which must see the mixed placements too."""
-    races = [candidates(graph, mixed=True)]
+Race = tuple[list[Placement], str]  # the candidate placements, and the key of a choice among them
+
+
+def _races(graph: torch.fx.GraphModule, settings: TuningSettings) -> list[Race]:
+    """The races whose recorded choice serves this graph under ``settings``, each with its key,
+    the graph described and hashed once for all. A choice among every placement
+    (ORTMODULE_ENABLE_TUNING=1) serves any mode; one among the automatic mode's few serves all but
+    a forced tuning, which must see the mixed placements too. The race this mode runs comes first
+    when forced, second otherwise."""
+    digest = tuning_results.graph_digest(graph)
+    sets = [candidates(graph, mixed=True)]
     if settings.enabled is not True:
-        races.append(candidates(graph, mixed=False))
-    for found in races:
-        key = tuning_key(graph, found)
+        sets.append(candidates(graph, mixed=False))
+    return [(found, tuning_results.tuning_key(digest, [p.name for p in found])) for found in sets]
+
+
+def _recorded_choice(races: list[Race], settings: TuningSettings) -> tuple[Placement, str] | None:
+    """A choice made earlier for this graph in one of ``races``, and where it comes from."""
+    for found, key in races:
         recorded, source = _chosen_in_process.get(key), "chosen earlier in this process"
         if recorded is None and settings.results_path is not None:
             recorded = tuning_results.load_choice(settings.results_path, key)
@@ -149,10 +159,6 @@ def _recorded_choice(graph: torch.fx.GraphModule, settings: TuningSettings) -> t
             _chosen_in_process[key] = recorded
             return placement, source
     return None
-
-
-def tuning_key(graph: torch.fx.GraphModule, found: list[Placement]) -> str:
-    return tuning_results.tuning_key(graph, [p.name for p in found])
 
 
 class TunedRunner:

@@ -3,8 +3,9 @@
 One JSON file (a directory gets ``ortrain_tuning.json`` inside it) maps a key to the chosen
 placement and what was measured. The key is everything a choice depends on: the graph itself
 (operators, dtypes, shapes: :func:`ortrain.cache.graph_key.graph_description`), the CPU model,
-PyTorch's thread count, the OpenMP wait policy, and the versions of Python, torch and ONNX
-Runtime. Writes replace the file atomically and merge with what another process wrote meanwhile.
+PyTorch's thread count, the OpenMP wait policy, the versions of Python, torch and ONNX Runtime, and
+the candidate placements raced. Writes replace the file atomically and merge with what another
+process wrote meanwhile.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from ortrain.runtime.cpu import cpu_name
 
 logger = logging.getLogger("ortrain.runtime")
 
-FORMAT = 1
+# 2: keys hash the graph once (graph_digest), then the candidates.
+FORMAT = 2
 FILE_NAME = "ortrain_tuning.json"
 
 
@@ -43,14 +45,18 @@ def machine() -> dict[str, Any]:
     }
 
 
-def tuning_key(graph: torch.fx.GraphModule, candidates: list[str]) -> str:
-    material = {
-        "graph": graph_description(graph),
-        "machine": machine(),
-        "candidates": candidates,
-        "format": FORMAT,
-    }
+def graph_digest(graph: torch.fx.GraphModule) -> str:
+    """What all the tuning keys of ``graph`` share: the graph and the machine. Describing a graph
+    walks all its nodes (and hashes its constants) and a graph is looked up under up to three keys
+    (one per race, see :mod:`ortrain.runtime.placement_tuning`), so this is computed once a graph."""
+    material = {"graph": graph_description(graph), "machine": machine(), "format": FORMAT}
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def tuning_key(digest: str, candidates: list[str]) -> str:
+    """The key of a choice among ``candidates`` (placement names) for the graph of ``digest``."""
+    material = {"graph": digest, "candidates": candidates}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
 def _read(file: Path) -> dict[str, Any]:

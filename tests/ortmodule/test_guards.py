@@ -21,6 +21,9 @@ from torch.nn import functional as F
 
 from ortrain import ORTModule
 
+# Every scenario starts from the same model: its first graphs are exported once (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("shared_export_cache")
+
 
 class Block(nn.Module):
     def __init__(self) -> None:

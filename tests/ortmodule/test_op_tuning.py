@@ -34,11 +34,11 @@ def _mse(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.T
 
 
 def _graphs(model: ORTModule) -> list[Any]:
-    runners = []
-    for entries in model._ortrain_graphs.values():
-        for entry in entries:
-            runners += [entry.capture.forward.runner, entry.capture.backward.runner]
-    return runners
+    return [runner for _, runner in model.graph_runners()]
+
+
+# Every placement must be measured whatever the machine's load (the bound has its own test).
+_NO_BOUND_MS = "600000"
 
 
 @pytest.fixture(autouse=True)
@@ -49,9 +49,13 @@ def _fresh_choices(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---- ORTModule with tuning on -------------------------------------------------------------------
 
 
-def test_tuned_training_matches_eager_and_untuned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_tuned_training_matches_eager_and_untuned_and_its_choices_round_trip(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One tuning run serves both checks (a forced tuning of the MLP is most of this file's time).
     monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "1")
-    monkeypatch.setenv("ORTMODULE_TUNING_RESULTS_PATH", str(tmp_path))
+    monkeypatch.setenv("ORTMODULE_MAX_TUNING_DURATION_MS", _NO_BOUND_MS)
+    monkeypatch.setenv("ORTMODULE_TUNING_RESULTS_PATH", str(tmp_path))  # a directory: the file goes in it
     model = _mlp()
     untuned_model = copy.deepcopy(model)
     losses_ort, losses_eager, eager, wrapped = train_side_by_side(model, _batches(30), _mse)
@@ -62,25 +66,13 @@ def test_tuned_training_matches_eager_and_untuned(monkeypatch: pytest.MonkeyPatc
     # every placement was really tried, on the real graphs
     assert {"onnxruntime", "all-torch"} <= set(runners[1].report)
 
-    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
-    monkeypatch.delenv("ORTMODULE_TUNING_RESULTS_PATH")
-    losses_untuned, _, _, _ = train_side_by_side(untuned_model, _batches(30), _mse)
-    torch.testing.assert_close(losses_ort, losses_untuned, rtol=1e-4, atol=1e-5)
-
-
-def test_results_file_round_trip(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "1")
-    results = tmp_path / "tuning.json"
-    monkeypatch.setenv("ORTMODULE_TUNING_RESULTS_PATH", str(results))
-    _, _, _, first = train_side_by_side(_mlp(), _batches(30), _mse)
-    chosen = {r.chosen_placement.name for r in _graphs(first)}
+    # The choices are in the results file, keyed per graph and machine.
+    results = tmp_path / tuning_results.FILE_NAME
     payload = json.loads(results.read_text())
     entries = payload["entries"]
     assert payload["format"] == tuning_results.FORMAT and len(entries) == 2
     assert {e["graph"] for e in entries.values()} == {"forward", "backward"}
-    assert {e["placement"] for e in entries.values()} == chosen
+    assert {e["placement"] for e in entries.values()} == {r.chosen_placement.name for r in runners}
     assert all(e["machine"]["threads"] == torch.get_num_threads() for e in entries.values())
 
     # A new process (no choices in memory), tuning off: the recorded placements are used as they are.
@@ -93,6 +85,12 @@ def test_results_file_round_trip(
     read = [r.getMessage() for r in caplog.records if f"read from {results}" in r.getMessage()]
     assert len(read) == 2
 
+    # Untuned (no results file either), the same model trains to the same losses.
+    monkeypatch.delenv("ORTMODULE_TUNING_RESULTS_PATH")
+    losses_untuned, _, _, third = train_side_by_side(untuned_model, _batches(30), _mse)
+    assert not any(isinstance(r, TunedRunner) for r in _graphs(third))
+    torch.testing.assert_close(losses_ort, losses_untuned, rtol=1e-4, atol=1e-5)
+
 
 def test_a_results_file_of_another_format_is_ignored_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -102,3 +100,85 @@ def test_a_results_file_of_another_format_is_ignored_with_a_warning(
     with caplog.at_level(logging.WARNING, logger="ortrain.runtime"):
         assert tuning_results.load_choice(file, "k") is None
     assert "not an ortrain tuning results file" in caplog.text
+
+
+# ---- a model that changes while it trains (and tunes) -------------------------------------------
+
+
+class _Net(nn.Module):
+    """Linear-Tanh-Linear: each graph races three placements (onnxruntime, all-torch, matmul in
+    torch: tanh's backward is in no fused group), so a tuning finishes within a dozen steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = nn.Sequential(nn.Linear(16, 32), nn.Tanh())
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def test_a_model_changed_mid_training_is_tuned_again_or_takes_its_recorded_choice(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "1")
+    monkeypatch.setenv("ORTMODULE_MAX_TUNING_DURATION_MS", _NO_BOUND_MS)
+    model = _Net()
+    model.encoder[0].requires_grad_(False)
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    losses: list[tuple[float, float]] = []
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        pair = []
+        for module in (wrapped, eager):
+            module.zero_grad(set_to_none=True)
+            loss = _mse(module, batch)
+            loss.backward()
+            with torch.no_grad():
+                for p in module.parameters():
+                    if p.grad is not None:
+                        p -= 0.05 * p.grad
+            pair.append(loss.item())
+        losses.append((pair[0], pair[1]))
+
+    def train_until_tuned(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[dict[str, Any]]:
+        for batch in batches:
+            step(batch)
+            if not any(g["tuning"] for g in wrapped.op_tuning()):
+                break
+        return wrapped.op_tuning()
+
+    batches = iter(_batches(40))
+    first = train_until_tuned([next(batches) for _ in range(15)])
+    assert [g["graph"] for g in first] == ["forward", "backward"]
+    assert all(not g["tuning"] and g["placement"] for g in first)
+
+    # Unfreezing a layer gives a new backward graph (and forward: it saves more): tuned again, the
+    # first capture's choices left as they were.
+    for module in (wrapped, eager):
+        module.encoder[0].requires_grad_(True)
+    tuned = train_until_tuned([next(batches) for _ in range(15)])
+    assert len(tuned) == 4 and tuned[:2] == first
+    assert all(not g["tuning"] and g["placement"] for g in tuned[2:])
+    assert {"onnxruntime", "all-torch"} <= set(tuned[3]["measured_ms"])  # really raced again
+    assert wrapped.encoder[0].weight.grad is not None
+
+    # A head swapped for one of the same shape drops every graph; the same graph captured again
+    # takes the choice made for it, without tuning.
+    head = nn.Linear(32, 4)
+    with caplog.at_level(logging.INFO, logger="ortrain.runtime"):
+        for module in (wrapped, eager):
+            module.head = copy.deepcopy(head)
+        for _ in range(3):
+            step(next(batches))
+    assert wrapped.op_tuning() == []
+    for g in tuned[2:]:
+        line = f"{g['graph']} graph: placement {g['placement']} (chosen earlier in this process)"
+        assert line in caplog.text
+    assert [name for name, _ in wrapped.graph_runners()] == ["forward", "backward"]
+
+    ort_losses, eager_losses = zip(*losses, strict=True)
+    torch.testing.assert_close(ort_losses, eager_losses, rtol=1e-4, atol=1e-5)
+    assert_same_state(wrapped, eager)

@@ -186,3 +186,33 @@ def test_a_candidate_that_cannot_be_built_drops_out() -> None:
         assert runner([3.0]) == [6.0]
     assert runner.chosen_placement == DEFAULT
     assert "could not be built: RuntimeError: no" in (runner._candidates[1].dropped or "")
+
+
+@pytest.mark.parametrize("enabled", [None, True, False])
+def test_a_graph_is_described_once_and_its_choice_found_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, enabled: bool | None
+) -> None:
+    """The graph is described and hashed once for all the keys it is looked up under (up to three),
+    and the key a forced tuning saves its choice under is one the next capture looks up."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ortrain.runtime import tuning_results
+
+    graph = make_fx(lambda x, w: (torch.relu(x @ w) + 1,))(torch.randn(3, 4), torch.randn(4, 5))
+    described: list[object] = []
+    describe = tuning_results.graph_description
+    monkeypatch.setattr(tuning_results, "graph_description", lambda g: described.append(g) or describe(g))
+    settings = TuningSettings(enabled, None, tmp_path / "tuning.json")
+    cpu = torch.device("cpu")
+    options: dict[str, Any] = {"opset_version": 18, "passes": [], "saver": None, "device": cpu}
+    first = placement_tuning.build_tuned_graph_executor(graph, name="forward", settings=settings, **options)
+    assert len(described) == 1
+    if enabled is not True:
+        return
+    assert isinstance(first, TunedRunner)
+    while first.tuning:
+        first([torch.randn(3, 4), torch.randn(4, 5)])
+    monkeypatch.setattr(placement_tuning, "_chosen_in_process", {})  # a new process: the file alone
+    again = placement_tuning.build_tuned_graph_executor(graph, name="forward", settings=settings, **options)
+    assert len(described) == 2
+    assert not isinstance(again, TunedRunner)  # the recorded choice, built at once
