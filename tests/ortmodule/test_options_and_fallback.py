@@ -22,15 +22,17 @@ from ortrain.ortmodule import (
 from ortrain.ortmodule.fallback import parse_fallback_policy
 
 
-class _Bessel(nn.Module):
-    """Captures fine, but ``special.i0`` (and its backward's ``special.i1``) has no ONNX translation."""
+class _Segments(nn.Module):
+    """Captures fine, but ``segment_reduce`` (and its backward) has no ONNX translation."""
 
     def __init__(self) -> None:
         super().__init__()
         self.linear = nn.Linear(4, 4)
+        self.register_buffer("lengths", torch.tensor([1, 2]), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.special.i0(nn.functional.softplus(self.linear(x)) + 1).sum()
+        h = nn.functional.softplus(self.linear(x))
+        return torch.segment_reduce(h, "sum", lengths=self.lengths, axis=0).pow(2).sum()
 
 
 def test_save_onnx_writes_one_loadable_file_per_stage_and_mode(tmp_path, monkeypatch) -> None:
@@ -87,7 +89,7 @@ def test_fallback_policy_names_parse_alone_and_joined() -> None:
 def test_default_policy_runs_just_the_unsupported_operator_in_pytorch(monkeypatch, caplog) -> None:
     monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
     torch.manual_seed(0)
-    inner = _Bessel()
+    inner = _Segments()
     eager = copy.deepcopy(inner)
     wrapped = ORTModule(inner)
     with caplog.at_level(logging.WARNING, logger="ortrain"):
@@ -98,8 +100,8 @@ def test_default_policy_runs_just_the_unsupported_operator_in_pytorch(monkeypatc
     # One warning per graph, naming the operators that run in PyTorch; the rest stays in ORT.
     warnings = [r.getMessage() for r in caplog.records if "run in PyTorch because" in r.getMessage()]
     assert len(warnings) == 2
-    assert warnings[0].startswith("forward graph") and "i0" in warnings[0]
-    assert warnings[1].startswith("backward graph") and "i1" in warnings[1]
+    assert warnings[0].startswith("forward graph") and "segment_reduce" in warnings[0]
+    assert warnings[1].startswith("backward graph") and "segment_reduce_backward" in warnings[1]
     assert wrapped._ortrain_fallback.reason is None
     (entry,) = [e for entries in wrapped._ortrain_graphs.values() for e in entries]
     forward = entry.capture.forward.runner.plan.nodes_by_executor()
@@ -109,8 +111,8 @@ def test_default_policy_runs_just_the_unsupported_operator_in_pytorch(monkeypatc
 
 
 def test_fallback_disable_raises_naming_the_operator() -> None:
-    with pytest.raises(ORTModuleONNXModelException, match=r"aten\.i0\.default"):
-        ORTModule(_Bessel())(torch.randn(3, 4))
+    with pytest.raises(ORTModuleONNXModelException, match=r"aten\.segment_reduce\.default"):
+        ORTModule(_Segments())(torch.randn(3, 4))
 
 
 def test_force_torch_policy_never_captures(monkeypatch) -> None:
