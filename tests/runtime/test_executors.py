@@ -123,6 +123,51 @@ def test_kernel_check_reads_the_type_constraints() -> None:
     assert node.name == "gemm" and "bfloat16" in why
 
 
+def test_kernel_check_refuses_scatter_reductions_the_cpu_kernel_rejects_when_it_runs() -> None:
+    """ScatterND has a bfloat16 CPU kernel, which fails at run time when it must add: a bfloat16
+    embedding backward passed the check, loaded, then raised at its first run."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    def model(element_type: int, reduction: str) -> onnx.ModelProto:
+        node = helper.make_node("ScatterND", ["data", "indices", "updates"], ["out"], name="scatter")
+        if reduction != "none":
+            node.attribute.append(helper.make_attribute("reduction", reduction))
+        graph = helper.make_graph(
+            [node],
+            "g",
+            [
+                helper.make_tensor_value_info("data", element_type, [3, 2]),
+                helper.make_tensor_value_info("indices", TensorProto.INT64, [2, 1]),
+                helper.make_tensor_value_info("updates", element_type, [2, 2]),
+            ],
+            [helper.make_tensor_value_info("out", element_type, [3, 2])],
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+    ((node, why),) = missing_kernels(model(TensorProto.BFLOAT16, "add"), "CPUExecutionProvider")
+    assert node.name == "scatter" and why.endswith("ScatterND reduction=add kernel for bfloat16")
+    assert missing_kernels(model(TensorProto.BFLOAT16, "none"), "CPUExecutionProvider") == []
+    assert missing_kernels(model(TensorProto.FLOAT, "add"), "CPUExecutionProvider") == []
+    # What the check stands for: the session loads, and the run fails.
+    session = ort.InferenceSession(
+        model(TensorProto.BFLOAT16, "add").SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    feeds = {
+        "data": torch.zeros(3, 2, dtype=torch.bfloat16),
+        "indices": torch.tensor([[0], [2]]),
+        "updates": torch.ones(2, 2, dtype=torch.bfloat16),
+    }
+    binding = session.io_binding()
+    for name, tensor in feeds.items():
+        element_type = TensorProto.BFLOAT16 if tensor.dtype == torch.bfloat16 else TensorProto.INT64
+        binding.bind_input(name, "cpu", 0, element_type, tuple(tensor.shape), tensor.data_ptr())
+    binding.bind_output("out", "cpu", 0)
+    with pytest.raises(Exception, match="BFloat16 data type is not supported"):
+        session.run_with_iobinding(binding)
+
+
 def test_kernel_check_accepts_function_ops_that_onnxruntime_inlines() -> None:
     """HardSwish and Mish have no CPU kernel but an ONNX function body, which ONNX Runtime
     inlines: they were refused ("no HardSwish-18 kernel"), failing nn.Hardswish under

@@ -274,7 +274,29 @@ def missing_kernels(model: onnx.ModelProto, provider: str) -> list[tuple[onnx.No
         if not any(fits(k) for k in candidates):
             seen = sorted({t.removeprefix("tensor(").removesuffix(")") for _, t in actual})
             missing.append((node, f"{provider} has no {node.op_type} kernel for {'/'.join(seen)}"))
+            continue
+        refused = _refused_reduction(node, types, provider)
+        if refused is not None:
+            missing.append((node, refused))
     return missing
+
+
+# Registered for these types, but the CPU kernels refuse a reduction on them when they run
+# ("BFloat16 data type is not supported with ScatterND opset 16 when reduction is 'add'"): a
+# bfloat16 embedding backward failed at its first run, after the session had loaded.
+_CPU_SCATTERS = frozenset({"ScatterND", "ScatterElements"})
+_NO_CPU_REDUCTION = frozenset({onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT16})
+
+
+def _refused_reduction(node: onnx.NodeProto, types: dict[str, int], provider: str) -> str | None:
+    if provider != "CPUExecutionProvider" or node.op_type not in _CPU_SCATTERS or node.domain:
+        return None
+    reduction = next((a.s.decode() for a in node.attribute if a.name == "reduction"), "none")
+    data_type = types.get(node.input[0])
+    if reduction == "none" or data_type not in _NO_CPU_REDUCTION:
+        return None
+    name = onnx.TensorProto.DataType.Name(data_type).lower()
+    return f"{provider} has no {node.op_type} reduction={reduction} kernel for {name}"
 
 
 def _is_function_op(domain: str, op_type: str, version: int) -> bool:
