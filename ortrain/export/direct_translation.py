@@ -36,7 +36,7 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-from ortrain.export.exporter_decompositions import ASSERTIONS, onnx_decomposition_table
+from ortrain.export.exporter_decompositions import node_needs_decomposition, onnx_decomposition_table
 from ortrain.export.onnx_translations import torchlib_registry
 
 
@@ -47,6 +47,7 @@ class Unsupported(RuntimeError):
 def translate(gm: torch.fx.GraphModule, *, opset_version: int) -> Any:
     """The optimized ``onnx_ir.Model`` of ``gm`` (which this function edits: pass a copy)."""
     import onnx_ir as ir
+    from torch.onnx._internal._lazy_import import onnxscript_apis
     from torch.onnx._internal.exporter import _constants, _core, _fx_passes, _ir_passes
 
     if opset_version < _constants.TORCHLIB_OPSET:
@@ -67,36 +68,19 @@ def translate(gm: torch.fx.GraphModule, *, opset_version: int) -> Any:
         gm.graph, model, graph_like=model.graph, owned_graphs={}, lower="at_conversion", registry=registry
     )
     _ir_passes.add_opset_imports(model)
-    from torch.onnx._internal._lazy_import import onnxscript_apis
-
-    model = onnxscript_apis.convert_version(model, opset_version)  # as torch.onnx.export does
-    _optimize(model)
-    return model
-
-
-def _optimize(model: Any) -> None:
-    """What ``torch.onnx.export(optimize=True)`` runs on the translated model: the same graphs
-    reach ONNX Runtime through either path. (Only onnxscript's basic rewrite rules measured no
-    faster on the tiny GPT, within noise, and left 24 more Reshapes in its forward; none at all
-    left 83 more Transposes in its backward.)"""
-    from torch.onnx._internal._lazy_import import onnxscript_apis
-
-    onnxscript_apis.optimize(model)
+    # What torch.onnx.export(optimize=True) runs next, so that the same graphs reach ONNX Runtime
+    # through either path. (Only onnxscript's basic rewrite rules measured no faster on the tiny
+    # GPT, within noise, and left 24 more Reshapes in its forward; none at all left 83 more
+    # Transposes in its backward.)
+    model = onnxscript_apis.convert_version(model, opset_version)
+    return onnxscript_apis.optimize(model)
 
 
 def _needs_decomposition(node: torch.fx.Node, translated: set[Any]) -> bool:
-    if node.op != "call_function":
-        if node.op in ("placeholder", "output", "get_attr"):
-            return False
-        raise Unsupported(f"node {node.name} is a {node.op}")
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        if target._schema.is_mutable:
-            raise Unsupported(f"{target} mutates its input")
-        return target not in translated and target not in ASSERTIONS
-    if target is operator.getitem or getattr(target, "__module__", None) in ("_operator", "math"):
-        return False
-    raise Unsupported(f"node {node.name} calls {target}, which is not an ATen operator")
+    needs = node_needs_decomposition(node, translated)
+    if needs is None:
+        raise Unsupported(f"node {node.name} ({node.op} {node.target}) is not a functional ATen operator")
+    return needs
 
 
 def _decompose_untranslated(gm: torch.fx.GraphModule, translated: set[Any], table: dict[Any, Any]) -> None:
@@ -107,8 +91,8 @@ def _decompose_untranslated(gm: torch.fx.GraphModule, translated: set[Any], tabl
             continue
         if node.target not in table:
             raise Unsupported(f"{node.target} has neither a translation nor a decomposition")
-        decomposed = _trace_decomposition(node, table)
-        _inline(graph, node, decomposed)
+        decomposed, inputs = _trace_decomposition(node, table)
+        _inline(graph, node, decomposed, inputs)
         for inner in decomposed.graph.nodes:
             if inner.op == "call_function" and _needs_decomposition(inner, translated):
                 raise Unsupported(f"the decomposition of {node.target} leaves {inner.target}")
@@ -116,10 +100,15 @@ def _decompose_untranslated(gm: torch.fx.GraphModule, translated: set[Any], tabl
     gm.recompile()
 
 
-def _trace_decomposition(node: torch.fx.Node, table: dict[Any, Any]) -> torch.fx.GraphModule:
+def _trace_decomposition(
+    node: torch.fx.Node, table: dict[Any, Any]
+) -> tuple[torch.fx.GraphModule, list[torch.fx.Node]]:
+    """The decomposition of ``node`` traced on its inputs' values, and those input nodes (in the
+    order of the traced graph's placeholders)."""
     flat, spec = pytree.tree_flatten((node.args, node.kwargs))
     positions = [i for i, arg in enumerate(flat) if isinstance(arg, torch.fx.Node)]
-    values = [flat[i].meta.get("val") for i in positions]
+    inputs = [flat[i] for i in positions]
+    values = [n.meta.get("val") for n in inputs]
     if any(v is None for v in values):
         raise Unsupported(f"an input of {node.name} has no value")
     decomposition = table[node.target]
@@ -139,7 +128,7 @@ def _trace_decomposition(node: torch.fx.Node, table: dict[Any, Any]) -> torch.fx
                 stack.enter_context(_no_pending_unbacked_symbols(fake_mode.shape_env))
         # torch.onnx decomposes with this setting, so that a size 0 or 1 stays symbolic.
         stack.enter_context(torch.fx.experimental._config.patch(backed_size_oblivious=True))
-        return make_fx(call, decomposition_table=table, tracing_mode="real")(*values)
+        return make_fx(call, decomposition_table=table, tracing_mode="real")(*values), inputs
 
 
 @contextlib.contextmanager
@@ -154,9 +143,9 @@ def _no_pending_unbacked_symbols(shape_env: Any) -> Iterator[None]:
         shape_env.pending_fresh_unbacked_symbols[:] = pending
 
 
-def _inline(graph: torch.fx.Graph, node: torch.fx.Node, decomposed: torch.fx.GraphModule) -> None:
-    flat, _ = pytree.tree_flatten((node.args, node.kwargs))
-    inputs = [arg for arg in flat if isinstance(arg, torch.fx.Node)]
+def _inline(
+    graph: torch.fx.Graph, node: torch.fx.Node, decomposed: torch.fx.GraphModule, inputs: list[torch.fx.Node]
+) -> None:
     placeholders = [n for n in decomposed.graph.nodes if n.op == "placeholder"]
     env = dict(zip(placeholders, inputs, strict=True))
     with graph.inserting_before(node):

@@ -41,26 +41,31 @@ _TABLES: dict[tuple[frozenset[Any], int], dict[Any, Callable[..., Any]]] = {}
 _TRANSLATED: dict[int, set[Any]] = {}  # by id() of one of onnx_translations' shared registries
 
 
+def node_needs_decomposition(node: torch.fx.Node, translated: set[Any]) -> bool | None:
+    """False: ``node`` translates as it is (a translated functional operator, size arithmetic, an
+    assertion, a placeholder/output/constant). True: a functional ATen operator without a
+    translation. None: neither (a mutating op, a higher-order op, a Python call), which only
+    torch.onnx's own re-trace may handle."""
+    if node.op in ("placeholder", "output", "get_attr"):
+        return False
+    if node.op != "call_function":
+        return None
+    target = node.target
+    if target in ASSERTIONS:
+        return False
+    if isinstance(target, torch._ops.OpOverload):
+        # A mutating op would be functionalized by the re-trace: keep it.
+        return None if target._schema.is_mutable else target not in translated
+    return False if getattr(target, "__module__", None) in _SIZE_ARITHMETIC_MODULES else None
+
+
 def needs_no_decomposition(graph_module: torch.fx.GraphModule, translated: set[Any]) -> bool:
     """Whether every call in ``graph_module`` is an operator in ``translated`` or size arithmetic."""
-    for module in graph_module.modules():
-        if not isinstance(module, torch.fx.GraphModule):
-            return False
-        for node in module.graph.nodes:
-            if node.op in ("placeholder", "output", "get_attr"):
-                continue
-            if node.op != "call_function":
-                return False
-            target = node.target
-            if target in ASSERTIONS:
-                continue
-            if isinstance(target, torch._ops.OpOverload):
-                # A mutating op would be functionalized by the re-trace: keep it.
-                if target not in translated or target._schema.is_mutable:
-                    return False
-            elif getattr(target, "__module__", None) not in _SIZE_ARITHMETIC_MODULES:
-                return False
-    return True
+    return all(
+        isinstance(module, torch.fx.GraphModule)
+        and all(node_needs_decomposition(node, translated) is False for node in module.graph.nodes)
+        for module in graph_module.modules()
+    )
 
 
 def _cached_table(
