@@ -125,6 +125,10 @@ class CacheStore:
             return False
         return True
 
+    def remove(self, kind: str, key: str) -> None:
+        """Delete an entry that turned out unreadable after its checksum passed."""
+        self.path(kind, key).unlink(missing_ok=True)
+
     def entries(self) -> Iterator[EntryInfo]:
         if not self.root.is_dir():
             return

@@ -23,6 +23,7 @@ import torch._functorch.aot_autograd as aot_autograd
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
+from ortrain.capture.capture_package import GraphCode, recording_entries
 from ortrain.capture.checkpointing import CheckpointRegions
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.forward_rewrite import ForwardRewrite, ForwardTrace, rewrite_forward
@@ -75,6 +76,9 @@ class Capture:
     memory_report: MemoryReport | None = None  # training captures: what the memory optimizer did
     # The pre-dispatch forward graph the rewrites ran on (None where not traced).
     forward_trace: ForwardTrace | None = None
+    # AOTAutograd's cache entry for this capture (``package=True``; None where the graphs call
+    # Python objects of this process): see ortrain.capture.capture_package.
+    package_entry: Any = None
 
     def __call__(self, state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Any:
         return self.fn(*state, *inputs)
@@ -124,6 +128,7 @@ def capture(
     memory: MemoryOptimizerConfig | None = None,
     forward_rewrites: Sequence[ForwardRewrite] = (),
     trace_forward_graph: bool = False,
+    package: bool = False,
 ) -> Capture:
     """Trace ``module(*inputs)`` (a module over flat tensors returning a tuple of tensors).
 
@@ -138,7 +143,8 @@ def capture(
     ``memory`` chooses the recompute plans of the memory optimizer.
     ``forward_rewrites`` edit the forward before it is differentiated (see
     :mod:`ortrain.capture.forward_rewrite`); ``trace_forward_graph`` keeps that pre-dispatch graph
-    on the result even without rewrites (the inspector reads it).
+    on the result even without rewrites (the inspector reads it). ``package`` records what a later
+    process needs to run the capture without tracing (:mod:`ortrain.capture.capture_package`).
     """
     slots: dict[str, GraphSlot] = {}
 
@@ -146,12 +152,7 @@ def capture(
         def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
             slot = GraphSlot(gm)
             slots[tag] = slot
-
-            def run(args: list[Any]) -> list[Any]:
-                return slot.run(args)
-
-            run._boxed_call = True  # type: ignore[attr-defined]
-            return run
+            return GraphCode(slot)
 
         return compile_graph
 
@@ -187,6 +188,9 @@ def capture(
         )
         _skip_unread_graph_logs(joint)
         reports: list[MemoryReport] = []
+        entries: list[Any] = []
+        if package:
+            stack.enter_context(recording_entries(joint, entries))
         fn = aot_autograd.aot_compile_joint_with_descriptors(
             joint,
             partition_fn=functools.partial(partition, memory=memory, reports=reports),
@@ -207,6 +211,7 @@ def capture(
         dynamic_dims=dynamic_dims,
         memory_report=reports[0] if reports else None,
         forward_trace=trace,
+        package_entry=entries[0] if entries and not call_ids else None,
     )
     # The python ops' records live as long as the graphs that name them.
     weakref.finalize(captured, release_calls, call_ids)

@@ -122,6 +122,8 @@ class RuntimeOptions:
     triton_debug: bool = False
     # Fully qualified names (module + __qualname__) of Functions to trace inline, not as python ops.
     skipped_autograd_functions: frozenset[str] = frozenset()
+    # ORTMODULE_CACHE_CAPTURE: with ORTMODULE_CACHE_DIR, a later process also skips the capture.
+    cache_capture: bool = True
 
 
 _MEMORY_OPT_LEVELS = (0, 1, 2)
@@ -225,6 +227,7 @@ def runtime_options() -> RuntimeOptions:
         triton_debug=_env_flag("ORTMODULE_TRITON_DEBUG", False),
         skipped_autograd_functions=_skipped_autograd_functions(),
         graph_cache_size=_env_int("ORTMODULE_GRAPH_CACHE_SIZE", 8, minimum=1),
+        cache_capture=_env_flag("ORTMODULE_CACHE_CAPTURE", True),
     )
 
 
@@ -265,6 +268,48 @@ def _skipped_autograd_functions() -> frozenset[str]:
                 "class name, comma-separated (pkg.layers.Gelu, pkg.model.build.<locals>.Gelu)"
             )
     return names
+
+
+# Set by shells, terminals and schedulers per session or job; no model reads them, and keeping
+# them would make every job miss the capture cache.
+_VOLATILE_VARIABLES = frozenset(
+    {
+        "_",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "COLUMNS",
+        "LINES",
+        "DISPLAY",
+        "WINDOWID",
+        "TMUX",
+        "TMUX_PANE",
+        "STY",
+        "WINDOW",
+        "PYTEST_CURRENT_TEST",
+        "SLURM_JOB_ID",
+        "SLURM_JOBID",
+        "SLURM_TASK_PID",
+        "SLURM_STEP_ID",
+        "SLURM_STEPID",
+        "PBS_JOBID",
+        "LSB_JOBID",
+        "XDG_SESSION_ID",
+        "INVOCATION_ID",
+        "JOURNAL_STREAM",
+    }
+)
+_VOLATILE_PREFIXES = ("SSH_", "TERM", "VSCODE_", "XDG_RUNTIME", "KITTY_", "ITERM_")
+
+
+def environment_for_cache_key() -> dict[str, str]:
+    """The environment that a stored capture must match (``ortrain.cache.capture_key``): every
+    variable but those a shell or scheduler sets per session."""
+    return {
+        name: value
+        for name, value in sorted(os.environ.items())
+        if name not in _VOLATILE_VARIABLES and not name.startswith(_VOLATILE_PREFIXES)
+    }
 
 
 def openmp_wait_policy() -> str:

@@ -13,7 +13,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from ortrain.cache.cached_capture import load_capture, save_capture
 from ortrain.cache.cached_export import exports_run
+from ortrain.cache.capture_key import capture_key
 from ortrain.capture.aot_capture import Capture, GraphSlot, capture
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.huggingface import register_hf_cache_types
@@ -36,6 +38,7 @@ from ortrain.ortmodule.inactive_options import announce_inactive_options
 from ortrain.ortmodule.options import (
     DebugOptions,
     RuntimeOptions,
+    environment_for_cache_key,
     openmp_wait_policy,
     python_log_level,
     runtime_options,
@@ -444,28 +447,29 @@ class ORTModule(nn.Module):
             len(inputs),
             f" with dynamic sizes {dynamic}" if dynamic else "",
         )
-        try:
-            with timed("capture"):
-                captured = capture(
-                    flat_module,
-                    inputs,
-                    training=training,
-                    dynamic_dims=dynamic,
-                    opaque_functions=key.opaque_functions,
-                    checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
-                    skipped_functions=self._ortrain_options.skipped_autograd_functions,
-                    memory=MemoryOptimizerConfig(
-                        self._ortrain_options.memory_opt_level, self._ortrain_options.memory_opt_config
-                    ),
-                    forward_rewrites=_forward_rewrites(self._ortrain_options),
-                    trace_forward_graph=self._ortrain_options.print_input_density,
+        capture_key = self._capture_key(key, inputs, dynamic)
+        loaded = None
+        if capture_key is not None:
+            assert self._ortrain_options.cache_dir is not None
+            loaded = load_capture(
+                self._ortrain_options.cache_dir, capture_key, training=training, dynamic_dims=dynamic
+            )
+        if loaded is not None:
+            captured, output_spec = loaded
+        else:
+            captured = self._capture(
+                flat_module, key, inputs, training, dynamic, package=capture_key is not None
+            )
+            output_spec = flat_module.output_spec
+            if capture_key is not None:
+                assert self._ortrain_options.cache_dir is not None
+                save_capture(
+                    self._ortrain_options.cache_dir,
+                    capture_key,
+                    captured,
+                    output_spec,
+                    model=type(self._ortrain_module).__name__,
                 )
-        except ORTModuleIOError:
-            raise  # an output ortrain cannot pass back: FALLBACK_UNSUPPORTED_DATA decides, not TORCH_MODEL
-        except Exception as error:
-            raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
-        if flat_module.output_spec is None:
-            raise ORTModuleTorchModelException("capture did not run the model's forward")
         saver = None
         debug: DebugOptions = self._ortrain_debug
         if debug.save_onnx:
@@ -502,7 +506,64 @@ class ORTModule(nn.Module):
         binding = binding_order(self._ortrain_module, captured.state_names, prefix="module")
         if self._ortrain_inspector.enabled:
             self._ortrain_inspector.attach(captured, device)
-        return _CompiledEntry(captured, sizes, flat_module.output_spec, binding)
+        return _CompiledEntry(captured, sizes, output_spec, binding)
+
+    def _capture(
+        self,
+        flat_module: _FlatCall,
+        key: GraphKey,
+        inputs: list[torch.Tensor],
+        training: bool,
+        dynamic: dict[int, tuple[int, ...]],
+        *,
+        package: bool,
+    ) -> Capture:
+        try:
+            with timed("capture"):
+                captured = capture(
+                    flat_module,
+                    inputs,
+                    training=training,
+                    dynamic_dims=dynamic,
+                    opaque_functions=key.opaque_functions,
+                    checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
+                    skipped_functions=self._ortrain_options.skipped_autograd_functions,
+                    memory=MemoryOptimizerConfig(
+                        self._ortrain_options.memory_opt_level, self._ortrain_options.memory_opt_config
+                    ),
+                    forward_rewrites=_forward_rewrites(self._ortrain_options),
+                    trace_forward_graph=self._ortrain_options.print_input_density,
+                    package=package,
+                )
+        except ORTModuleIOError:
+            raise  # an output ortrain cannot pass back: FALLBACK_UNSUPPORTED_DATA decides, not TORCH_MODEL
+        except Exception as error:
+            raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
+        if flat_module.output_spec is None:
+            raise ORTModuleTorchModelException("capture did not run the model's forward")
+        return captured
+
+    def _capture_key(
+        self, key: GraphKey, inputs: list[torch.Tensor], dynamic: dict[int, tuple[int, ...]]
+    ) -> str | None:
+        """The key a stored capture must match (``ortrain.cache.capture_key``), or None where captures
+        are not cached: no ``ORTMODULE_CACHE_DIR``, ``ORTMODULE_CACHE_CAPTURE=0``, or the input
+        density inspector, which reads the traced forward graph."""
+        options: RuntimeOptions = self._ortrain_options
+        if options.cache_dir is None or not options.cache_capture or options.print_input_density:
+            return None
+        call = {
+            "spec": key.spec,
+            "inputs": [[str(t.dtype), list(t.shape), t.device.type, t.requires_grad] for t in inputs],
+            "training": key.training,
+            "grad enabled": key.grad_enabled,
+            "autocast": key.autocast,
+            "opaque functions": key.opaque_functions,
+            "dynamic": sorted(dynamic.items()),
+        }
+        return capture_key(
+            self._ortrain_module, call, options=options, environment=environment_for_cache_key()
+        )
 
     def _switch_to_graph_breaks(self) -> bool:
         """After a capture failed on data-dependent Python: train through TorchDynamo's graph breaks."""

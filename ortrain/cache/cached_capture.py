@@ -1,0 +1,102 @@
+"""Captures through ``ORTMODULE_CACHE_DIR``: a later process with the same model, code, inputs and
+options runs the stored capture instead of tracing the model (key: ``capture_key.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ortrain.cache.graph_key import versions
+from ortrain.cache.store import CacheStore
+from ortrain.capture.aot_capture import Capture
+from ortrain.capture.capture_package import load_package, package_bytes
+from ortrain.capture.memory_optimizer import MemoryReport
+from ortrain.runtime.startup_timings import timed
+
+logger = logging.getLogger("ortrain.cache")
+KIND = "capture"
+
+
+@dataclass
+class _Stored:
+    package: bytes
+    state_names: list[str]
+    output_spec: Any
+    memory_report: Any
+
+
+def load_capture(
+    cache_dir: Path, key: str, *, training: bool, dynamic_dims: dict[int, tuple[int, ...]]
+) -> tuple[Capture, Any] | None:
+    """The stored capture and its output spec, or None (a miss, or an entry that cannot be read:
+    logged at WARNING, removed and rebuilt)."""
+    store = CacheStore(cache_dir)
+    payload = store.load(KIND, key)
+    if payload is None:
+        return None
+    try:
+        with timed("capture (cached)"):
+            stored = pickle.loads(payload)
+            assert isinstance(stored, _Stored)
+            loaded = load_package(stored.package)
+    except (
+        Exception
+    ) as error:  # a checksummed entry this ortrain cannot read (a changed torch private type, say)
+        logger.warning("cache entry %s cannot be read (%s); capturing again", store.path(KIND, key), error)
+        store.remove(KIND, key)
+        return None
+    logger.debug("capture loaded from %s", store.path(KIND, key))
+    captured = Capture(
+        fn=loaded.fn,
+        state_names=stored.state_names,
+        forward=loaded.forward,
+        backward=loaded.backward,
+        training=training,
+        dynamic_dims=dynamic_dims,
+        memory_report=stored.memory_report,
+    )
+    return captured, stored.output_spec
+
+
+def save_capture(cache_dir: Path, key: str, captured: Capture, output_spec: Any, *, model: str) -> None:
+    """Store ``captured`` (recorded with ``package=True``) unless it cannot be: graphs that call
+    Python objects of this process, or a part pickle refuses (logged at DEBUG; the export cache
+    still serves)."""
+    if captured.package_entry is None:
+        logger.debug("capture not cached: its graphs call Python functions of this process")
+        return
+    try:
+        with timed("capture (store)"):
+            stored = _Stored(
+                package_bytes(captured.package_entry),
+                captured.state_names,
+                output_spec,
+                _without_graph_nodes(captured.memory_report),
+            )
+            payload = pickle.dumps(stored)
+    except Exception as error:
+        logger.debug("capture not cached: %s: %s", type(error).__name__, error)
+        return
+    finally:
+        captured.package_entry = None  # the entry holds the graphs twice over; not needed any more
+    nodes = sum(len(slot.graph.graph.nodes) for slot in (captured.forward, captured.backward) if slot)
+    header = {"what": f"capture {model}", "nodes": nodes, "versions": versions()}
+    CacheStore(cache_dir).save(KIND, key, payload, header)
+
+
+def _without_graph_nodes(report: MemoryReport | None) -> MemoryReport | None:
+    """The report as data: its occurrences name the joint graph's nodes, which only the planning
+    that already ran reads (and which belong to this process's graph)."""
+    if report is None:
+        return None
+    plans = [
+        dataclasses.replace(
+            plan, occurrences=[dataclasses.replace(o, nodes=[], root=None) for o in plan.occurrences]
+        )
+        for plan in report.plans
+    ]
+    return dataclasses.replace(report, plans=plans)

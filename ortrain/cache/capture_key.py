@@ -1,0 +1,292 @@
+"""The cache key of a capture, computed before tracing: what a later process must match to run a
+stored capture without tracing the model (see ``ortrain.capture.capture_package``).
+
+The export key (``graph_key.py``) is read off the captured graph; this one has to describe,
+without tracing, everything that could change what the trace produces. It is deliberately
+conservative: anything it cannot describe makes the capture uncacheable (the export cache still
+serves), and anything that might matter is in it, so a miss is the usual price of a doubt:
+
+- the model: every submodule's class, its plain and config-like attributes (described
+  recursively: a Hugging Face ``config`` object is read attribute by attribute), every
+  parameter's, buffer's and tensor attribute's name, dtype, device, shape, ``requires_grad`` and
+  tying, the training flags, and the code of every hook;
+- the code: the bytes of every Python file loaded from outside the standard library and
+  site-packages (the training script, the user's own packages, editable installs), the name and
+  version of every installed distribution (for the code in site-packages), and ortrain's own
+  sources;
+- how the program was started: ``sys.argv`` and the environment (minus variables that a shell
+  or a scheduler sets per session; see ``options.environment_for_cache_key``);
+- the call: input structure and constants, each input's dtype, shape, device and
+  ``requires_grad``, which sizes are dynamic, grad mode, autocast, and the global switches that
+  change a trace (default dtype, deterministic algorithms, float32 matmul precision);
+- every ``ORTMODULE_*`` option, and the versions of Python, torch, onnx, onnxscript, onnxruntime
+  and ortrain.
+
+Not covered, so not to be relied upon: Python state that no file, argument, environment variable
+or module attribute determines (a global changed at run time, a random choice made in Python
+while tracing). ``ORTMODULE_CACHE_CAPTURE=0`` keeps the export cache and traces every start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import hashlib
+import importlib.metadata
+import json
+import logging
+import site
+import sys
+import sysconfig
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules import module as torch_module
+
+import ortrain
+from ortrain.cache.graph_key import versions
+from ortrain.capture.tensor_attributes import tensor_attributes
+
+logger = logging.getLogger("ortrain.cache")
+
+_PLAIN = (bool, int, float, str, bytes, type(None))
+# nn.Module's own bookkeeping; hooks are described apart, tensors as tensors.
+_MODULE_INTERNALS = frozenset(nn.Module().__dict__) - {"training"}
+_DEPTH = 6  # config objects nest; deeper than this is not described (and makes the key unusable)
+
+
+class Undescribable(ValueError):
+    """Something the key cannot describe faithfully: the capture is not cached."""
+
+
+def _code_digest(code: types.CodeType) -> str:
+    digest = hashlib.sha256(code.co_code)
+    for const in code.co_consts:
+        digest.update(
+            _code_digest(const).encode() if isinstance(const, types.CodeType) else repr(const).encode()
+        )
+    digest.update(repr(code.co_names).encode())
+    return digest.hexdigest()
+
+
+def _describe_callable(fn: Any) -> Any:
+    target = getattr(fn, "__func__", fn)
+    if isinstance(target, functools.partial):
+        return {
+            "partial": _describe_callable(target.func),
+            "args": [describe(a) for a in target.args],
+            "kwargs": {k: describe(v) for k, v in sorted(target.keywords.items())},
+        }
+    code = getattr(target, "__code__", None)
+    if code is None:
+        name = getattr(target, "__qualname__", None)
+        if name is None:
+            raise Undescribable(f"callable {target!r}")
+        return {"builtin": f"{getattr(target, '__module__', '')}.{name}"}
+    closure = [describe(c.cell_contents) for c in (target.__closure__ or ())]
+    return {
+        "function": f"{target.__module__}.{target.__qualname__}",
+        "code": _code_digest(code),
+        "closure": closure,
+    }
+
+
+def describe(value: Any, depth: int = 0) -> Any:
+    """A JSON-able description of a Python value, or :class:`Undescribable`."""
+    if depth > _DEPTH:
+        raise Undescribable("an attribute nested too deep")
+    if isinstance(value, _PLAIN):
+        return [type(value).__name__, value if not isinstance(value, bytes) else value.hex()]
+    if isinstance(value, enum.Enum):
+        return ["enum", f"{type(value).__module__}.{type(value).__qualname__}", repr(value)]
+    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return ["torch", str(value)]
+    if isinstance(value, Path):
+        return ["path", str(value)]
+    if isinstance(value, torch.Tensor):
+        return ["tensor", str(value.dtype), list(value.shape), value.device.type, value.requires_grad]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [describe(v, depth + 1) for v in value]
+        if isinstance(value, (set, frozenset)):
+            items.sort(key=json.dumps)
+        return [type(value).__name__, items]
+    if isinstance(value, dict):
+        return ["dict", [[describe(k, depth + 1), describe(v, depth + 1)] for k, v in value.items()]]
+    if isinstance(value, type):
+        return ["type", f"{value.__module__}.{value.__qualname__}"]
+    if isinstance(
+        value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
+    ):
+        return ["callable", _describe_callable(value)]
+    if isinstance(value, nn.Module):
+        # A module held as a plain attribute (not a submodule): its class and tensors' signatures.
+        return ["module", f"{type(value).__module__}.{type(value).__qualname__}"]
+    if dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
+        fields = (
+            vars(value)
+            if hasattr(value, "__dict__")
+            else {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        )
+        cls = type(value)
+        return [
+            "object",
+            f"{cls.__module__}.{cls.__qualname__}",
+            {k: describe(v, depth + 1) for k, v in sorted(fields.items())},
+        ]
+    raise Undescribable(f"a {type(value).__module__}.{type(value).__qualname__} attribute")
+
+
+def _hooks(table: dict[int, Any], with_kwargs: dict[int, Any] | None = None) -> list[Any]:
+    # Hook ids are this process's counters: only the hooks' code and order are described.
+    return [[describe(hook), hid in (with_kwargs or {})] for hid, hook in table.items()]
+
+
+def _tensor(seen: dict[int, str], name: str, t: torch.Tensor | None) -> Any:
+    """A parameter's, buffer's or tensor attribute's signature; a tied tensor names its first place."""
+    if t is None:
+        return [name, None]
+    first = seen.setdefault(id(t), name)
+    if first != name:
+        return [name, "alias", first]
+    return [name, str(t.dtype), t.device.type, list(t.shape), t.requires_grad]
+
+
+def describe_model(root: nn.Module) -> list[Any]:
+    """Every submodule (pre-order, duplicates kept, as the graphs bind them) and the global hooks."""
+    seen: dict[int, str] = {}
+    modules = []
+    for name, m in root.named_modules(remove_duplicate=False):
+        cls = type(m)
+        attributes = {
+            k: describe(v)
+            for k, v in sorted(m.__dict__.items())
+            if k not in _MODULE_INTERNALS and not isinstance(v, torch.Tensor)
+        }
+
+        hooks = [
+            _hooks(m._forward_hooks, m._forward_hooks_with_kwargs),
+            _hooks(m._forward_pre_hooks, m._forward_pre_hooks_with_kwargs),
+            _hooks(m._backward_hooks),
+            _hooks(m._backward_pre_hooks),
+        ]
+        modules.append(
+            {
+                "name": name,
+                "class": f"{cls.__module__}.{cls.__qualname__}",
+                "attributes": attributes,
+                "parameters": [_tensor(seen, f"{name}.{n}", p) for n, p in m._parameters.items()],
+                "buffers": [_tensor(seen, f"{name}.{n}", b) for n, b in m._buffers.items()],
+                "tensor attributes": [_tensor(seen, f"{name}.{n}", t) for n, t in tensor_attributes(m)],
+                "hooks": hooks,
+            }
+        )
+    global_hooks = [
+        _hooks(table)
+        for table in (
+            torch_module._global_forward_hooks,
+            torch_module._global_forward_pre_hooks,
+            torch_module._global_backward_hooks,
+            torch_module._global_backward_pre_hooks,
+        )
+    ]
+    return [modules, global_hooks]
+
+
+@functools.cache
+def _library_roots() -> tuple[str, ...]:
+    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    paths.update(site.getsitepackages())
+    paths.add(site.getusersitepackages())
+    # ortrain's own files are keyed whole (ortrain_code_hash), loaded or not: what it imports
+    # lazily differs between a process that exported and one that loaded from the cache.
+    paths.add(str(Path(ortrain.__file__).parent))
+    return tuple(str(Path(p).resolve()) for p in paths if p)
+
+
+_file_digests: dict[tuple[str, int, int], str] = {}
+
+
+def _file_digest(path: Path) -> str:
+    stat = path.stat()
+    memo = (str(path), stat.st_mtime_ns, stat.st_size)
+    if memo not in _file_digests:
+        _file_digests[memo] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return _file_digests[memo]
+
+
+def user_code(model: nn.Module) -> dict[str, str]:
+    """SHA-256 of every loaded Python file outside the standard library and site-packages.
+
+    A model class defined where no file holds its code (a notebook cell, ``exec``) cannot be keyed.
+    """
+    for m in model.modules():
+        module = sys.modules.get(type(m).__module__)
+        source = getattr(module, "__file__", None)
+        if source is None:
+            raise Undescribable(f"{type(m).__qualname__} is defined outside any file ({type(m).__module__})")
+    roots = _library_roots()
+    digests = {}
+    for module in list(sys.modules.values()):
+        source = getattr(module, "__file__", None)
+        if not source:
+            continue
+        path = Path(source).resolve()
+        if str(path).startswith(roots) or not path.is_file():
+            continue
+        digests[str(path)] = _file_digest(path)
+    return dict(sorted(digests.items()))
+
+
+@functools.cache
+def installed_distributions() -> tuple[tuple[str, str], ...]:
+    found = {(d.metadata["Name"] or "?", d.version) for d in importlib.metadata.distributions()}
+    return tuple(sorted(found))
+
+
+@functools.cache
+def ortrain_code_hash() -> str:
+    digest = hashlib.sha256()
+    root = Path(ortrain.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def global_switches() -> dict[str, Any]:
+    return {
+        "default dtype": str(torch.get_default_dtype()),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "matmul precision": torch.get_float32_matmul_precision(),
+    }
+
+
+def capture_key(
+    model: nn.Module,
+    call: dict[str, Any],
+    *,
+    options: Any,
+    environment: dict[str, str],
+) -> str | None:
+    """The key, or None (logged at DEBUG) where something cannot be described."""
+    try:
+        material = {
+            "model": describe_model(model),
+            "call": describe(call),
+            "options": describe(options),
+            "code": user_code(model),
+            "distributions": installed_distributions(),
+            "ortrain code": ortrain_code_hash(),
+            "versions": versions(),
+            "argv": list(sys.argv),
+            "environment": environment,
+            "switches": global_switches(),
+        }
+    except Undescribable as reason:
+        logger.debug("capture not cached: the key cannot describe %s", reason)
+        return None
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()

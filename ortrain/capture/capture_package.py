@@ -1,0 +1,143 @@
+"""A capture as bytes: a later process runs it without tracing the model again.
+
+AOTAutograd's own cache format does the hard part. Its bundled entry holds the runtime metadata
+(input mutations, aliased outputs, effect tokens, which forward outputs are saved for the
+backward, which inputs to detach) and rebuilds the same ``autograd.Function`` glue around the
+loaded forward and backward "compiled" graphs. ortrain's compiled graphs are :class:`GraphCode`
+objects: an FX graph and the executor running it. The graph travels as bytes through
+``GraphPickler`` (which keeps each node's fake value, symbolic sizes included); the executor does
+not travel: the loading process builds it again from the graph, through the export cache.
+
+Only ``torch.fx`` operators are stored by name; a graph that calls Python (opaque custom
+``autograd.Function``s, reentrant checkpoints) refers to objects of the process that captured it
+and is never packaged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import pickle
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+from unittest import mock
+
+import torch
+from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+from torch._functorch._aot_autograd.schemas import AOTAutogradCacheInfo
+from torch._inductor.output_code import OutputCode
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx._graph_pickler import GraphPickler, Options
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+if TYPE_CHECKING:
+    from ortrain.capture.aot_capture import GraphSlot
+
+# Bump when what a package holds changes shape: an old entry then fails to load and is rebuilt.
+FORMAT = 1
+
+
+class GraphCode(OutputCode):
+    """What ortrain's compilers hand AOTAutograd: one graph and the executor that runs it."""
+
+    def __init__(self, slot: GraphSlot) -> None:
+        super().__init__()
+        self.slot: GraphSlot | None = slot
+        self._graph_bytes: bytes | None = None
+        self._boxed_call = True
+
+    def __call__(self, inputs: Sequence[Any]) -> Any:
+        assert self.slot is not None, "a loaded GraphCode runs only after post_compile"
+        return self.slot.run(list(inputs))
+
+    def prepare_for_serialization(self) -> None:
+        # Called on a shallow copy of the live object (AOTAutograd's pre_save): the live one keeps
+        # its slot and executor.
+        assert self.slot is not None
+        self._graph_bytes = GraphPickler.dumps(
+            self.slot.graph,
+            # Every operator is stored by name (the safe filter stops at aten); node metadata as
+            # torch keeps it minus the stacks, which point at objects of this process.
+            Options(ops_filter=None),
+        )
+        self.slot = None
+
+    def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
+        if self.slot is not None:
+            return
+        from ortrain.capture.aot_capture import GraphSlot
+
+        context = torch._guards.TracingContext.get()
+        assert self._graph_bytes is not None
+        graph = GraphPickler.loads(self._graph_bytes, context.fake_mode)
+        assert isinstance(graph, torch.fx.GraphModule)
+        graph.recompile()
+        self.slot = GraphSlot(graph)
+        self._graph_bytes = None
+
+    def set_triton_bundle(self, triton_bundle: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def recording_entries(joint: Any, entries: list[Any]) -> Iterator[None]:
+    """Make the compile after ``aot_export_joint_with_descriptors`` produce AOTAutograd's bundled
+    cache entry and hand it to ``entries`` instead of writing it to torch's own cache directory."""
+    state = joint._aot_state
+    state.aot_config = dataclasses.replace(
+        state.aot_config,
+        cache_info=AOTAutogradCacheInfo("ortrain", time.time_ns(), forward_symints=[]),
+    )
+
+    def record(key: str, entry: Any, remote: bool) -> None:
+        entries.append(entry)
+
+    patched_config = torch._functorch.config.patch(
+        {"bundled_autograd_cache": True, "force_non_lazy_backward_lowering": True}
+    )
+    with patched_config, mock.patch.object(AOTAutogradCache, "save", staticmethod(record)):
+        yield
+
+
+def package_bytes(entry: Any) -> bytes:
+    """The bytes of a recorded entry (raises ``pickle.PicklingError`` / ``TypeError`` where a part of
+    the capture cannot be stored)."""
+    entry.pre_save()
+    with torch.utils._python_dispatch._disable_current_modes():
+        return pickle.dumps((FORMAT, entry))
+
+
+@dataclasses.dataclass
+class LoadedCapture:
+    fn: Callable[..., Any]
+    forward: GraphSlot
+    backward: GraphSlot | None
+
+
+def load_package(data: bytes) -> LoadedCapture:
+    """Rebuild AOTAutograd's callable over ``(*params_and_buffers, *inputs)`` from
+    :func:`package_bytes`; the slots it returns have no executor yet (their graphs run in PyTorch
+    until one is installed)."""
+    version, entry = pickle.loads(data)
+    if version != FORMAT:
+        raise ValueError(f"package format {version}, this ortrain reads {FORMAT}")
+    entry.guards_expr = None  # ortrain matches sizes itself (ortmodule's _CompiledEntry)
+    context = torch._guards.TracingContext(FakeTensorMode(shape_env=ShapeEnv()))
+    with torch._guards.tracing(context):
+        from torch._inductor.cudagraph_utils import BoxedDeviceIndex
+        from torch._inductor.utils import BoxedBool
+
+        compiled = entry.wrap_post_compile(
+            [],
+            entry.sanitized_aot_config,
+            {"cudagraphs": BoxedBool(False), "boxed_forward_device_index": BoxedDeviceIndex(None)},
+        )
+    forward = entry.compiled_fw.result
+    backward = entry.compiled_bw.result if entry.compiled_bw is not None else None
+    assert isinstance(forward, GraphCode) and forward.slot is not None
+
+    def fn(*args: Any) -> Any:
+        return compiled(list(args))
+
+    return LoadedCapture(fn, forward.slot, backward.slot if isinstance(backward, GraphCode) else None)

@@ -1,0 +1,159 @@
+"""A warm ORTMODULE_CACHE_DIR skips the capture too: a fresh process runs the stored capture
+(AOTAutograd's runtime glue rebuilt from its own cache format) and trains bit-identically."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ortrain import ORTModule
+from ortrain.cache import cached_capture
+from ortrain.cache.store import CacheStore
+from ortrain.runtime import startup_timings
+
+_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from torch import nn
+    from ortrain import ORTModule
+    from ortrain.runtime import startup_timings
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.GELU(), nn.Linear(16, 6))
+    wrapped = ORTModule(model)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    # Batch 4, then 7: the second capture has a symbolic batch size.
+    for x in (torch.randn(4, 6), torch.randn(7, 6), torch.randn(4, 6)):
+        loss = (wrapped(x) - x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    stages = [t.stage for t in startup_timings.RECORDED if t.stage.startswith("capture")]
+    state = [t.tolist() for t in model.state_dict().values()]
+    print(json.dumps({"losses": losses, "state": state, "stages": stages}))
+    """
+)
+
+
+def _run_child(script: Path, cache: Path, **env: str) -> dict:
+    environment = {
+        **os.environ,
+        "ORTMODULE_CACHE_DIR": str(cache),
+        "ORTMODULE_FALLBACK_POLICY": "FALLBACK_DISABLE",
+        **env,
+    }
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_fresh_process_skips_the_capture(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_CHILD)
+    cache = tmp_path / "cache"
+    cold = _run_child(script, cache)
+    assert cold["stages"] == ["capture", "capture (store)"] * 2
+    warm = _run_child(script, cache)
+    assert warm["stages"] == ["capture (cached)"] * 2  # the static and the dynamic capture
+    assert warm["losses"] == cold["losses"]  # bit-identical
+    assert warm["state"] == cold["state"]  # parameters and BatchNorm's running statistics
+    kinds = sorted(e.header["kind"] for e in CacheStore(cache).entries())
+    assert kinds.count("capture") == 2
+
+    off = _run_child(script, cache, ORTMODULE_CACHE_CAPTURE="0")
+    assert off["stages"] == ["capture"] * 2 and off["losses"] == cold["losses"]
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+class _WithFunction(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Square.apply(self.fc(x))
+
+
+def _train(model: nn.Module, x: torch.Tensor, steps: int = 2) -> tuple[list[float], list[str]]:
+    startup_timings.RECORDED.clear()
+    wrapped = ORTModule(copy.deepcopy(model))
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    losses = []
+    for _ in range(steps):
+        loss = wrapped(x).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, [t.stage for t in startup_timings.RECORDED if t.stage.startswith("capture")]
+
+
+def test_graphs_that_call_python_are_not_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    model, x = _WithFunction(), torch.randn(3, 4)
+    first = _train(model, x)
+    second = _train(model, x)
+    assert first[1] == second[1] == ["capture"]  # an opaque Function is a python op of that process
+    assert first[0] == second[0]
+    assert not [e for e in CacheStore(tmp_path).entries() if e.header["kind"] == "capture"]
+
+
+def test_unreadable_and_corrupt_entries_are_captured_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1), nn.Flatten(0))
+    x = torch.randn(5, 4)
+    reference = _train(model, x)
+    store = CacheStore(tmp_path)
+    (entry,) = [e for e in store.entries() if e.header["kind"] == "capture"]
+    key = entry.header["key"]
+
+    # A whole entry (its checksum matches) that this ortrain cannot read.
+    store.save(cached_capture.KIND, key, b"not a pickle", {"what": "capture"})
+    with caplog.at_level(logging.WARNING, logger="ortrain.cache"):
+        run = _train(model, x)
+    assert "cannot be read" in caplog.text and run[1] == ["capture (cached)", "capture", "capture (store)"]
+    assert run[0] == reference[0]
+
+    # A truncated entry: detected by its checksum.
+    data = store.path(cached_capture.KIND, key).read_bytes()
+    store.path(cached_capture.KIND, key).write_bytes(data[:-100])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ortrain.cache"):
+        run = _train(model, x)
+    assert "is corrupt" in caplog.text and run[1] == ["capture", "capture (store)"]
+    assert _train(model, x) == (reference[0], ["capture (cached)"])

@@ -1,0 +1,208 @@
+"""The capture key (computed before tracing) misses on every change that can change the trace."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from ortrain.cache import capture_key as capture_key_module
+from ortrain.cache.capture_key import capture_key
+from ortrain.ortmodule.options import RuntimeOptions, runtime_options
+
+
+class _Config:
+    def __init__(self) -> None:
+        self.hidden = 8
+        self.activation = "gelu"
+        self.nested = {"rope": {"theta": 10000.0}}
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _Config()
+        self.fc = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+        self.drop = nn.Dropout(0.1)
+        self._causal = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.norm(self.fc(x)))
+
+
+def _call(**changes: Any) -> dict[str, Any]:
+    call = {"spec": ("tuple", tuple, ()), "inputs": [["torch.float32", [4, 8], "cpu", False]], "dynamic": []}
+    call.update(changes)
+    return call
+
+
+def _key(
+    model: nn.Module,
+    *,
+    call: dict[str, Any] | None = None,
+    options: RuntimeOptions | None = None,
+    env: dict | None = None,
+) -> str | None:
+    return capture_key(
+        model, call or _call(), options=options or runtime_options(), environment=env or {"A": "1"}
+    )
+
+
+def _hook(module: nn.Module, args: Any) -> None:
+    return None
+
+
+def _other_hook(module: nn.Module, args: Any) -> Any:
+    return (args[0] * 2,)
+
+
+CHANGES: dict[str, Callable[[nn.Module], None]] = {
+    "dropout p": lambda m: setattr(m.drop, "p", 0.2),
+    "layernorm eps": lambda m: setattr(m.norm, "eps", 1e-6),
+    "underscore attribute": lambda m: setattr(m, "_causal", False),
+    "config attribute": lambda m: setattr(m.config, "activation", "relu"),
+    "nested config": lambda m: m.config.nested["rope"].update(theta=500000.0),
+    "eval mode": lambda m: m.eval(),
+    "submodule eval": lambda m: m.drop.eval(),
+    "frozen weight": lambda m: m.fc.weight.requires_grad_(False),
+    "dtype": lambda m: m.fc.to(torch.float64),
+    "resized": lambda m: setattr(m, "fc", nn.Linear(8, 8, bias=False)),
+    "tied": lambda m: setattr(m.norm, "weight", m.fc.bias),
+    "new buffer": lambda m: m.register_buffer("scale", torch.ones(8)),
+    "hook": lambda m: m.fc.register_forward_pre_hook(_hook),
+    "submodule swapped": lambda m: setattr(m, "drop", nn.Identity()),
+}
+
+
+@pytest.fixture
+def reference() -> str:
+    torch.manual_seed(0)
+    key = _key(_Block())
+    assert key is not None
+    return key
+
+
+def test_other_weights_hit(reference: str) -> None:
+    torch.manual_seed(1)
+    assert _key(_Block()) == reference
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_each_model_change_misses(reference: str, change: str) -> None:
+    torch.manual_seed(0)
+    model = _Block()
+    CHANGES[change](model)
+    assert _key(model) != reference
+
+
+def test_hook_code_is_in_the_key() -> None:
+    keys = set()
+    for hook in (_hook, _other_hook):
+        model = _Block()
+        model.fc.register_forward_pre_hook(hook)
+        keys.add(_key(model))
+    assert len(keys) == 2
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        _call(inputs=[["torch.float32", [4, 9], "cpu", False]]),
+        _call(inputs=[["torch.float64", [4, 8], "cpu", False]]),
+        _call(inputs=[["torch.float32", [4, 8], "cpu", True]]),
+        _call(dynamic=[[0, [0]]]),
+        _call(spec=("tuple", tuple, (("constant", 3),))),
+        _call(training=False),
+    ],
+)
+def test_each_call_change_misses(reference: str, call: dict[str, Any]) -> None:
+    assert _key(_Block(), call=call) != reference
+
+
+def test_options_environment_argv_versions_and_switches_miss(
+    reference: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each change in its own context: undo() would also revert the conftest's settings.
+    with monkeypatch.context() as patch:
+        patch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "1")
+        assert _key(_Block(), options=runtime_options()) != reference
+    assert _key(_Block(), env={"A": "2"}) != reference
+    with monkeypatch.context() as patch:
+        patch.setattr(sys, "argv", [*sys.argv, "--lr=1"])
+        assert _key(_Block()) != reference
+    with monkeypatch.context() as patch:
+        patch.setattr(capture_key_module, "versions", lambda: {"torch": "9.9"})
+        assert _key(_Block()) != reference
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert _key(_Block()) != reference
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert _key(_Block()) == reference
+
+
+def _load(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_user_code_change_misses(tmp_path: Path) -> None:
+    """Code the model calls lives in a file the model classes do not: every loaded file outside
+    site-packages is in the key."""
+    helper = tmp_path / "ortrain_test_helper.py"
+    model_file = tmp_path / "ortrain_test_model.py"
+    helper.write_text("def act(x):\n    return x.relu()\n")
+    model_file.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            import ortrain_test_helper
+
+            class Net(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc = torch.nn.Linear(8, 8)
+
+                def forward(self, x):
+                    return ortrain_test_helper.act(self.fc(x))
+            """
+        )
+    )
+    try:
+        _load(helper, "ortrain_test_helper")
+        net = _load(model_file, "ortrain_test_model").Net()
+        before = _key(net)
+        assert before is not None and _key(net) == before
+        helper.write_text("def act(x):\n    return x.sigmoid()\n")
+        assert _key(net) != before
+    finally:
+        sys.modules.pop("ortrain_test_helper", None)
+        sys.modules.pop("ortrain_test_model", None)
+
+
+def test_model_without_source_file_is_not_cached() -> None:
+    namespace: dict[str, Any] = {"__name__": "ortrain_test_no_file", "nn": nn}
+    exec("class Cell(nn.Module):\n    def forward(self, x):\n        return x * 2\n", namespace)
+    sys.modules["ortrain_test_no_file"] = type(sys)("ortrain_test_no_file")
+    try:
+        assert _key(namespace["Cell"]()) is None
+    finally:
+        sys.modules.pop("ortrain_test_no_file")
+
+
+def test_undescribable_attribute_is_not_cached() -> None:
+    model = _Block()
+    model.lock = __import__("threading").Lock()
+    assert _key(model) is None
