@@ -19,6 +19,21 @@ from ortrain.runtime.startup_timings import timed
 
 logger = logging.getLogger("ortrain.cache")
 KIND = "capture"
+_warned_shared: set[Path] = set()
+
+
+def _private_store(cache_dir: Path) -> CacheStore | None:
+    store = CacheStore(cache_dir)
+    if store.private():
+        return store
+    if store.usable and cache_dir not in _warned_shared:
+        _warned_shared.add(cache_dir)
+        logger.warning(
+            "ORTMODULE_CACHE_DIR=%s can be written by other users (or is not yours): captures are not "
+            "cached there, since loading one runs code; exports still are (chmod go-w the directory)",
+            cache_dir,
+        )
+    return None
 
 
 @dataclass
@@ -34,7 +49,9 @@ def load_capture(
 ) -> tuple[Capture, Any] | None:
     """The stored capture and its output spec, or None (a miss, or an entry that cannot be read:
     logged at WARNING, removed and rebuilt)."""
-    store = CacheStore(cache_dir)
+    store = _private_store(cache_dir)
+    if store is None:
+        return None
     payload = store.load(KIND, key)
     if payload is None:
         return None
@@ -43,9 +60,9 @@ def load_capture(
             stored = pickle.loads(payload)
             assert isinstance(stored, _Stored)
             loaded = load_package(stored.package)
-    except (
-        Exception
-    ) as error:  # a checksummed entry this ortrain cannot read (a changed torch private type, say)
+    except Exception as error:
+        # A whole entry (its checksum passed) that this ortrain cannot read: a torch private type
+        # that changed within one version string, say.
         logger.warning("cache entry %s cannot be read (%s); capturing again", store.path(KIND, key), error)
         store.remove(KIND, key)
         return None
@@ -69,6 +86,10 @@ def save_capture(cache_dir: Path, key: str, captured: Capture, output_spec: Any,
     if captured.package_entry is None:
         logger.debug("capture not cached: its graphs call Python functions of this process")
         return
+    store = _private_store(cache_dir)
+    if store is None:
+        captured.package_entry = None
+        return
     try:
         with timed("capture (store)"):
             stored = _Stored(
@@ -85,7 +106,7 @@ def save_capture(cache_dir: Path, key: str, captured: Capture, output_spec: Any,
         captured.package_entry = None  # the entry holds the graphs twice over; not needed any more
     nodes = sum(len(slot.graph.graph.nodes) for slot in (captured.forward, captured.backward) if slot)
     header = {"what": f"capture {model}", "nodes": nodes, "versions": versions()}
-    CacheStore(cache_dir).save(KIND, key, payload, header)
+    store.save(KIND, key, payload, header)
 
 
 def _without_graph_nodes(report: MemoryReport | None) -> MemoryReport | None:

@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -124,6 +125,19 @@ class CacheStore:
             self._disable(error)
             return False
         return True
+
+    def private(self) -> bool:
+        """Owned by this user and writable by no one else: the only kind of directory whose entries
+        may be unpickled (a pickle runs code when it loads)."""
+        if not self.usable:
+            return False
+        try:
+            status = self.root.stat()
+        except OSError:
+            return False
+        getuid = getattr(os, "getuid", None)
+        owned = getuid is None or status.st_uid == getuid()
+        return owned and not status.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
     def remove(self, kind: str, key: str) -> None:
         """Delete an entry that turned out unreadable after its checksum passed."""

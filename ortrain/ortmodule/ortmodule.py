@@ -554,7 +554,7 @@ class ORTModule(nn.Module):
             return None
         call = {
             "spec": key.spec,
-            "inputs": [[str(t.dtype), list(t.shape), t.device.type, t.requires_grad] for t in inputs],
+            "inputs": [[str(t.dtype), list(t.shape), str(t.device), t.requires_grad] for t in inputs],
             "training": key.training,
             "grad enabled": key.grad_enabled,
             "autocast": key.autocast,

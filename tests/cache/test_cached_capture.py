@@ -157,3 +157,22 @@ def test_unreadable_and_corrupt_entries_are_captured_again(
         run = _train(model, x)
     assert "is corrupt" in caplog.text and run[1] == ["capture", "capture (store)"]
     assert _train(model, x) == (reference[0], ["capture (cached)"])
+
+
+def test_a_directory_others_can_write_holds_no_captures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Loading a capture unpickles it: never from a directory someone else could have written."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(shared))
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(4, 2), nn.Flatten(0)), torch.randn(3, 4)
+    with caplog.at_level(logging.WARNING, logger="ortrain.cache"):
+        first = _train(model, x)
+        second = _train(model, x)
+    assert caplog.text.count("can be written by other users") == 1
+    assert first == second and second[1] == ["capture"]
+    kinds = [e.header["kind"] for e in CacheStore(shared).entries()]
+    assert "capture" not in kinds and "export" in kinds
