@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 # Bump when what a package holds changes shape: an old entry then fails to load and is rebuilt.
 FORMAT = 1
+_KEPT_METADATA = frozenset({"val"})
 
 
 class GraphCode(OutputCode):
@@ -57,9 +58,10 @@ class GraphCode(OutputCode):
         assert self.slot is not None
         self._graph_bytes = GraphPickler.dumps(
             self.slot.graph,
-            # Every operator is stored by name (the safe filter stops at aten); node metadata as
-            # torch keeps it minus the stacks, which point at objects of this process.
-            Options(ops_filter=None),
+            # Every operator is stored by name (the safe filter stops at aten). Of the node metadata
+            # only the fake values: nothing after capture reads the rest (provenance, stack
+            # traces, module stacks), which doubled the size and the load time.
+            Options(ops_filter=None, node_metadata_key_filter=_KEPT_METADATA.__contains__),
         )
         self.slot = None
 
