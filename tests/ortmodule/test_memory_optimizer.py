@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 
-import onnxruntime
 import pytest
 import test_parity_zoo
 import torch
@@ -238,7 +237,7 @@ def _train_with_ort_seed(
     config = GPTConfig(64, block_size=16, n_layer=1, n_head=2, d_model=16, dropout=0.3, attention="softmax")
     model = ORTModule(TinyGPT(config))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    onnxruntime.set_seed(7)  # ONNX Runtime's Dropout draws the masks
+    # ONNX Runtime's Dropout draws its masks from a generator ortrain seeds from torch's.
     losses = []
     for step in range(steps):
         idx = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(step))
@@ -256,9 +255,9 @@ def test_dropout_outputs_are_rebuilt_from_their_stashed_masks(monkeypatch: pytes
     losses_1, model_1 = _train_with_ort_seed(monkeypatch, 1)
     (report,) = memory_reports(model_1)
     assert report.plan("DropoutFromMask+").applied == 1  # the attention probabilities' dropout
-    # Not bitwise (the backward graphs differ, so do ONNX Runtime's fusions), but a redrawn mask
-    # (30% dropout) would move the parameters and the second loss by far more than this.
-    assert losses_0[0] == losses_1[0]
+    # Not bitwise (the graphs differ, so do ONNX Runtime's fusions), but a redrawn mask (30%
+    # dropout) would move the first loss, the parameters and the second loss by far more than this.
+    torch.testing.assert_close(losses_0[0], losses_1[0], rtol=1e-6, atol=0)
     torch.testing.assert_close(losses_0, losses_1, rtol=1e-5, atol=1e-5)
     assert_same_state(model_0, model_1, atol=1e-5)
 

@@ -36,6 +36,7 @@ from ortrain.export.onnx_translations import fx_origins
 from ortrain.passes.pipeline import Pass, run_passes
 from ortrain.runtime import ort_profile
 from ortrain.runtime.executors.base import RegionRejected
+from ortrain.runtime.random_seed import has_random_ops, seed_onnxruntime_from_torch
 from ortrain.runtime.startup_timings import timed
 from ortrain.runtime.torch_native_ops import is_torch_native
 
@@ -101,6 +102,7 @@ class OrtSessionRunner:
             s.kind == "size" or any(e.free_symbols for e in s.shape) for s in exported.outputs
         )
         self.session: ort.InferenceSession | None = None
+        self._random = False
         if exported.model.graph.node or exported.model.graph.output:
             options: dict[str, str] = {}
             if provider == "CUDAExecutionProvider":
@@ -121,6 +123,7 @@ class OrtSessionRunner:
                 zip((i.name for i in exported.model.graph.input), exported.input_positions, strict=True)
             )
             self._bound = [(name, positions[name]) for name in self._input_names]
+            self._random = has_random_ops(exported.model)
 
     def _run_session(self, args: list[Any]) -> list[torch.Tensor]:
         assert self.session is not None
@@ -139,6 +142,8 @@ class OrtSessionRunner:
             )
         for name in self._output_names:
             binding.bind_output(name, self._device_type, self._device_id)
+        if self._random:
+            seed_onnxruntime_from_torch()
         self.session.run_with_iobinding(binding)
         return [torch.from_dlpack(value._ortvalue) for value in binding.get_outputs()]
 
