@@ -32,7 +32,7 @@ from ortrain.capture.function_overrides import function_overrides
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig, MemoryReport
 from ortrain.capture.module_paths import annotate_module_paths
 from ortrain.capture.partition import partition
-from ortrain.capture.python_ops import release_calls
+from ortrain.capture.python_ops import python_op, python_op_grad, release_calls
 from ortrain.capture.tensor_attributes import tensor_attributes_as_buffers
 from ortrain.capture.tracing_context import tracing_context
 
@@ -114,6 +114,12 @@ def _skip_unread_graph_logs(joint: Any) -> None:
         return
     state = joint._aot_state
     state.aot_config = dataclasses.replace(state.aot_config, enable_log=False)
+
+
+def _calls_python(slots: dict[str, GraphSlot]) -> bool:
+    """A graph with python ops names records of this process (ortrain.capture.python_ops)."""
+    python = {python_op, python_op_grad}
+    return any(node.target in python for slot in slots.values() for node in slot.graph.graph.nodes)
 
 
 def capture(
@@ -211,7 +217,7 @@ def capture(
         dynamic_dims=dynamic_dims,
         memory_report=reports[0] if reports else None,
         forward_trace=trace,
-        package_entry=entries[0] if entries and not call_ids else None,
+        package_entry=entries[0] if entries and not call_ids and not _calls_python(slots) else None,
     )
     # The python ops' records live as long as the graphs that name them.
     weakref.finalize(captured, release_calls, call_ids)
