@@ -59,7 +59,7 @@ def _val(node: Any) -> Any:
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 
 
-def _is_zeros(node: torch.fx.Node) -> bool:
+def is_zeros(node: torch.fx.Node) -> bool:
     if node.op != "call_function":
         return False
     if node.target in _ZEROS:
@@ -77,7 +77,7 @@ def _one_hot(node: Any, dim: int) -> _OneHot | None:
         return None
     zeros, scatter_dim, index, src = node.args
     value, index_value, src_value = _val(node), _val(index), _val(src)
-    if not isinstance(zeros, torch.fx.Node) or not _is_zeros(zeros) or value is None:
+    if not isinstance(zeros, torch.fx.Node) or not is_zeros(zeros) or value is None:
         return None
     if index_value is None or src_value is None or scatter_dim % value.dim() != dim:
         return None

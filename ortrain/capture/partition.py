@@ -13,7 +13,8 @@ are cheaper to rebuild in the backward graph than to pass across:
 - The subgraphs the memory optimizer chose (see :mod:`ortrain.capture.memory_optimizer`).
 
 The backward graph then gets ``log_softmax``'s backward fused with its loss's one-hot gradient
-(see :mod:`ortrain.capture.loss_backward`).
+(see :mod:`ortrain.capture.loss_backward`), and additions to a scatter into zeros folded into the
+scatter (see :mod:`ortrain.capture.scatter_accumulate`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ortrain.capture.memory_optimizer import (
     record_partition,
 )
 from ortrain.capture.memory_summary import format_summary
+from ortrain.capture.scatter_accumulate import fold_additions_into_scatters
 from ortrain.capture.view_ops import RELAYOUTS
 
 logger = logging.getLogger("ortrain.capture")
@@ -77,6 +79,7 @@ def partition(
     report = plan_recompute(joint.graph, memory or MemoryOptimizerConfig())
     forward, backward = default_partition(joint, joint_inputs, **kwargs)
     fuse_log_softmax_backward(backward)
+    fold_additions_into_scatters(backward)
     record_partition(report, forward, kwargs["num_fwd_outputs"])
     if logger.isEnabledFor(logging.INFO):
         logger.info("%s", format_summary(report))
