@@ -8,7 +8,8 @@ Each entry is here for a measured reason (see DESIGN.md):
 - ``native_batch_norm_backward``, ``silu_backward``, ``convolution_backward`` (plain and
   transposed): no ONNX translation.
 - pooling (``decompositions_pooling``), elementwise and distance ops (``decompositions_math``),
-  ``embedding_bag`` (``decompositions_embedding``), losses (``decompositions_losses``), the
+  ``embedding_bag`` (``decompositions_embedding``), losses and the NLL gradient
+  (``decompositions_losses``), the
   ``erfc`` family and ``ndtri`` (``decompositions_special``), the modified Bessel functions
   (``decompositions_bessel``), 0-d
   scatters and gathers
@@ -193,6 +194,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     for pad in (aten.replication_pad1d, aten.replication_pad2d, aten.replication_pad3d):
         table[pad.default] = pooling.replication_pad
     table[aten.binary_cross_entropy_with_logits.default] = losses.binary_cross_entropy_with_logits
+    table[aten.nll_loss_backward.default] = losses.nll_loss_backward
+    table[aten.nll_loss2d_backward.default] = losses.nll_loss_backward
     table[aten.mv.default] = math_ops.mv
     table[aten.addmv.default] = math_ops.addmv
     table[aten.kthvalue.default] = math_ops.kthvalue

@@ -11,6 +11,10 @@ are cheaper to rebuild in the backward graph than to pass across:
   forward's Transpose/Reshape/Identity kernels, ≈ 20 ms of 150, disappear).
 - Checkpointed regions (see :mod:`ortrain.capture.checkpointing`), which is what checkpointing asks.
 - The subgraphs the memory optimizer chose (see :mod:`ortrain.capture.memory_optimizer`).
+
+The backward graph then gets ``log_softmax``'s backward fused with its loss's one-hot gradient
+(see :mod:`ortrain.capture.loss_backward`), and additions to a scatter into zeros folded into the
+scatter (see :mod:`ortrain.capture.scatter_accumulate`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from ortrain.capture.checkpointing import tag_regions_for_recompute
 from ortrain.capture.copy_elision import drop_layout_preserving_clones
+from ortrain.capture.loss_backward import fuse_log_softmax_backward
 from ortrain.capture.memory_optimizer import (
     MemoryOptimizerConfig,
     MemoryReport,
@@ -31,6 +36,7 @@ from ortrain.capture.memory_optimizer import (
     record_partition,
 )
 from ortrain.capture.memory_summary import format_summary
+from ortrain.capture.scatter_accumulate import fold_additions_into_scatters
 from ortrain.capture.view_ops import RELAYOUTS
 
 logger = logging.getLogger("ortrain.capture")
@@ -72,6 +78,8 @@ def partition(
     )
     report = plan_recompute(joint.graph, memory or MemoryOptimizerConfig())
     forward, backward = default_partition(joint, joint_inputs, **kwargs)
+    fuse_log_softmax_backward(backward)
+    fold_additions_into_scatters(backward)
     record_partition(report, forward, kwargs["num_fwd_outputs"])
     if logger.isEnabledFor(logging.INFO):
         logger.info("%s", format_summary(report))
