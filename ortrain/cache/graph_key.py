@@ -32,6 +32,7 @@ _EXPORT_SOURCES = (
     "export/index_dtypes.py",
     "export/exporter_decompositions.py",
     "export/direct_translation.py",
+    "export/rewrite_rules_by_root.py",
     "capture/view_ops.py",
     "cache/graph_key.py",
     "cache/store.py",
