@@ -33,6 +33,7 @@ _EXPORT_SOURCES = (
     "export/exporter_decompositions.py",
     "export/direct_translation.py",
     "export/rewrite_rules_by_root.py",
+    "export/lazy_op_registry.py",
     "capture/view_ops.py",
     "cache/graph_key.py",
     "cache/store.py",

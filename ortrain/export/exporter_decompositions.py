@@ -84,8 +84,11 @@ def onnx_decomposition_table(registry: Any) -> tuple[set[Any], dict[Any, Callabl
     from torch.onnx._internal.exporter import _decomp
 
     translated = _TRANSLATED.get(id(registry))
-    if translated is None:  # 0.2 s: the registries are built once per process and never change
-        translated = _TRANSLATED[id(registry)] = set(_decomp.get_onnx_implemented_overloads(registry))
+    if translated is None:  # the registries are made once per process and never change
+        # A lazy registry names its operators without building their entries.
+        lazy = getattr(registry, "implemented_targets", None)
+        targets = lazy() if lazy is not None else _decomp.get_onnx_implemented_overloads(registry)
+        translated = _TRANSLATED[id(registry)] = set(targets)
     return translated, _cached_table(translated, _decomp.create_onnx_friendly_decomposition_table)
 
 
