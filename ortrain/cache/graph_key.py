@@ -34,6 +34,7 @@ _EXPORT_SOURCES = (
     "export/direct_translation.py",
     "export/rewrite_rules_by_root.py",
     "export/lazy_op_registry.py",
+    "export/recorded_type_promotion.py",
     "capture/view_ops.py",
     "cache/graph_key.py",
     "cache/store.py",

@@ -10,7 +10,9 @@ which is everything torch.onnx's translator reads. So this module:
 1. replaces each node whose operator has no translation by the nodes of torch.onnx's own
    decomposition of it, traced alone on that node's fake values (milliseconds per node, not a
    re-trace of the graph);
-2. inserts torch.onnx's explicit type promotions and drops the assertion nodes, as its export does;
+2. inserts torch.onnx's explicit type promotions (its own pass, reading the values the nodes
+   already carry: :mod:`ortrain.export.recorded_type_promotion`) and drops the assertion nodes, as
+   its export does;
 3. hands the FX graph to torch.onnx's translator (the same per-node translation, the same
    onnxscript functions, the same metadata naming each ONNX node's FX node);
 4. optimizes as ``torch.onnx.export(optimize=True)`` does.
@@ -38,6 +40,7 @@ from torch.utils import _pytree as pytree
 
 from ortrain.export.exporter_decompositions import node_needs_decomposition, onnx_decomposition_table
 from ortrain.export.onnx_translations import torchlib_registry
+from ortrain.export.recorded_type_promotion import insert_type_promotion_nodes
 
 
 class Unsupported(RuntimeError):
@@ -55,7 +58,7 @@ def translate(gm: torch.fx.GraphModule, *, opset_version: int) -> Any:
     registry = torchlib_registry(opset_version)
     translated, table = onnx_decomposition_table(registry)
     _decompose_untranslated(gm, translated, table)
-    _fx_passes.insert_type_promotion_nodes(gm)
+    insert_type_promotion_nodes(gm)
     gm = _fx_passes.remove_assertion_nodes(gm)
     _materialize_constants(gm)
     model = ir.Model(

@@ -126,7 +126,9 @@ def has_onnx_translation(target: Any) -> bool:
 def decomposed_at_export(target: Any) -> bool:
     """torch.onnx translates this op through a decomposition, so its ONNX nodes carry the names of
     the decomposition's nodes, not of the FX node."""
-    return target in _decomposed() and not _registered(target)
+    # The registry first: a model whose operators all translate never lists torch's
+    # decompositions (0.1-0.3 s).
+    return not _registered(target) and target in _decomposed()
 
 
 _FX_NODE = re.compile(r"^%(\S+) :")
