@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -39,7 +39,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
-from ortrain.export.exporter_decompositions import node_needs_decomposition, onnx_decomposition_table
+from ortrain.export.exporter_decompositions import (
+    node_needs_decomposition,
+    onnx_decomposition_table,
+    translated_operators,
+)
 from ortrain.export.onnx_translations import torchlib_registry
 from ortrain.export.recorded_type_promotion import insert_type_promotion_nodes
 
@@ -57,8 +61,7 @@ def translate(gm: torch.fx.GraphModule, *, opset_version: int) -> Any:
     if opset_version < _constants.TORCHLIB_OPSET:
         raise Unsupported(f"opset {opset_version} is below torchlib's {_constants.TORCHLIB_OPSET}")
     registry = torchlib_registry(opset_version)
-    translated, table = onnx_decomposition_table(registry)
-    _decompose_untranslated(gm, translated, table)
+    _decompose_untranslated(gm, translated_operators(registry), lambda: onnx_decomposition_table(registry)[1])
     insert_type_promotion_nodes(gm)
     gm = _fx_passes.remove_assertion_nodes(gm)
     _materialize_constants(gm)
@@ -87,7 +90,9 @@ def _needs_decomposition(node: torch.fx.Node, translated: set[Any]) -> bool:
     return needs
 
 
-def _decompose_untranslated(gm: torch.fx.GraphModule, translated: set[Any], table: dict[Any, Any]) -> None:
+def _decompose_untranslated(
+    gm: torch.fx.GraphModule, translated: set[Any], decompositions: Callable[[], dict[Any, Any]]
+) -> None:
     """Replace each node without a translation by the traced nodes of its decomposition.
 
     Nodes alike (the same operator and arguments on inputs of the same dtype, size and layout,
@@ -95,9 +100,12 @@ def _decompose_untranslated(gm: torch.fx.GraphModule, translated: set[Any], tabl
     traces."""
     graph = gm.graph
     traces: dict[Any, torch.fx.GraphModule] = {}
+    table: dict[Any, Any] | None = None  # made when a node first needs it
     for node in list(graph.nodes):
         if not _needs_decomposition(node, translated):
             continue
+        if table is None:
+            table = decompositions()
         if node.target not in table:
             raise Unsupported(f"{node.target} has neither a translation nor a decomposition")
         call = _DecompositionCall(node)

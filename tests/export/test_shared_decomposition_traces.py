@@ -53,7 +53,7 @@ def _decomposed(
     with monkeypatch.context() as patch:
         if not share:
             patch.setattr(direct_translation, "_reusable", lambda _: False)
-        direct_translation._decompose_untranslated(gm, translated, table)
+        direct_translation._decompose_untranslated(gm, translated, lambda: table)
     return gm
 
 
