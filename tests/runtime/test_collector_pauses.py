@@ -53,3 +53,17 @@ def test_first_step_leaves_nothing_frozen() -> None:
     model(torch.randn(2, 4)).sum().backward()
     assert gc.get_freeze_count() == 0
     assert all(p.grad is not None for p in model.parameters())
+
+
+def _full_collections() -> int:
+    return gc.get_stats()[-1]["collections"]
+
+
+def test_a_full_collection_during_the_compile_is_followed_by_one_over_everything() -> None:
+    before = _full_collections()
+    with older_objects_frozen():
+        pass  # graphs loaded from the cache: nothing collected, nothing added
+    assert _full_collections() == before
+    with older_objects_frozen():
+        gc.collect()  # walks only the young objects: Python's long-lived count is now too small
+    assert _full_collections() == before + 2  # one more after unfreezing resets it
