@@ -1,4 +1,4 @@
-"""No automatic full garbage collection while compiling; one at the end if one fell due.
+"""No automatic full garbage collection while compiling.
 
 Capture and export allocate millions of short-lived objects, so Python's collector started its
 full (oldest-generation) collection several times during a first step, each walking every object
@@ -6,10 +6,10 @@ in the process: torch, onnxscript and onnxruntime alone make that 0.2-0.3 s on t
 EPYC, 0.6 s of the tiny GPT's first step; and ortrain collects once more after export anyway, to
 give the exporter's example tensors back. While a compile runs, automatic collections stay on for
 the young generations (most garbage dies there) but not for the oldest: the compile's own
-collection after export is then the only full one. A compile that makes none (its graphs loaded
-from ``ORTMODULE_CACHE_DIR``) runs, when it ends, the full collection that fell due during it,
-as Python would have. Peak memory measured the same (tiny GPT: 847-878 MiB before, 859-869
-after).
+collection after export is then the only full one. After a compile that collects nothing (its
+graphs loaded from ``ORTMODULE_CACHE_DIR``), a full collection that fell due during it is Python's
+to start at its next young collection, if its own check still wants one. Peak memory measured
+the same (tiny GPT: 847-878 MiB before, 859-869 after).
 
 (Freezing the objects that existed before the compile, ``gc.freeze``, was tried first: the
 collections inside then counted only the young objects as long-lived, so Python's next full
@@ -45,8 +45,3 @@ def full_collections_deferred() -> Iterator[None]:
             _DEPTH -= 1
             if outermost:
                 gc.set_threshold(*thresholds)
-                # Young-generation collections since the last full one: past the threshold, one
-                # is due (what Python would have started, minus its check on how many objects
-                # survived, which only skips it).
-                if gc.isenabled() and gc.get_count()[2] > thresholds[2]:
-                    gc.collect()
