@@ -10,7 +10,9 @@ which is everything torch.onnx's translator reads. So this module:
 1. replaces each node whose operator has no translation by the nodes of torch.onnx's own
    decomposition of it, traced alone on that node's fake values (milliseconds per node, not a
    re-trace of the graph);
-2. inserts torch.onnx's explicit type promotions and drops the assertion nodes, as its export does;
+2. inserts torch.onnx's explicit type promotions (its own pass, reading the values the nodes
+   already carry: :mod:`ortrain.export.recorded_type_promotion`) and drops the assertion nodes, as
+   its export does;
 3. hands the FX graph to torch.onnx's translator (the same per-node translation, the same
    onnxscript functions, the same metadata naming each ONNX node's FX node);
 4. optimizes as ``torch.onnx.export(optimize=True)`` does.
@@ -28,16 +30,22 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
-from ortrain.export.exporter_decompositions import node_needs_decomposition, onnx_decomposition_table
+from ortrain.export.exporter_decompositions import (
+    node_needs_decomposition,
+    onnx_decomposition_table,
+    translated_operators,
+)
 from ortrain.export.onnx_translations import torchlib_registry
+from ortrain.export.recorded_type_promotion import insert_type_promotion_nodes
 
 
 class Unsupported(RuntimeError):
@@ -53,9 +61,8 @@ def translate(gm: torch.fx.GraphModule, *, opset_version: int) -> Any:
     if opset_version < _constants.TORCHLIB_OPSET:
         raise Unsupported(f"opset {opset_version} is below torchlib's {_constants.TORCHLIB_OPSET}")
     registry = torchlib_registry(opset_version)
-    translated, table = onnx_decomposition_table(registry)
-    _decompose_untranslated(gm, translated, table)
-    _fx_passes.insert_type_promotion_nodes(gm)
+    _decompose_untranslated(gm, translated_operators(registry), lambda: onnx_decomposition_table(registry)[1])
+    insert_type_promotion_nodes(gm)
     gm = _fx_passes.remove_assertion_nodes(gm)
     _materialize_constants(gm)
     model = ir.Model(
@@ -83,52 +90,109 @@ def _needs_decomposition(node: torch.fx.Node, translated: set[Any]) -> bool:
     return needs
 
 
-def _decompose_untranslated(gm: torch.fx.GraphModule, translated: set[Any], table: dict[Any, Any]) -> None:
-    """Replace each node without a translation by the traced nodes of its decomposition."""
+def _decompose_untranslated(
+    gm: torch.fx.GraphModule, translated: set[Any], decompositions: Callable[[], dict[Any, Any]]
+) -> None:
+    """Replace each node without a translation by the traced nodes of its decomposition.
+
+    Nodes alike (the same operator and arguments on inputs of the same dtype, size and layout,
+    as each layer's layer-norm backward) share one trace: 29 nodes of the tiny GPT's graphs, 9
+    traces."""
     graph = gm.graph
+    traces: dict[Any, torch.fx.GraphModule] = {}
+    table: dict[Any, Any] | None = None  # made when a node first needs it
     for node in list(graph.nodes):
         if not _needs_decomposition(node, translated):
             continue
+        if table is None:
+            table = decompositions()
         if node.target not in table:
             raise Unsupported(f"{node.target} has neither a translation nor a decomposition")
-        decomposed, inputs = _trace_decomposition(node, table)
-        _inline(graph, node, decomposed, inputs)
-        for inner in decomposed.graph.nodes:
-            if inner.op == "call_function" and _needs_decomposition(inner, translated):
-                raise Unsupported(f"the decomposition of {node.target} leaves {inner.target}")
+        call = _DecompositionCall(node)
+        decomposed = traces.get(call.key)
+        if decomposed is None:
+            decomposed = call.trace(table)
+            if _reusable(decomposed):
+                traces[call.key] = decomposed
+            for inner in decomposed.graph.nodes:
+                if inner.op == "call_function" and _needs_decomposition(inner, translated):
+                    raise Unsupported(f"the decomposition of {node.target} leaves {inner.target}")
+        _inline(graph, node, decomposed, call.inputs)
     graph.lint()
     gm.recompile()
 
 
-def _trace_decomposition(
-    node: torch.fx.Node, table: dict[Any, Any]
-) -> tuple[torch.fx.GraphModule, list[torch.fx.Node]]:
-    """The decomposition of ``node`` traced on its inputs' values, and those input nodes (in the
-    order of the traced graph's placeholders)."""
-    flat, spec = pytree.tree_flatten((node.args, node.kwargs))
-    positions = [i for i, arg in enumerate(flat) if isinstance(arg, torch.fx.Node)]
-    inputs = [flat[i] for i in positions]
-    values = [n.meta.get("val") for n in inputs]
-    if any(v is None for v in values):
-        raise Unsupported(f"an input of {node.name} has no value")
-    decomposition = table[node.target]
+class _DecompositionCall:
+    """A node's call of its operator: its input nodes (in the order of a traced decomposition's
+    placeholders) and a key equal for calls whose traces are equal."""
 
-    def call(*tensors: Any) -> Any:
-        filled = list(flat)
-        for position, tensor in zip(positions, tensors, strict=True):
-            filled[position] = tensor
-        args, kwargs = pytree.tree_unflatten(filled, spec)
-        return decomposition(*args, **kwargs)
+    def __init__(self, node: torch.fx.Node) -> None:
+        self.node = node
+        self.flat, self.spec = pytree.tree_flatten((node.args, node.kwargs))
+        self.positions = [i for i, arg in enumerate(self.flat) if isinstance(arg, torch.fx.Node)]
+        self.inputs: list[torch.fx.Node] = [self.flat[i] for i in self.positions]
+        self.values = [n.meta.get("val") for n in self.inputs]
+        if any(v is None for v in self.values):
+            raise Unsupported(f"an input of {node.name} has no value")
+        # An input passed twice is one traced tensor: the key says which inputs are the same node.
+        first = {}
+        for n in self.inputs:
+            first.setdefault(n, len(first))
+        leaves = [
+            ("input", first[arg], _described(arg.meta["val"]))
+            if isinstance(arg, torch.fx.Node)
+            else (type(arg).__name__, repr(arg))
+            for arg in self.flat
+        ]
+        self.key = (node.target, str(self.spec), tuple(leaves))
 
-    fake_mode = detect_fake_mode(values)
-    with contextlib.ExitStack() as stack:
-        if fake_mode is not None:
-            stack.enter_context(fake_mode)  # constants the decomposition creates are fake too
-            if fake_mode.shape_env is not None:
-                stack.enter_context(_no_pending_unbacked_symbols(fake_mode.shape_env))
-        # torch.onnx decomposes with this setting, so that a size 0 or 1 stays symbolic.
-        stack.enter_context(torch.fx.experimental._config.patch(backed_size_oblivious=True))
-        return make_fx(call, decomposition_table=table, tracing_mode="real")(*values), inputs
+    def trace(self, table: dict[Any, Any]) -> torch.fx.GraphModule:
+        """The decomposition traced on the inputs' values."""
+        decomposition = table[self.node.target]
+        flat, spec, positions = self.flat, self.spec, self.positions
+
+        def call(*tensors: Any) -> Any:
+            filled = list(flat)
+            for position, tensor in zip(positions, tensors, strict=True):
+                filled[position] = tensor
+            args, kwargs = pytree.tree_unflatten(filled, spec)
+            return decomposition(*args, **kwargs)
+
+        fake_mode = detect_fake_mode(self.values)
+        with contextlib.ExitStack() as stack:
+            if fake_mode is not None:
+                stack.enter_context(fake_mode)  # constants the decomposition creates are fake too
+                if fake_mode.shape_env is not None:
+                    stack.enter_context(_no_pending_unbacked_symbols(fake_mode.shape_env))
+            # torch.onnx decomposes with this setting, so that a size 0 or 1 stays symbolic.
+            stack.enter_context(torch.fx.experimental._config.patch(backed_size_oblivious=True))
+            return make_fx(call, decomposition_table=table, tracing_mode="real")(*self.values)
+
+
+def _described(value: Any) -> Any:
+    """What a trace may depend on in an input's value."""
+    if isinstance(value, torch.Tensor):
+        return (
+            type(value).__name__,
+            value.dtype,
+            value.layout,
+            value.device,
+            value.requires_grad,
+            tuple(str(s) for s in value.shape),
+            tuple(str(s) for s in value.stride()) if value.layout == torch.strided else (),
+            str(value.storage_offset()) if value.layout == torch.strided else "",
+        )
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return (type(value).__name__, str(value.node.expr))
+    if isinstance(value, (list, tuple)):
+        return tuple(_described(v) for v in value)
+    return (type(value).__name__, repr(value))
+
+
+def _reusable(decomposed: torch.fx.GraphModule) -> bool:
+    """A trace that made up a data-dependent size stands for that node alone: another node's
+    size is another symbol."""
+    return not any(free_unbacked_symbols(n.meta.get("val")) for n in decomposed.graph.nodes)
 
 
 @contextlib.contextmanager

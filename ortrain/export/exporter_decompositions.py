@@ -78,14 +78,26 @@ def _cached_table(
     return _TABLES[key]
 
 
-def onnx_decomposition_table(registry: Any) -> tuple[set[Any], dict[Any, Callable[..., Any]]]:
-    """The operators ``registry`` translates, and torch.onnx's decompositions of the others (read
-    them only: the table is shared)."""
+def translated_operators(registry: Any) -> set[Any]:
+    """The operators ``registry`` translates (read it only: the set is shared)."""
     from torch.onnx._internal.exporter import _decomp
 
     translated = _TRANSLATED.get(id(registry))
-    if translated is None:  # 0.2 s: the registries are built once per process and never change
-        translated = _TRANSLATED[id(registry)] = set(_decomp.get_onnx_implemented_overloads(registry))
+    if translated is None:  # the registries are made once per process and never change
+        # A lazy registry names its operators without building their entries.
+        lazy = getattr(registry, "implemented_targets", None)
+        targets = lazy() if lazy is not None else _decomp.get_onnx_implemented_overloads(registry)
+        translated = _TRANSLATED[id(registry)] = set(targets)
+    return translated
+
+
+def onnx_decomposition_table(registry: Any) -> tuple[set[Any], dict[Any, Callable[..., Any]]]:
+    """The operators ``registry`` translates, and torch.onnx's decompositions of the others (read
+    them only: the table is shared). The table lists every decomposition torch has: 0.1-0.3 s the
+    first time, which a graph whose operators all translate never needs."""
+    from torch.onnx._internal.exporter import _decomp
+
+    translated = translated_operators(registry)
     return translated, _cached_table(translated, _decomp.create_onnx_friendly_decomposition_table)
 
 

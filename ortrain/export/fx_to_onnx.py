@@ -31,6 +31,8 @@ from ortrain.export import direct_translation
 from ortrain.export.exporter_decompositions import lean_decomposition
 from ortrain.export.index_dtypes import cast_indices_to_int64
 from ortrain.export.onnx_translations import reused_op_registry
+from ortrain.export.op_signatures import op_signatures_shared
+from ortrain.export.rewrite_rules_by_root import rewrite_rules_tried_by_root_operator
 
 logger = logging.getLogger("ortrain.export")
 
@@ -296,7 +298,7 @@ def _translate(
     :mod:`ortrain.export.direct_translation`), else through ``torch.onnx.export``."""
     if DIRECT_TRANSLATION:
         try:
-            with _quiet_exporter():
+            with _quiet_exporter(), rewrite_rules_tried_by_root_operator(), op_signatures_shared():
                 model = direct_translation.translate(copy.deepcopy(gm), opset_version=opset_version)
             TRANSLATIONS["direct"] += 1
             return model
@@ -305,7 +307,13 @@ def _translate(
             logger.debug("exporting through torch.onnx.export: %s", _summarize_export_error(error)[0])
     examples, dynamic = _example_inputs(placeholders)
     try:
-        with _quiet_exporter(), reused_op_registry(), lean_decomposition():
+        with (
+            _quiet_exporter(),
+            reused_op_registry(),
+            lean_decomposition(),
+            rewrite_rules_tried_by_root_operator(),
+            op_signatures_shared(),
+        ):
             program = torch.onnx.export(
                 gm,
                 tuple(examples),

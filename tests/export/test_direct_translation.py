@@ -122,3 +122,21 @@ def test_ortmodule_trains_with_direct_translations_only() -> None:
     assert fx_to_onnx.TRANSLATIONS["torch.onnx.export"] == before
     for (name, a), b in zip(model.named_parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_graph_whose_operators_all_translate_lists_no_decompositions(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.onnx._internal.exporter import _decomp
+
+    from ortrain.export import exporter_decompositions
+
+    def forbidden(_translated: object) -> dict[object, object]:
+        raise AssertionError("listed torch's decompositions")
+
+    monkeypatch.setattr(exporter_decompositions, "_TABLES", {})
+    monkeypatch.setattr(_decomp, "create_onnx_friendly_decomposition_table", forbidden)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    captured = capture(module, [x], training=False)
+    exported = _export(captured.forward.graph, direct=True, monkeypatch=monkeypatch)
+    args = [dict(module.named_parameters())[n] for n in captured.state_names] + [x]
+    np.testing.assert_allclose(_run(exported, args)[0], module(x).detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -1,0 +1,73 @@
+"""Trying each rewrite rule only on its root operator changes no exported graph."""
+
+from __future__ import annotations
+
+import contextlib
+
+import onnx_ir as ir
+import pytest
+import torch
+from onnxscript import optimizer, rewriter
+
+from ortrain import bench
+from ortrain.capture.aot_capture import capture
+from ortrain.export import fx_to_onnx
+from ortrain.export.rewrite_rules_by_root import _RootOperatorFirst, rewrite_rules_tried_by_root_operator
+
+
+class _LossOfFlat(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.model(idx, targets),)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_gpt_graphs_are_byte_identical(dynamic: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, batch = bench.build_model("gpt", bench.QUICK)
+    captured = capture(
+        _LossOfFlat(model), list(batch), training=True, dynamic_dims={0: (1,), 1: (1,)} if dynamic else None
+    )
+    for gm in (captured.forward.graph, captured.backward.graph):
+        filtered = fx_to_onnx.export_graph(gm, opset_version=18).model
+        monkeypatch.setattr(fx_to_onnx, "rewrite_rules_tried_by_root_operator", contextlib.nullcontext)
+        plain = fx_to_onnx.export_graph(gm, opset_version=18).model
+        monkeypatch.undo()
+        assert filtered.SerializeToString() == plain.SerializeToString()
+
+
+_INT64 = ir.DataType.INT64
+
+
+def _two_slices_of_one_tensor() -> ir.Model:
+    """``SlicesSplit`` (a rule with two output nodes) rewrites these two halves of the last axis into
+    one Split."""
+    x = ir.Value(name="x", shape=ir.Shape([4, 6]), type=ir.TensorType(ir.DataType.FLOAT))
+    nodes, outputs = [], []
+    # The rule pairs a Slice with the first Slice in the graph: the second half comes first.
+    for i, (start, end) in enumerate([(3, 6), (0, 3)]):
+        consts = [ir.node("Constant", [], {"value": ir.tensor([v], dtype=_INT64)}) for v in (start, end, -1)]
+        nodes += consts
+        sliced = ir.node("Slice", [x, *(c.outputs[0] for c in consts)], name=f"slice{i}")
+        nodes.append(sliced)
+        outputs.append(sliced.outputs[0])
+    total = ir.node("Add", outputs, name="add")
+    total.outputs[0].name = "y"
+    graph = ir.Graph([x], total.outputs, nodes=[*nodes, total], opset_imports={"": 18}, name="g")
+    return ir.Model(graph, ir_version=10)
+
+
+def test_a_multi_output_rule_still_fires_and_is_filtered() -> None:
+    with rewrite_rules_tried_by_root_operator():
+        rules = rewriter._DEFAULT_REWRITE_RULES
+        model = _two_slices_of_one_tensor()
+        optimizer.optimize_ir(model)
+    assert rewriter._DEFAULT_REWRITE_RULES is not rules  # restored
+    split = next(r for r in rules if r.name == "SlicesSplit")
+    assert isinstance(split._matcher, _RootOperatorFirst)
+    assert [n.op_type for n in model.graph if n.op_type != "Constant"] == ["Split", "Add"]
+    reference = _two_slices_of_one_tensor()
+    optimizer.optimize_ir(reference)
+    assert ir.serde.serialize_model(model) == ir.serde.serialize_model(reference)
