@@ -37,6 +37,7 @@ _EXPORT_SOURCES = (
     "export/recorded_type_promotion.py",
     "export/op_signatures.py",
     "capture/view_ops.py",
+    "capture/fake_tracing.py",
     "cache/graph_key.py",
     "cache/store.py",
 )

@@ -25,15 +25,13 @@ move ``exp(out)``, which needs no tangent, into the forward and stash it).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._guards import detect_fake_mode
-from torch.fx.experimental.proxy_tensor import make_fx
+
+from ortrain.capture.fake_tracing import copy_before, trace_on_values
 
 logger = logging.getLogger("ortrain.capture")
 
@@ -123,35 +121,10 @@ def _fused(dim: int, one_per_row: bool, result_dtype: torch.dtype) -> Any:
     return fused
 
 
-@contextlib.contextmanager
-def _no_pending_unbacked_symbols(shape_env: Any) -> Iterator[None]:
-    """AOTAutograd leaves the last unbacked size it created (label sparsity's row count) pending in
-    its shape environment; tracing would take it for one it created itself."""
-    pending = list(shape_env.pending_fresh_unbacked_symbols)
-    shape_env.pending_fresh_unbacked_symbols.clear()
-    try:
-        yield
-    finally:
-        shape_env.pending_fresh_unbacked_symbols[:] = pending
-
-
-def _trace(function: Any, values: list[Any]) -> torch.fx.GraphModule:
-    fake_mode = detect_fake_mode(values)
-    with contextlib.ExitStack() as stack:
-        if fake_mode is not None:
-            stack.enter_context(fake_mode)
-            if fake_mode.shape_env is not None:
-                stack.enter_context(_no_pending_unbacked_symbols(fake_mode.shape_env))
-        return make_fx(function, tracing_mode="real")(*values)
-
-
 def _replace(
     graph: torch.fx.Graph, node: torch.fx.Node, traced: torch.fx.GraphModule, inputs: list[torch.fx.Node]
 ) -> None:
-    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
-    env = dict(zip(placeholders, inputs, strict=True))
-    with graph.inserting_before(node):
-        result = graph.graph_copy(traced.graph, env)
+    result = copy_before(graph, node, traced, inputs)
     assert isinstance(result, torch.fx.Node)
     node.replace_all_uses_with(result)
 
@@ -180,7 +153,7 @@ def fuse_log_softmax_backward(gm: torch.fx.GraphModule) -> int:
         one_hot, dense = parts
         inputs = [out, one_hot.index, one_hot.src] + ([dense] if dense is not None else [])
         function = _fused(dim, one_hot.one_per_row, value.dtype)
-        _replace(graph, node, _trace(function, [_val(i) for i in inputs]), inputs)
+        _replace(graph, node, trace_on_values(function, [_val(i) for i in inputs]), inputs)
         graph.erase_node(node)
         _erase_unused(graph, [grad] if dense is not None else [])
         _erase_unused(graph, [one_hot.node, one_hot.zeros])

@@ -28,17 +28,15 @@ torch.onnx's private exporter API is used in this file (and the other files of `
 
 from __future__ import annotations
 
-import contextlib
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._guards import detect_fake_mode
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
+from ortrain.capture.fake_tracing import copy_before, trace_on_values
 from ortrain.export.exporter_decompositions import (
     node_needs_decomposition,
     onnx_decomposition_table,
@@ -158,15 +156,8 @@ class _DecompositionCall:
             args, kwargs = pytree.tree_unflatten(filled, spec)
             return decomposition(*args, **kwargs)
 
-        fake_mode = detect_fake_mode(self.values)
-        with contextlib.ExitStack() as stack:
-            if fake_mode is not None:
-                stack.enter_context(fake_mode)  # constants the decomposition creates are fake too
-                if fake_mode.shape_env is not None:
-                    stack.enter_context(_no_pending_unbacked_symbols(fake_mode.shape_env))
-            # torch.onnx decomposes with this setting, so that a size 0 or 1 stays symbolic.
-            stack.enter_context(torch.fx.experimental._config.patch(backed_size_oblivious=True))
-            return make_fx(call, decomposition_table=table, tracing_mode="real")(*self.values)
+        # torch.onnx decomposes size-obliviously, so that a size 0 or 1 stays symbolic.
+        return trace_on_values(call, self.values, decomposition_table=table, size_oblivious=True)
 
 
 def _described(value: Any) -> Any:
@@ -195,25 +186,10 @@ def _reusable(decomposed: torch.fx.GraphModule) -> bool:
     return not any(free_unbacked_symbols(n.meta.get("val")) for n in decomposed.graph.nodes)
 
 
-@contextlib.contextmanager
-def _no_pending_unbacked_symbols(shape_env: Any) -> Iterator[None]:
-    """AOTAutograd leaves the last unbacked size it created (a data-dependent row count) pending in
-    its shape environment; tracing a decomposition would take it for one it created itself."""
-    pending = list(shape_env.pending_fresh_unbacked_symbols)
-    shape_env.pending_fresh_unbacked_symbols.clear()
-    try:
-        yield
-    finally:
-        shape_env.pending_fresh_unbacked_symbols[:] = pending
-
-
 def _inline(
     graph: torch.fx.Graph, node: torch.fx.Node, decomposed: torch.fx.GraphModule, inputs: list[torch.fx.Node]
 ) -> None:
-    placeholders = [n for n in decomposed.graph.nodes if n.op == "placeholder"]
-    env = dict(zip(placeholders, inputs, strict=True))
-    with graph.inserting_before(node):
-        result = graph.graph_copy(decomposed.graph, env)
+    result = copy_before(graph, node, decomposed, inputs)
     if isinstance(result, (tuple, list)):
         for user in list(node.users):
             if user.target is not operator.getitem:
