@@ -13,6 +13,7 @@ import torch
 from ortrain.passes.compute_optimizer import upstream_selections
 from ortrain.passes.label_sparsity import gather_counted_labels
 from ortrain.passes.padding_elimination import eliminate_padding
+from ortrain.passes.transposed_matmul import fuse_transposed_matmuls
 
 logger = logging.getLogger("ortrain.passes")
 
@@ -41,7 +42,9 @@ class StageSaver:
 def default_passes(*, compute_optimizer: bool) -> list[tuple[str, Pass]]:
     """The passes in the order they run. ``compute_optimizer`` is ORTMODULE_ENABLE_COMPUTE_OPTIMIZER."""
     del compute_optimizer  # no pass has landed yet that changes what is computed
-    return []
+    # Not a compute change: the fused product ONNX Runtime would make anyway, at the exported place
+    # in the order (see transposed_matmul.py), so that gradients are freed layer by layer.
+    return [("fuse_transposed_matmuls", fuse_transposed_matmuls)]
 
 
 def forward_rewrites(

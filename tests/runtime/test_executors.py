@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import onnxruntime as ort
 import pytest
 import torch
 
@@ -72,6 +73,13 @@ def test_ort_executor_runs_a_float32_region_in_one_session() -> None:
     assert isinstance(run, OrtSessionRunner) and run.session is not None
     for got, want in zip(run(_args()), gm(*_args()), strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_ort_sessions_run_nodes_in_the_graphs_own_order() -> None:
+    # ONNX Runtime's default order ran the weight-gradient products last (backward memory).
+    run = _ort().build(_graph(), what="g", whole=True)
+    assert isinstance(run, OrtSessionRunner) and run.session is not None
+    assert run.session.get_session_options().execution_order == ort.ExecutionOrder.PRIORITY_BASED
 
 
 def test_ort_executor_rejects_the_nodes_without_a_bfloat16_kernel() -> None:

@@ -67,6 +67,12 @@ def session_options() -> ort.SessionOptions:
     # with the arena, 917 without; untuned 826 vs 866; step time within run-to-run noise.
     options.enable_cpu_mem_arena = False
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    # The graph's own order (ortrain's passes keep each fused node where it was exported), not ONNX
+    # Runtime's default depth-first order, which ran every weight-gradient product at the end of the
+    # backward run and kept each layer's output gradient alive until then. Tiny GPT, batch 4, seq
+    # 512: the backward run grows the process by ~255 MiB instead of ~325-345 (with the pass in
+    # passes/transposed_matmul.py; either alone did not help).
+    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     options.log_severity_level = 3
     ort_profile.configure(options)  # the benchmarks' per-operator breakdown, when asked for
     return options
