@@ -48,7 +48,7 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 import ortrain
-from ortrain.cache.graph_key import versions
+from ortrain.cache.graph_key import tensor_digest, versions
 from ortrain.capture.tensor_attributes import tensor_attributes
 
 logger = logging.getLogger("ortrain.cache")
@@ -111,7 +111,16 @@ def describe(value: Any, depth: int = 0) -> Any:
     if isinstance(value, Path):
         return ["path", str(value)]
     if isinstance(value, torch.Tensor):
-        return ["tensor", str(value.dtype), list(value.shape), str(value.device), value.requires_grad]
+        # Reached outside the module tree (a list, a dict, a config): the graph holds it as a
+        # constant, so its values are keyed too.
+        return [
+            "tensor",
+            str(value.dtype),
+            list(value.shape),
+            str(value.device),
+            value.requires_grad,
+            _values(value),
+        ]
     if isinstance(value, (list, tuple, set, frozenset)):
         items = [describe(v, depth + 1) for v in value]
         if isinstance(value, (set, frozenset)):
@@ -126,8 +135,9 @@ def describe(value: Any, depth: int = 0) -> Any:
     ):
         return ["callable", _describe_callable(value)]
     if isinstance(value, nn.Module):
-        # A module held as a plain attribute (not a submodule): its class and tensors' signatures.
-        return ["module", f"{type(value).__module__}.{type(value).__qualname__}"]
+        # A module held outside the module tree (in a list: a teacher, an EMA copy): its
+        # parameters are not the graph's inputs but constants in it, so they are keyed by value.
+        return ["module", describe_model(value, depth=depth + 1, by_value=True)]
     if dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
         fields = (
             vars(value)
@@ -147,7 +157,13 @@ def _hooks(table: dict[int, Any], with_kwargs: dict[int, Any] | None = None) -> 
     return [[describe(hook), hid in (with_kwargs or {})] for hid, hook in table.items()]
 
 
-def _tensor(seen: dict[int, str], name: str, t: torch.Tensor | None) -> Any:
+def _values(t: torch.Tensor) -> str:
+    if t.device.type == "meta" or (type(t) is not torch.Tensor and not isinstance(t, nn.Parameter)):
+        raise Undescribable(f"a {type(t).__name__} whose values cannot be read")
+    return tensor_digest(t)
+
+
+def _tensor(seen: dict[int, str], name: str, t: torch.Tensor | None, by_value: bool) -> Any:
     """A parameter's, buffer's or tensor attribute's signature; a tied tensor names its first place."""
     if t is None:
         return [name, None]
@@ -155,17 +171,23 @@ def _tensor(seen: dict[int, str], name: str, t: torch.Tensor | None) -> Any:
     if first != name:
         return [name, "alias", first]
     # The device with its index: a graph holds device constants (rank 1 on cuda:1 must miss rank 0's).
-    return [name, str(t.dtype), str(t.device), list(t.shape), t.requires_grad]
+    signature = [name, str(t.dtype), str(t.device), list(t.shape), t.requires_grad]
+    return [*signature, _values(t)] if by_value else signature
 
 
-def describe_model(root: nn.Module) -> list[Any]:
-    """Every submodule (pre-order, duplicates kept, as the graphs bind them) and the global hooks."""
+def describe_model(root: nn.Module, *, depth: int = 0, by_value: bool = False) -> list[Any]:
+    """Every submodule (pre-order, duplicates kept, as the graphs bind them) and the global hooks.
+
+    The model's own tensors are the graph's inputs: their values are not keyed (``by_value`` is
+    for modules the graph reaches some other way)."""
+    if depth > _DEPTH:
+        raise Undescribable("modules nested too deep")
     seen: dict[int, str] = {}
     modules = []
     for name, m in root.named_modules(remove_duplicate=False):
         cls = type(m)
         attributes = {
-            k: describe(v)
+            k: describe(v, depth + 1)
             for k, v in sorted(m.__dict__.items())
             if k not in _MODULE_INTERNALS and not isinstance(v, torch.Tensor)
         }
@@ -181,9 +203,11 @@ def describe_model(root: nn.Module) -> list[Any]:
                 "name": name,
                 "class": f"{cls.__module__}.{cls.__qualname__}",
                 "attributes": attributes,
-                "parameters": [_tensor(seen, f"{name}.{n}", p) for n, p in m._parameters.items()],
-                "buffers": [_tensor(seen, f"{name}.{n}", b) for n, b in m._buffers.items()],
-                "tensor attributes": [_tensor(seen, f"{name}.{n}", t) for n, t in tensor_attributes(m)],
+                "parameters": [_tensor(seen, f"{name}.{n}", p, by_value) for n, p in m._parameters.items()],
+                "buffers": [_tensor(seen, f"{name}.{n}", b, by_value) for n, b in m._buffers.items()],
+                "tensor attributes": [
+                    _tensor(seen, f"{name}.{n}", t, by_value) for n, t in tensor_attributes(m)
+                ],
                 "hooks": hooks,
             }
         )

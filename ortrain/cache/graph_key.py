@@ -80,7 +80,8 @@ def _describe(value: Any, *, hints: bool) -> Any:
     return type(value).__name__
 
 
-def _tensor_digest(tensor: torch.Tensor) -> str:
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """SHA-256 of a tensor's values."""
     data = tensor.detach().cpu().contiguous()
     return hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()
 
@@ -99,7 +100,7 @@ def graph_description(gm: torch.fx.GraphModule) -> dict[str, Any]:
             for part in str(node.target).split("."):
                 attr = getattr(attr, part)
             if isinstance(attr, torch.Tensor):
-                entry["bytes"] = _tensor_digest(attr)
+                entry["bytes"] = tensor_digest(attr)
                 entry["attr"] = _describe(attr, hints=False)
         nodes.append(entry)
     return {"code": gm.code, "nodes": nodes}

@@ -33,6 +33,12 @@ class _Block(nn.Module):
         self.norm = nn.LayerNorm(8)
         self.drop = nn.Dropout(0.1)
         self._causal = True
+        # Reached outside the module tree: the graph would hold these as constants.
+        self.table = [torch.arange(4.0)]
+        teacher = nn.Linear(2, 2)
+        nn.init.constant_(teacher.weight, 0.5)
+        nn.init.zeros_(teacher.bias)
+        self.teacher = [teacher]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop(self.norm(self.fc(x)))
@@ -79,6 +85,8 @@ CHANGES: dict[str, Callable[[nn.Module], None]] = {
     "new buffer": lambda m: m.register_buffer("scale", torch.ones(8)),
     "hook": lambda m: m.fc.register_forward_pre_hook(_hook),
     "submodule swapped": lambda m: setattr(m, "drop", nn.Identity()),
+    "listed tensor's values": lambda m: m.table[0].add_(1),
+    "listed module's weights": lambda m: m.teacher[0].bias.data.add_(1),
 }
 
 
