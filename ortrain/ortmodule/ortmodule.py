@@ -449,29 +449,7 @@ class ORTModule(nn.Module):
             len(inputs),
             f" with dynamic sizes {dynamic}" if dynamic else "",
         )
-        capture_key = self._capture_key(key, inputs, dynamic)
-        loaded = None
-        if capture_key is not None:
-            assert self._ortrain_options.cache_dir is not None
-            loaded = load_capture(
-                self._ortrain_options.cache_dir, capture_key, training=training, dynamic_dims=dynamic
-            )
-        if loaded is not None:
-            captured, output_spec = loaded
-        else:
-            captured = self._capture(
-                flat_module, key, inputs, training, dynamic, package=capture_key is not None
-            )
-            output_spec = flat_module.output_spec
-            if capture_key is not None:
-                assert self._ortrain_options.cache_dir is not None
-                save_capture(
-                    self._ortrain_options.cache_dir,
-                    capture_key,
-                    captured,
-                    output_spec,
-                    model=type(self._ortrain_module).__name__,
-                )
+        captured, output_spec = self._capture_or_load(flat_module, key, inputs, training, dynamic)
         saver = None
         debug: DebugOptions = self._ortrain_debug
         if debug.save_onnx:
@@ -510,6 +488,26 @@ class ORTModule(nn.Module):
             self._ortrain_inspector.attach(captured, device)
         return _CompiledEntry(captured, sizes, output_spec, binding)
 
+    def _capture_or_load(
+        self,
+        flat_module: _FlatCall,
+        key: GraphKey,
+        inputs: list[torch.Tensor],
+        training: bool,
+        dynamic: dict[int, tuple[int, ...]],
+    ) -> tuple[Capture, Spec]:
+        """The capture and its output spec: loaded from ``ORTMODULE_CACHE_DIR``, or traced (and stored)."""
+        cache_dir = self._ortrain_options.cache_dir
+        capture_key = self._capture_key(key, inputs, dynamic)
+        if capture_key is None or cache_dir is None:
+            return self._capture(flat_module, key, inputs, training, dynamic, package=False)
+        loaded = load_capture(cache_dir, capture_key, training=training, dynamic_dims=dynamic)
+        if loaded is not None:
+            return loaded
+        captured, output_spec = self._capture(flat_module, key, inputs, training, dynamic, package=True)
+        save_capture(cache_dir, capture_key, captured, output_spec, model=type(self._ortrain_module).__name__)
+        return captured, output_spec
+
     def _capture(
         self,
         flat_module: _FlatCall,
@@ -519,7 +517,7 @@ class ORTModule(nn.Module):
         dynamic: dict[int, tuple[int, ...]],
         *,
         package: bool,
-    ) -> Capture:
+    ) -> tuple[Capture, Spec]:
         try:
             with timed("capture"):
                 captured = capture(
@@ -543,7 +541,7 @@ class ORTModule(nn.Module):
             raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
         if flat_module.output_spec is None:
             raise ORTModuleTorchModelException("capture did not run the model's forward")
-        return captured
+        return captured, flat_module.output_spec
 
     def _capture_key(
         self, key: GraphKey, inputs: list[torch.Tensor], dynamic: dict[int, tuple[int, ...]]
