@@ -6,35 +6,19 @@ import contextlib
 
 import onnx_ir as ir
 import pytest
-import torch
 from onnxscript import optimizer, rewriter
 
-from ortrain import bench
-from ortrain.capture.aot_capture import capture
+from ortrain.capture.aot_capture import Capture
 from ortrain.export import fx_to_onnx
 from ortrain.export.rewrite_rules_by_root import _RootOperatorFirst, rewrite_rules_tried_by_root_operator
 
 
-class _LossOfFlat(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
-        return (self.model(idx, targets),)
-
-
-@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-def test_gpt_graphs_are_byte_identical(dynamic: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    model, batch = bench.build_model("gpt", bench.QUICK)
-    captured = capture(
-        _LossOfFlat(model), list(batch), training=True, dynamic_dims={0: (1,), 1: (1,)} if dynamic else None
-    )
-    for gm in (captured.forward.graph, captured.backward.graph):
+def test_gpt_graphs_are_byte_identical(quick_gpt_capture: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
+    for gm in (quick_gpt_capture.forward.graph, quick_gpt_capture.backward.graph):
         filtered = fx_to_onnx.export_graph(gm, opset_version=18).model
-        monkeypatch.setattr(fx_to_onnx, "rewrite_rules_tried_by_root_operator", contextlib.nullcontext)
-        plain = fx_to_onnx.export_graph(gm, opset_version=18).model
-        monkeypatch.undo()
+        with monkeypatch.context() as patch:
+            patch.setattr(fx_to_onnx, "rewrite_rules_tried_by_root_operator", contextlib.nullcontext)
+            plain = fx_to_onnx.export_graph(gm, opset_version=18).model
         assert filtered.SerializeToString() == plain.SerializeToString()
 
 

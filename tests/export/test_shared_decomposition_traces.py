@@ -6,8 +6,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ortrain import bench
-from ortrain.capture.aot_capture import capture
+from ortrain.capture.aot_capture import Capture
 from ortrain.export import direct_translation, fx_to_onnx
 from ortrain.export.exporter_decompositions import onnx_decomposition_table
 from ortrain.export.onnx_translations import torchlib_registry
@@ -15,21 +14,8 @@ from ortrain.export.onnx_translations import torchlib_registry
 aten = torch.ops.aten
 
 
-class _LossOfFlat(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
-        return (self.model(idx, targets),)
-
-
-@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-def test_gpt_backward_is_byte_identical(dynamic: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    model, batch = bench.build_model("gpt", bench.QUICK)
-    captured = capture(
-        _LossOfFlat(model), list(batch), training=True, dynamic_dims={0: (1,), 1: (1,)} if dynamic else None
-    )
+def test_gpt_backward_is_byte_identical(quick_gpt_capture: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
+    captured = quick_gpt_capture
     traced: list[object] = []
     trace = direct_translation._DecompositionCall.trace
     monkeypatch.setattr(
