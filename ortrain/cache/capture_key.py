@@ -266,7 +266,10 @@ def user_code(model: nn.Module) -> dict[str, str]:
         path = Path(source).resolve()
         if str(path).startswith(roots) or not path.is_file():
             continue
-        digests[str(path)] = _file_digest(path)
+        try:
+            digests[str(path)] = _file_digest(path)
+        except OSError as error:  # unreadable: the code it holds cannot be keyed
+            raise Undescribable(f"{path} ({error.strerror})") from error
     return dict(sorted(digests.items()))
 
 
