@@ -4,11 +4,9 @@ what is looked up."""
 from __future__ import annotations
 
 import pytest
-import torch
 from torch.onnx._internal.exporter import _decomp, _registration
 
-from ortrain import bench
-from ortrain.capture.aot_capture import capture
+from ortrain.capture.aot_capture import Capture
 from ortrain.export.lazy_op_registry import LazyTorchlibRegistry
 
 
@@ -38,21 +36,10 @@ def test_same_operators_and_entries_as_from_torchlib(opset: int) -> None:
         assert [_entry(m) for m in lazy.functions[key]] == [_entry(m) for m in metas], key
 
 
-class _LossOfFlat(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
-        return (self.model(idx, targets),)
-
-
-def test_gpt_operators_answered_alike_building_only_those() -> None:
-    model, batch = bench.build_model("gpt", bench.QUICK)
-    captured = capture(_LossOfFlat(model), list(batch), training=True)
+def test_gpt_operators_answered_alike_building_only_those(quick_gpt_capture: Capture) -> None:
     targets = {
         node.target
-        for graph in (captured.forward.graph, captured.backward.graph)
+        for graph in (quick_gpt_capture.forward.graph, quick_gpt_capture.backward.graph)
         for node in graph.graph.nodes
         if node.op == "call_function"
     }
