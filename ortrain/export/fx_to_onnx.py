@@ -9,7 +9,6 @@ is described by :class:`OutputSource` so the executor rebuilds them without copy
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import operator
 import re
@@ -25,6 +24,7 @@ import sympy
 import torch
 from torch.export import Dim
 
+from ortrain.capture.lazy_recompile import deep_copy
 from ortrain.capture.symbolic_sizes import SizeMax, SizeMin
 from ortrain.capture.view_ops import RESHAPES
 from ortrain.export import direct_translation
@@ -201,7 +201,7 @@ def _example_inputs(
 
 
 def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGraph:
-    gm = copy.deepcopy(gm)
+    gm = deep_copy(gm)
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     sources = _symbol_sources(placeholders)
@@ -299,7 +299,7 @@ def _translate(
     if DIRECT_TRANSLATION:
         try:
             with _quiet_exporter(), rewrite_rules_tried_by_root_operator(), op_signatures_shared():
-                model = direct_translation.translate(copy.deepcopy(gm), opset_version=opset_version)
+                model = direct_translation.translate(deep_copy(gm), opset_version=opset_version)
             TRANSLATIONS["direct"] += 1
             return model
         except Exception as error:  # whatever it is, torch.onnx's own path gets its chance

@@ -19,6 +19,7 @@ from ortrain.cache.capture_key import capture_key
 from ortrain.capture.aot_capture import Capture, GraphSlot, capture
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.huggingface import register_hf_cache_types
+from ortrain.capture.lazy_recompile import graph_modules_compiled_on_first_call
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.inspector.runtime_inspector import RuntimeInspector
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
@@ -434,7 +435,13 @@ class ORTModule(nn.Module):
         # Capture patches process-wide state and torch.export is not thread-safe: one at a time.
         # Tracing may draw random numbers; the user's generator must not see it. No automatic full
         # garbage collection while compiling: the one after export is enough (0.6 s of a first step).
-        with COMPILE_LOCK, torch.random.fork_rng(devices=[]), full_collections_deferred():
+        # Graph modules generate their Python code only if something runs them in PyTorch.
+        with (
+            COMPILE_LOCK,
+            torch.random.fork_rng(devices=[]),
+            full_collections_deferred(),
+            graph_modules_compiled_on_first_call(),
+        ):
             return self._compile_locked(key, inputs, entries, state)
 
     def _compile_locked(

@@ -29,6 +29,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
+from ortrain.capture.lazy_recompile import graph_module
 from ortrain.capture.view_ops import RELAYOUTS
 from ortrain.runtime.executors.base import Executor
 
@@ -110,7 +111,7 @@ def partition(gm: torch.fx.GraphModule, executors: Sequence[Executor]) -> Plan:
         index = claimants.pop() if claimants else next(i for i, e in enumerate(executors) if e.merges)
         if executors[index].merges:
             return _whole(gm, executors[index], placeholders)
-    work = torch.fx.GraphModule(gm, _copy(gm.graph))
+    work = graph_module(gm, _copy(gm.graph))
     regions: dict[str, Executor] = {}
     for index, executor in enumerate(executors):
         mine = {n for n in work.graph.nodes if owners.get(n.name) == index}

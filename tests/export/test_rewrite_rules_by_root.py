@@ -10,7 +10,7 @@ from onnxscript import optimizer, rewriter
 
 from ortrain.capture.aot_capture import Capture
 from ortrain.export import fx_to_onnx
-from ortrain.export.rewrite_rules_by_root import _RootOperatorFirst, rewrite_rules_tried_by_root_operator
+from ortrain.export.rewrite_rules_by_root import rewrite_rules_tried_by_root_operator
 
 
 def test_gpt_graphs_are_byte_identical(quick_gpt_capture: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,9 +49,25 @@ def test_a_multi_output_rule_still_fires_and_is_filtered() -> None:
         model = _two_slices_of_one_tensor()
         optimizer.optimize_ir(model)
     assert rewriter._DEFAULT_REWRITE_RULES is not rules  # restored
-    split = next(r for r in rules if r.name == "SlicesSplit")
-    assert isinstance(split._matcher, _RootOperatorFirst)
+    assert any(r.name == "SlicesSplit" and "try_rewrite" in vars(r) for r in rules)  # filtered
     assert [n.op_type for n in model.graph if n.op_type != "Constant"] == ["Split", "Add"]
     reference = _two_slices_of_one_tensor()
     optimizer.optimize_ir(reference)
     assert ir.serde.serialize_model(model) == ir.serde.serialize_model(reference)
+
+
+def test_a_rule_is_not_matched_on_other_operators(monkeypatch: pytest.MonkeyPatch) -> None:
+    with rewrite_rules_tried_by_root_operator():
+        rules = rewriter._DEFAULT_REWRITE_RULES
+    split = next(r for r in rules if r.name == "SlicesSplit")
+    model = _two_slices_of_one_tensor()
+    add = next(n for n in model.graph if n.op_type == "Add")
+    first_slice = next(n for n in model.graph if n.op_type == "Slice")
+
+    def no_match(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the matcher ran on a node of another operator")
+
+    monkeypatch.setattr(split._matcher, "match", no_match)
+    assert split.try_rewrite(model, model.graph, add) is None
+    with pytest.raises(AssertionError, match="another operator"):  # a Slice does reach the matcher
+        split.try_rewrite(model, model.graph, first_slice)
