@@ -30,6 +30,7 @@ from ortrain.capture.view_ops import RESHAPES
 from ortrain.export import direct_translation
 from ortrain.export.exporter_decompositions import lean_decomposition
 from ortrain.export.index_dtypes import cast_indices_to_int64
+from ortrain.export.known_shape_inference import shape_inference_only_where_unknown
 from ortrain.export.onnx_translations import reused_op_registry
 from ortrain.export.op_signatures import op_signatures_shared
 from ortrain.export.rewrite_rules_by_root import rewrite_rules_tried_by_root_operator
@@ -298,7 +299,12 @@ def _translate(
     :mod:`ortrain.export.direct_translation`), else through ``torch.onnx.export``."""
     if DIRECT_TRANSLATION:
         try:
-            with _quiet_exporter(), rewrite_rules_tried_by_root_operator(), op_signatures_shared():
+            with (
+                _quiet_exporter(),
+                rewrite_rules_tried_by_root_operator(),
+                shape_inference_only_where_unknown(),
+                op_signatures_shared(),
+            ):
                 model = direct_translation.translate(deep_copy(gm), opset_version=opset_version)
             TRANSLATIONS["direct"] += 1
             return model
@@ -312,6 +318,7 @@ def _translate(
             reused_op_registry(),
             lean_decomposition(),
             rewrite_rules_tried_by_root_operator(),
+            shape_inference_only_where_unknown(),
             op_signatures_shared(),
         ):
             program = torch.onnx.export(
