@@ -12,9 +12,11 @@ Two workloads, one invocation:
 
 Targets (issue 12): sft sparse <= 0.75x torch.compile and <= 0.85x ortrain dense;
 padded with padding elimination <= 0.7x without. Each (workload, competitor) runs in a fresh
-process; the step is forward + backward + SGD step, median over the measured steps.
+process, in interleaved rounds (every competitor once per round, the order rotating), so that a
+drift in the machine's load hits all alike; the step is forward + backward + SGD step, median
+over the measured steps; a ratio is the median of the per-round ratios.
 
-    python benchmarks/bench_sparsity.py [--steps 20] [--workloads sft,padded] [--quick]
+    python benchmarks/bench_sparsity.py [--steps 20] [--rounds 3] [--workloads sft,padded] [--quick]
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--workloads", default="sft,padded")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of all competitors")
     parser.add_argument(
         "--quick", action="store_true", help="small models and 3 steps: checks the script runs"
     )
@@ -132,31 +135,54 @@ def main() -> None:
         print(json.dumps(run_one(args.child[0], args.child[1], steps, args.quick)))
         return
     print(f"CPU: {_cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print("| workload | competitor | first step (s) | step (ms) | vs compile | vs ortrain without |")
-    print("|---|---|---:|---:|---:|---:|")
+    print(f"{args.rounds} interleaved rounds, one fresh process per competitor and round; the")
+    print("order of the competitors rotates between rounds. Ratios: median of the per-round ratios.")
+    print()
+    print(
+        "| workload | competitor | first step (s) | step ms (median) | per round | vs compile "
+        "| vs ortrain without |"
+    )
+    print("|---|---|---:|---:|---|---:|---:|")
     for workload in args.workloads.split(","):
-        results: dict[str, dict[str, float]] = {}
+        rounds = [_round(workload, r, steps, args.quick) for r in range(args.rounds)]
         for competitor in COMPETITORS:
-            command = [sys.executable, __file__, "--child", workload, competitor, "--steps", str(steps)]
-            if args.quick:
-                command.append("--quick")
-            done = subprocess.run(command, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                print(
-                    f"| {workload} | {competitor} | failed: {done.stderr.strip().splitlines()[-1:]} | | | |"
-                )
+            runs = [r[competitor] for r in rounds if competitor in r]
+            if not runs:
+                print(f"| {workload} | {competitor} | failed | | | | |")
                 continue
-            results[competitor] = json.loads(done.stdout.strip().splitlines()[-1])
-        for competitor, result in results.items():
-            step = result["step_ms"]
-            vs_compile = step / results["compile"]["step_ms"] if "compile" in results else float("nan")
-            vs_dense = (
-                step / results["ortrain-dense"]["step_ms"] if "ortrain-dense" in results else float("nan")
-            )
+            steps_ms = [run["step_ms"] for run in runs]
+            first = statistics.median(run["first_s"] for run in runs)
             print(
-                f"| {workload} | {competitor} | {result['first_s']:.1f} | {step:.1f} | "
-                f"{vs_compile:.2f}x | {vs_dense:.2f}x |"
+                f"| {workload} | {competitor} | {first:.1f} | {statistics.median(steps_ms):.1f} | "
+                f"{' / '.join(f'{x:.0f}' for x in steps_ms)} | {_ratio(rounds, competitor, 'compile')} | "
+                f"{_ratio(rounds, competitor, 'ortrain-dense')} |"
             )
+
+
+def _round(workload: str, index: int, steps: int, quick: bool) -> dict[str, dict[str, float]]:
+    """One run of every competitor, each in a fresh process, starting at a rotating position."""
+    order = COMPETITORS[index % len(COMPETITORS) :] + COMPETITORS[: index % len(COMPETITORS)]
+    results: dict[str, dict[str, float]] = {}
+    for competitor in order:
+        command = [sys.executable, __file__, "--child", workload, competitor, "--steps", str(steps)]
+        if quick:
+            command.append("--quick")
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            failure = done.stderr.strip().splitlines()[-1:]
+            print(f"{workload} / {competitor} failed: {failure}", file=sys.stderr)
+            continue
+        results[competitor] = json.loads(done.stdout.strip().splitlines()[-1])
+    return results
+
+
+def _ratio(rounds: list[dict[str, dict[str, float]]], competitor: str, reference: str) -> str:
+    both = [r for r in rounds if competitor in r and reference in r]
+    ratios = [r[competitor]["step_ms"] / r[reference]["step_ms"] for r in both]
+    if not ratios:
+        return "n/a"
+    spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
+    return f"{statistics.median(ratios):.2f}x{spread}"
 
 
 if __name__ == "__main__":
