@@ -103,7 +103,8 @@ def graph_description(gm: torch.fx.GraphModule) -> dict[str, Any]:
                 entry["bytes"] = tensor_digest(attr)
                 entry["attr"] = _describe(attr, hints=False)
         nodes.append(entry)
-    return {"code": gm.code, "nodes": nodes}
+    # The graph's source as a module would generate it, without compiling it (``gm.code`` does).
+    return {"code": gm.graph.python_code(root_module="self").src, "nodes": nodes}
 
 
 def export_key(gm: torch.fx.GraphModule, *, opset_version: int) -> str:

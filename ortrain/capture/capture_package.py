@@ -31,6 +31,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._graph_pickler import GraphPickler, Options
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from ortrain.capture.lazy_recompile import compiled_on_first_call
+
 if TYPE_CHECKING:
     from ortrain.capture.aot_capture import GraphSlot
 
@@ -74,8 +76,8 @@ class GraphCode(OutputCode):
         assert self._graph_bytes is not None
         graph = GraphPickler.loads(self._graph_bytes, context.fake_mode)
         assert isinstance(graph, torch.fx.GraphModule)
-        graph.recompile()
-        self.slot = GraphSlot(graph)
+        # Its code is generated only if PyTorch runs it: ONNX Runtime runs what it exports.
+        self.slot = GraphSlot(compiled_on_first_call(graph))
         self._graph_bytes = None
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:

@@ -38,3 +38,14 @@ def deep_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     any module that is not lazy itself (the regions torch's partitioner fuses are plain modules).
     """
     return copy.deepcopy(_lazy_graph_module._LazyGraphModule.from_graphmodule(gm))
+
+
+def compiled_on_first_call(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` (or a module over the same graph) whose code is generated on its first call."""
+    return _lazy_graph_module._LazyGraphModule.from_graphmodule(gm)
+
+
+def compile_now(gm: torch.fx.GraphModule) -> None:
+    """Generate ``gm``'s code now: callers that read ``forward``'s signature (``torch.export``) need
+    the generated one, not the lazy stub's ``*args``."""
+    _lazy_graph_module._LazyGraphModule.force_recompile(gm)

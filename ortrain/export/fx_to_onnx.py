@@ -24,7 +24,7 @@ import sympy
 import torch
 from torch.export import Dim
 
-from ortrain.capture.lazy_recompile import deep_copy
+from ortrain.capture.lazy_recompile import compile_now, deep_copy
 from ortrain.capture.symbolic_sizes import SizeMax, SizeMin
 from ortrain.capture.view_ops import RESHAPES
 from ortrain.export import direct_translation
@@ -312,6 +312,7 @@ def _translate(
             TRANSLATIONS["torch.onnx.export"] += 1
             logger.debug("exporting through torch.onnx.export: %s", _summarize_export_error(error)[0])
     examples, dynamic = _example_inputs(placeholders)
+    compile_now(gm)
     try:
         with (
             _quiet_exporter(),
