@@ -42,20 +42,11 @@ _SWITCH = {
 }
 
 
-class _LossOnly(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.model(idx, targets)[1]
-
-
 def _build(workload: str, quick: bool) -> tuple[nn.Module, Any, Callable[[nn.Module, Any], torch.Tensor]]:
     torch.manual_seed(0)
     batch, length = (4, 32) if quick else (8, 128)
     if workload == "sft":
-        from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
+        from ortrain.models.tiny_gpt import GPTConfig, TinyGPT, TinyGPTLoss
 
         config = (
             GPTConfig(vocab_size=500, block_size=length, n_layer=2, n_head=2, d_model=64)
@@ -65,7 +56,7 @@ def _build(workload: str, quick: bool) -> tuple[nn.Module, Any, Callable[[nn.Mod
         idx = torch.randint(0, config.vocab_size, (batch, length))
         targets = torch.roll(idx, -1, dims=1)
         targets[:, : length // 2] = -100
-        return _LossOnly(TinyGPT(config)), (idx, targets), lambda m, b: m(*b)
+        return TinyGPTLoss(TinyGPT(config)), (idx, targets), lambda m, b: m(*b)
     import transformers
 
     hidden = 64 if quick else 256

@@ -108,10 +108,6 @@ def _mse(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(model(x), y)
 
 
-def _gpt_loss(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return model(idx, targets)[1]
-
-
 def build_model(name: str, sizes: ModelSizes = FULL) -> tuple[nn.Module, Batch]:
     """``(model, batch)`` for a built-in model name or a ``module:factory``; seeded, so every
     process builds the same weights and data."""
@@ -123,7 +119,7 @@ def build_model(name: str, sizes: ModelSizes = FULL) -> tuple[nn.Module, Batch]:
         data = (torch.randn(sizes.mlp_batch, sizes.mlp_width), torch.randn(sizes.mlp_batch, sizes.mlp_width))
         return _LossOf(nn.Sequential(*layers[:-1]), _mse), data
     if name in ("gpt", "gpt-softmax", "sft"):
-        from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
+        from ortrain.models.tiny_gpt import GPTConfig, TinyGPT, TinyGPTLoss
 
         config = GPTConfig(
             vocab_size=sizes.gpt_vocab,
@@ -137,7 +133,7 @@ def build_model(name: str, sizes: ModelSizes = FULL) -> tuple[nn.Module, Batch]:
         targets = torch.roll(idx, -1, dims=1)
         if name == "sft":
             targets[:, : sizes.gpt_seq // 2] = -100  # the prompt half is not scored
-        return _LossOf(TinyGPT(config), _gpt_loss), (idx, targets)
+        return TinyGPTLoss(TinyGPT(config)), (idx, targets)
     if ":" not in name:
         known = ", ".join(BUILTIN_MODELS)
         raise ValueError(f"unknown model {name!r}: use one of {known}, or module:factory")

@@ -91,3 +91,17 @@ class TinyGPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-100)
         return logits, loss
+
+
+class TinyGPTLoss(nn.Module):
+    """``forward(idx, targets)`` returns the tiny GPT's loss alone, as a training loop uses it: nothing
+    reads the dense logits, so the sparsity optimizers may shrink the LM head."""
+
+    def __init__(self, model: TinyGPT) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = self.model(idx, targets)[1]
+        assert loss is not None
+        return loss

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import numpy as np
 import onnxruntime as ort
@@ -15,21 +16,12 @@ from ortrain.export import fx_to_onnx
 from ortrain.export.fx_to_onnx import ExportedGraph, export_graph
 
 
-class _LossOfFlat(torch.nn.Module):
-    """The tiny GPT over flat tensors, as ORTModule hands models to ``capture``."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
-        return (self.model(idx, targets),)
-
-
 @pytest.fixture(scope="module")
-def gpt() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+def gpt(
+    flat_call: Callable[[torch.nn.Module], torch.nn.Module],
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     model, batch = bench.build_model("sft", bench.QUICK)  # LayerNorm, GELU, SDPA, ignored labels
-    return _LossOfFlat(model), batch
+    return flat_call(model), batch
 
 
 def _export(gm: torch.fx.GraphModule, *, direct: bool, monkeypatch: pytest.MonkeyPatch) -> ExportedGraph:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -27,23 +28,14 @@ class _Promoting(torch.nn.Module):
         return ((z + half).sum() / counts.sum(),)
 
 
-class _LossOfFlat(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor]:
-        return (self.model(*args),)
-
-
-def _graphs(name: str) -> list[torch.fx.GraphModule]:
+def _graphs(name: str, flat_call: Callable[[torch.nn.Module], torch.nn.Module]) -> list[torch.fx.GraphModule]:
     if name == "promoting":
         module: torch.nn.Module = _Promoting()
         args = [torch.randn(3, 4), torch.randint(0, 5, (3, 4))]
         dynamic = None
     else:
         model, batch = bench.build_model(name.removesuffix("-dynamic"), bench.QUICK)
-        module, args = _LossOfFlat(model), list(batch)
+        module, args = flat_call(model), list(batch)
         dynamic = {0: (1,), 1: (1,)} if name.endswith("-dynamic") else None
     captured = capture(module, args, training=True, dynamic_dims=dynamic)
     return [captured.forward.graph, captured.backward.graph]
@@ -58,9 +50,11 @@ def _described(value: object) -> object:
 
 
 @pytest.mark.parametrize("name", ["promoting", "gpt", "gpt-dynamic", "sft"])
-def test_same_casts_and_values_as_torch_onnx(name: str) -> None:
+def test_same_casts_and_values_as_torch_onnx(
+    name: str, flat_call: Callable[[torch.nn.Module], torch.nn.Module]
+) -> None:
     inserted = 0
-    for graph in _graphs(name):
+    for graph in _graphs(name, flat_call):
         theirs, ours = copy.deepcopy(graph), copy.deepcopy(graph)
         _fx_passes.insert_type_promotion_nodes(theirs)
         insert_type_promotion_nodes(ours)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ortrain import ORTModule
-from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
+from ortrain.models.tiny_gpt import GPTConfig, TinyGPT, TinyGPTLoss
 
 DENSITIES = (0.0, 0.1, 0.5, 1.0)
 IGNORE = -100
@@ -79,17 +79,6 @@ def _train_and_compare(
     return wrapped
 
 
-class _LossOnly(nn.Module):
-    """The usual training call: only the loss is used, so nothing reads the dense logits."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.model(idx, targets)[1]
-
-
 def _gpt_batches(vocab: int, shape: tuple[int, int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(1)
     batches = []
@@ -111,7 +100,7 @@ def _tiny_gpt() -> TinyGPT:
 )
 def test_tiny_gpt_loss_only(monkeypatch: pytest.MonkeyPatch, sparse: bool, compute: bool) -> None:
     _set_switches(monkeypatch, sparse=sparse, compute=compute)
-    wrapped = _train_and_compare(_LossOnly(_tiny_gpt()), _gpt_batches(97, (2, 10)), lambda m, b: m(*b))
+    wrapped = _train_and_compare(TinyGPTLoss(_tiny_gpt()), _gpt_batches(97, (2, 10)), lambda m, b: m(*b))
     changes = _changes(wrapped)
     assert any(c.startswith("label sparsity") for c in changes) == sparse
     # With both on, the gather climbs through the LM head, the final norm and the last MLP.
