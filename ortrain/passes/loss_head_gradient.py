@@ -10,7 +10,7 @@ The loss backward (:mod:`ortrain.capture.loss_backward`) leaves, per row ``n`` o
 ``idx[n]``. Both products are linear in ``G``, so::
 
     dx = a * (P @ W) + b * W[idx]                         # Gather of N rows of W
-    dW = ScatterElements(P^T @ (a * h), idx, b * h, axis=0, reduction="add")
+    dW = ScatterND(P^T @ (a * h), idx, b * h, reduction="add")         # row idx[n] += b[n] * h[n]
 
 computes the same values (up to float32 rounding, since ``a`` multiplies before or after the sum)
 with two full passes over the ``N × V`` logits fewer: no ``Exp(logp) * a`` and no scatter copy of
@@ -131,12 +131,12 @@ def _rewrite(graph: ir.Graph, scatter: ir.Node) -> bool:
             picked = op("Mul", [op("Gather", [other, rows], "gather", axis=0), b], "pick")
             result = op("Add", [op("Mul", [op("MatMul", [p, other], "matmul"), a], "scale"), picked], "add")
         else:
-            # G^T @ h = P^T @ (a * h), then b * h added at the rows idx
+            # G^T @ h = P^T @ (a * h), then row n of b * h added at row idx[n] (ScatterND adds
+            # whole rows: [N, 1] indices into axis 0, a contiguous K-wide slice each)
             scaled_h = op("Mul", [other, a], "scale")
             fused = op("FusedMatMul", [p, scaled_h], "matmul", _MS_DOMAIN, alpha=1.0, transA=1, transB=0)
-            rows = op("Expand", [idx, op("Shape", [other], "shape")], "rows")
             picked = op("Mul", [other, b], "pick")
-            result = op("ScatterElements", [fused, rows, picked], "scatter", axis=0, reduction="add")
+            result = op("ScatterND", [fused, idx, picked], "scatter", reduction="add")
         result.dtype, result.shape = out.dtype, out.shape
         out.replace_all_uses_with(result, replace_graph_outputs=True)
         graph.remove(product, safe=True)
