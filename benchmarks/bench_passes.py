@@ -8,17 +8,20 @@ Op tuning is off (ORTMODULE_ENABLE_TUNING=0): the passes act on the graphs ONNX 
 a tuner choosing PyTorch for a graph would hide them.
 
     python benchmarks/bench_passes.py [--models gpt,gpt-softmax,mlp] [--steps 20] [--quick]
-                                      [--without rewrite_loss_head_gradient,...]
+                                      [--without rewrite_loss_head_gradient,...] [--kernel-time]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import onnx
 import torch
@@ -26,13 +29,17 @@ import torch
 from ortrain import ORTModule, bench
 from ortrain.ortmodule import ortmodule as ortmodule_module
 from ortrain.passes import pipeline
+from ortrain.runtime import ort_profile
 from ortrain.runtime.cpu import cpu_name
 
 Counts = dict[str, collections.Counter[str]]
 
 
-def _build(model_name: str, sizes: bench.ModelSizes, without: str | None) -> tuple[ORTModule, object, Counts]:
-    """An ORTModule whose passes leave out ``without``; its graphs' op counts fill in at capture."""
+def _build(
+    model_name: str, sizes: bench.ModelSizes, without: str | None, profile_dir: Path | None
+) -> tuple[ORTModule, object, Counts, list[object]]:
+    """An ORTModule whose passes leave out ``without``; its graphs' op counts fill in at capture.
+    With ``profile_dir``, its sessions record their kernels (returned, to be read apart)."""
     counts: Counts = {}
 
     def passes(*, compute_optimizer: bool) -> list[tuple[str, pipeline.Pass]]:
@@ -51,10 +58,11 @@ def _build(model_name: str, sizes: bench.ModelSizes, without: str | None) -> tup
     try:
         wrapped = ORTModule(model)
         optimizer = torch.optim.SGD(wrapped.parameters(), lr=1e-3)
-        bench._train_step(wrapped, optimizer, batch)
+        with ort_profile.profiling(profile_dir) if profile_dir else contextlib.nullcontext():
+            bench._train_step(wrapped, optimizer, batch)
     finally:
         ortmodule_module.default_passes = original
-    return wrapped, (optimizer, batch), counts
+    return wrapped, (optimizer, batch), counts, list(ort_profile.take_tracked()) if profile_dir else []
 
 
 def _step(wrapped: ORTModule, state: object) -> float:
@@ -62,6 +70,20 @@ def _step(wrapped: ORTModule, state: object) -> float:
     start = time.perf_counter()
     bench._train_step(wrapped, optimizer, batch)
     return time.perf_counter() - start
+
+
+def _print_kernel_times(sessions_a: list[object], sessions_b: list[object], steps: int) -> None:
+    """ONNX Runtime's kernel time per step of each variant, and what changed by operator type."""
+    # The first step (capture) and the two warm-up steps are left out.
+    kernel_a = ort_profile.operator_times(skip_runs=3, sessions=sessions_a)  # type: ignore[arg-type]
+    kernel_b = ort_profile.operator_times(skip_runs=3, sessions=sessions_b)  # type: ignore[arg-type]
+    total_a, total_b = (sum(k.values()) / 1e3 / steps for k in (kernel_a, kernel_b))
+    deltas = {op: (kernel_a[op] - kernel_b[op]) / 1e3 / steps for op in set(kernel_a) | set(kernel_b)}
+    change = {op: round(d, 2) for op, d in sorted(deltas.items(), key=lambda kv: kv[1]) if abs(d) >= 0.1}
+    print(
+        f"  ONNX Runtime kernel ms per step without {total_b:.1f}, with {total_a:.1f}"
+        f" (ratio {total_a / max(total_b, 1e-9):.3f}); change by op type (ms): {change}"
+    )
 
 
 def main() -> None:
@@ -74,14 +96,25 @@ def main() -> None:
         "--without", default="rewrite_loss_head_gradient", help="passes to leave out, one at a time"
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that it runs")
+    parser.add_argument(
+        "--kernel-time",
+        action="store_true",
+        help="also ONNX Runtime's kernel time per step of each variant (its profiler): work counted, "
+        "less sensitive to other processes than the step's wall-clock time",
+    )
     args = parser.parse_args()
     os.environ["ORTMODULE_ENABLE_TUNING"] = "0"
     sizes = bench.QUICK if args.quick else bench.FULL
     print(f"{cpu_name()}, {torch.get_num_threads()} threads; medians of {args.steps} interleaved rounds")
     for model_name in args.models.split(","):
         for without in args.without.split(","):
-            with_pass, state_a, counts_a = _build(model_name, sizes, None)
-            no_pass, state_b, counts_b = _build(model_name, sizes, without)
+            profile_root = Path(tempfile.mkdtemp(prefix="bench_passes_")) if args.kernel_time else None
+            with_pass, state_a, counts_a, sessions_a = _build(
+                model_name, sizes, None, profile_root / "with" if profile_root else None
+            )
+            no_pass, state_b, counts_b, sessions_b = _build(
+                model_name, sizes, without, profile_root / "without" if profile_root else None
+            )
             for _ in range(2):  # warm-up
                 _step(with_pass, state_a), _step(no_pass, state_b)
             times_a, times_b = [], []
@@ -102,6 +135,8 @@ def main() -> None:
             print(
                 f"  step ms without {median_b:.1f}, with {median_a:.1f}; median per-round ratio {ratio:.3f}"
             )
+            if profile_root:
+                _print_kernel_times(sessions_a, sessions_b, args.steps)
 
 
 if __name__ == "__main__":
