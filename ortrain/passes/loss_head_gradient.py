@@ -10,7 +10,7 @@ The loss backward (:mod:`ortrain.capture.loss_backward`) leaves, per row ``n`` o
 ``idx[n]``. Both products are linear in ``G``, so::
 
     dx = a * (P @ W) + b * W[idx]                         # Gather of N rows of W
-    dW = ScatterND(P^T @ (a * h), idx, b * h, reduction="add")         # row idx[n] += b[n] * h[n]
+    dW = ScatterElements(P^T @ (a * h), idx, b * h, axis=0, reduction="add")  # row idx[n] += b[n] h[n]
 
 computes the same values (up to float32 rounding, since ``a`` multiplies before or after the sum)
 with two full passes over the ``N × V`` logits fewer: no ``Exp(logp) * a`` and no scatter copy of
@@ -62,7 +62,6 @@ def _product_role(node: ir.Node, grad: ir.Value) -> str | None:
     if any(_attr(node, name, 0) for name in ("transB", "transBatchA", "transBatchB")):
         return None
     return "dw" if _attr(node, "transA", 0) else "dx"
-    return None
 
 
 def _float_matrix(value: ir.Value | None) -> bool:
@@ -131,12 +130,14 @@ def _rewrite(graph: ir.Graph, scatter: ir.Node) -> bool:
             picked = op("Mul", [op("Gather", [other, rows], "gather", axis=0), b], "pick")
             result = op("Add", [op("Mul", [op("MatMul", [p, other], "matmul"), a], "scale"), picked], "add")
         else:
-            # G^T @ h = P^T @ (a * h), then row n of b * h added at row idx[n] (ScatterND adds
-            # whole rows: [N, 1] indices into axis 0, a contiguous K-wide slice each)
+            # G^T @ h = P^T @ (a * h), then row n of b * h added at row idx[n]. ScatterElements, not
+            # ScatterND: ONNX Runtime 1.32's CPU ScatterND adds rows on several threads at once and
+            # loses updates when two rows share a target (see scatter_nd_accumulation.py).
             scaled_h = op("Mul", [other, a], "scale")
             fused = op("FusedMatMul", [p, scaled_h], "matmul", _MS_DOMAIN, alpha=1.0, transA=1, transB=0)
+            rows = op("Expand", [idx, op("Shape", [other], "shape")], "rows")
             picked = op("Mul", [other, b], "pick")
-            result = op("ScatterND", [fused, idx, picked], "scatter", reduction="add")
+            result = op("ScatterElements", [fused, rows, picked], "scatter", axis=0, reduction="add")
         result.dtype, result.shape = out.dtype, out.shape
         out.replace_all_uses_with(result, replace_graph_outputs=True)
         graph.remove(product, safe=True)

@@ -14,6 +14,7 @@ from ortrain.passes.compute_optimizer import upstream_selections
 from ortrain.passes.label_sparsity import gather_counted_labels
 from ortrain.passes.loss_head_gradient import rewrite_loss_head_gradient
 from ortrain.passes.padding_elimination import eliminate_padding
+from ortrain.passes.scatter_nd_accumulation import serialize_scatter_nd_accumulation
 from ortrain.passes.transposed_matmul import fuse_transposed_matmuls
 
 logger = logging.getLogger("ortrain.passes")
@@ -51,6 +52,9 @@ def default_passes(*, compute_optimizer: bool) -> list[tuple[str, Pass]]:
     return [
         ("fuse_transposed_matmuls", fuse_transposed_matmuls),
         ("rewrite_loss_head_gradient", rewrite_loss_head_gradient),
+        # Correctness, not speed: ONNX Runtime's CPU ScatterND loses additions to a repeated index
+        # when it runs on several threads (an embedding's gradient); see scatter_nd_accumulation.py.
+        ("serialize_scatter_nd_accumulation", serialize_scatter_nd_accumulation),
     ]
 
 

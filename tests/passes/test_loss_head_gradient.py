@@ -89,7 +89,9 @@ def test_same_gradients_without_the_logits_gradient(dynamic_rows: bool) -> None:
     onnx.checker.check_model(rewritten)
     ops = [node.op_type for node in rewritten.graph.node]
     # Nothing of size N x V is left but the softmax itself.
-    assert "Exp" in ops and "ScatterElements" not in ops and ops.count("ScatterND") == 1
+    assert "Exp" in ops and "ScatterND" not in ops  # ScatterND's add races on CPU (see the pass)
+    scatters = [n for n in rewritten.graph.node if n.op_type == "ScatterElements"]
+    assert [helper.get_attribute_value(a) for n in scatters for a in n.attribute if a.name == "axis"] == [0]
     assert [o.name for o in rewritten.graph.output] == ["dx", "dw"]
     got = _run(rewritten, _feeds())
     for name in ("dx", "dw"):
