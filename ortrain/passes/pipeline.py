@@ -12,7 +12,9 @@ import torch
 
 from ortrain.passes.compute_optimizer import upstream_selections
 from ortrain.passes.label_sparsity import gather_counted_labels
+from ortrain.passes.loss_head_gradient import rewrite_loss_head_gradient
 from ortrain.passes.padding_elimination import eliminate_padding
+from ortrain.passes.scatter_nd_accumulation import serialize_scatter_nd_accumulation
 from ortrain.passes.transposed_matmul import fuse_transposed_matmuls
 
 logger = logging.getLogger("ortrain.passes")
@@ -44,7 +46,16 @@ def default_passes(*, compute_optimizer: bool) -> list[tuple[str, Pass]]:
     del compute_optimizer  # no pass has landed yet that changes what is computed
     # Not a compute change: the fused product ONNX Runtime would make anyway, at the exported place
     # in the order (see transposed_matmul.py), so that gradients are freed layer by layer.
-    return [("fuse_transposed_matmuls", fuse_transposed_matmuls)]
+    # Work removal, same values up to float32 rounding: the LM head's gradients straight from the
+    # softmax, without the N x V gradient of the logits (see loss_head_gradient.py). After the
+    # matmul fusion, whose FusedMatMul(transA) it reads.
+    return [
+        ("fuse_transposed_matmuls", fuse_transposed_matmuls),
+        ("rewrite_loss_head_gradient", rewrite_loss_head_gradient),
+        # Correctness, not speed: ONNX Runtime's CPU ScatterND loses additions to a repeated index
+        # when it runs on several threads (an embedding's gradient); see scatter_nd_accumulation.py.
+        ("serialize_scatter_nd_accumulation", serialize_scatter_nd_accumulation),
+    ]
 
 
 def forward_rewrites(

@@ -43,12 +43,22 @@ def track(session: ort.InferenceSession) -> None:
         _sessions.append(session)
 
 
-def operator_times(*, skip_runs: int = 0) -> Counter[str]:
-    """Microseconds per ONNX operator type over every profiled session's runs, leaving out each
-    session's first ``skip_runs`` runs (warm-up)."""
+def take_tracked() -> list[ort.InferenceSession]:
+    """The profiled sessions created so far, which :func:`operator_times` then no longer sees: for
+    a caller that profiles several models in one process and reads each one's times apart."""
+    taken = list(_sessions)
+    _sessions.clear()
+    return taken
+
+
+def operator_times(*, skip_runs: int = 0, sessions: list[ort.InferenceSession] | None = None) -> Counter[str]:
+    """Microseconds per ONNX operator type over every profiled session's runs (or over
+    ``sessions``, from :func:`take_tracked`), leaving out each session's first ``skip_runs`` runs
+    (warm-up); the profiles end."""
     totals: Counter[str] = Counter()
-    while _sessions:
-        path = Path(_sessions.pop().end_profiling())
+    pending = _sessions if sessions is None else list(sessions)
+    while pending:
+        path = Path(pending.pop().end_profiling())
         events: list[dict[str, Any]] = json.loads(path.read_text())
         runs = sorted(e["ts"] + e.get("dur", 0) for e in events if e.get("name") == "model_run")
         after = runs[skip_runs - 1] if 0 < skip_runs <= len(runs) else (-1 if skip_runs == 0 else None)

@@ -1,0 +1,49 @@
+"""The LM head's gradients without the logits' gradient (passes/loss_head_gradient.py), end to end:
+the rewrite fires on the tiny GPT's backward graph and training matches eager PyTorch."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
+from tests.ortmodule._parity import assert_same_state, ort_graph_count, train_side_by_side
+
+
+class _LossOnly(nn.Module):
+    """The loss alone, as a training loop reads it (logits returned too would need their gradient)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.model(idx, targets)[1]
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_tiny_gpt_trains_as_eager_with_the_rewrite(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, sparse: bool
+) -> None:
+    monkeypatch.setenv("ORTMODULE_ENABLE_SPARSE_OPTIMIZER", "1" if sparse else "0")
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")  # the graphs stay in ONNX Runtime
+    torch.manual_seed(0)
+    model = _LossOnly(TinyGPT(GPTConfig(vocab_size=97, block_size=16, n_layer=1, n_head=2, d_model=16)))
+    batches = []
+    for step in range(3):
+        idx = torch.randint(0, 97, (3, 16))
+        targets = torch.roll(idx, -1, dims=1)
+        targets[:, : 4 * step] = -100  # ignored labels, more at each step (none at the first)
+        targets[0, -3:] = 5  # repeated targets: their head-weight rows add up
+        batches.append((idx, targets))
+    with caplog.at_level(logging.INFO, logger="ortrain.passes"):
+        losses_ort, losses_eager, eager, wrapped = train_side_by_side(
+            model, batches, lambda m, batch: m(*batch)
+        )
+    assert any("loss head: 1 gradient(s)" in record.getMessage() for record in caplog.records)
+    assert ort_graph_count(wrapped) == 1
+    torch.testing.assert_close(torch.tensor(losses_ort), torch.tensor(losses_eager), rtol=1e-5, atol=1e-6)
+    assert_same_state(wrapped, eager, atol=1e-5)
