@@ -50,7 +50,13 @@ class GraphCode(OutputCode):
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
         assert self.slot is not None, "a loaded GraphCode runs only after post_compile"
-        return self.slot.run(list(inputs))
+        args = list(inputs)
+        if isinstance(inputs, list):
+            # Boxed calling convention: the caller's list is AOTAutograd's only reference to the
+            # saved tensors (it cleared the autograd context's); emptied, each can be freed as soon
+            # as the graph's runner drops it, as eager frees a saved tensor after its node.
+            inputs.clear()
+        return self.slot.run(args)
 
     def prepare_for_serialization(self) -> None:
         # Called on a shallow copy of the live object (AOTAutograd's pre_save): the live one keeps

@@ -60,6 +60,7 @@ def build_graph_executor(
     cache_dir: Path | None = None,
     placement: Placement = DEFAULT,
     announce: bool = True,
+    segments: int = 1,
 ) -> PlanRunner:
     """Build the runner of ``graph`` (the ``name`` graph: "forward" or "backward").
 
@@ -68,7 +69,8 @@ def build_graph_executor(
     ``cache_dir`` (ORTMODULE_CACHE_DIR): each region's export is looked up there first.
     ``placement``: operator groups left to PyTorch (see :mod:`ortrain.runtime.placement`).
     ``announce``: log the plan and its advice; the tuner builds candidates quietly and speaks
-    for the one it keeps.
+    for the one it keeps. ``segments``: a graph ONNX Runtime runs whole is cut into up to that many
+    consecutive sessions, so that its inputs are freed as the run goes (ORTMODULE_BACKWARD_SEGMENTS).
     """
     policy = FallbackPolicy.default() if policy is None else policy
     selection = select_executors(
@@ -89,7 +91,7 @@ def build_graph_executor(
     allow_torch = bool(policy & FallbackPolicy.FALLBACK_UNSUPPORTED_ONNX_MODEL)
     for _ in range(_MAX_PARTITIONS):
         with timed("partition", name):  # the first look-up builds torch.onnx's op registry (1.1 s)
-            plan = partition(graph, executors)
+            plan = partition(graph, executors, segments=segments)
         if onnxruntime is not None and not allow_torch:
             refused = _refused(plan, onnxruntime)
             if refused:
@@ -278,6 +280,9 @@ class PlanRunner:
         plan = self.plan
         env: list[Any] = [None] * plan.num_slots
         env[: plan.num_inputs] = args
+        # Boxed calling convention (AOTAutograd's backward hands over its only list of saved
+        # tensors): from here the plan owns the inputs and drops each after its last reader.
+        args.clear()
         for slot, value in plan.constants.items():
             env[slot] = value
         profile = self.profile
