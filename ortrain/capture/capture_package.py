@@ -31,6 +31,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._graph_pickler import GraphPickler, Options
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from ortrain.capture.unused_tangents import with_zero_tangents
+
 if TYPE_CHECKING:
     from ortrain.capture.aot_capture import GraphSlot
 
@@ -56,6 +58,8 @@ class GraphCode(OutputCode):
             # saved tensors (it cleared the autograd context's); emptied, each can be freed as soon
             # as the graph's runner drops it, as eager frees a saved tensor after its node.
             inputs.clear()
+        if self.slot.runner is None and any(a is None for a in args):
+            args = with_zero_tangents(self.slot.graph, args)  # the FX graph needs real tensors
         return self.slot.run(args)
 
     def prepare_for_serialization(self) -> None:

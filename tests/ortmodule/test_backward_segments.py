@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any
 
@@ -14,7 +15,9 @@ from ortrain.capture.backward_segments import backward_segments
 from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
 from ortrain.ortmodule.options import runtime_options
 
-VOCAB, SEQ, BATCH = 512, 64, 8  # the log-probabilities: 1 MiB, above MIN_BYTES_PER_SEGMENT
+# The log-probabilities: 2 MiB, above MIN_BYTES_PER_SEGMENT; the logits' zeros are over the size up
+# to which the exporter folds a constant into an initializer.
+VOCAB, SEQ, BATCH = 512, 64, 16
 
 
 def _gpt() -> TinyGPT:
@@ -126,3 +129,58 @@ def test_bad_segment_count_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORTMODULE_BACKWARD_SEGMENTS", "0")
     with pytest.raises(ValueError, match="ORTMODULE_BACKWARD_SEGMENTS"):
         runtime_options()
+
+
+def _logits_loss_or_both(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Odd batches train on the loss alone (the logits get no gradient), even ones on both."""
+    logits, loss = model(batch, torch.roll(batch, -1, dims=1))
+    return loss if int(batch[0, 0]) % 2 else loss + 1e-3 * logits.square().mean()
+
+
+@pytest.mark.parametrize("segments", [1, 4])
+def test_unused_logits_get_no_zeros_gradient(monkeypatch: pytest.MonkeyPatch, segments: int) -> None:
+    """The backward graph gets None for the logits' gradient when the loss alone is trained on, and
+    the region reading it runs without it (cut graphs) or is fed zeros (one session); gradients
+    match eager's either way, also when a later step uses the logits."""
+    monkeypatch.setenv("ORTMODULE_BACKWARD_SEGMENTS", str(segments))
+    torch.manual_seed(3)
+    batches = [_batch() for _ in range(4)]
+    batches[0][0, 0], batches[1][0, 0], batches[2][0, 0], batches[3][0, 0] = 1, 2, 3, 4
+    model = _gpt()
+    wrapped = ORTModule(model)
+    wrapped(batches[0], torch.roll(batches[0], -1, dims=1))  # capture, to watch the backward's inputs
+    ((entry,),) = wrapped._ortrain_graphs.values()
+    slot = entry.capture.backward
+    tangent = next(i for i, n in enumerate(slot.graph.graph.nodes) if n.name == "tangents_1")
+    handed: list[bool] = []
+    run = slot.runner
+
+    def watched(args: list[Any]) -> list[Any]:
+        handed.append(args[tangent] is None)
+        return run(args)
+
+    slot.runner = watched
+    eager = _gpt()
+    losses_ort, losses_eager = [], []
+    for module, losses in ((wrapped, losses_ort), (eager, losses_eager)):
+        opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
+        for batch in batches:
+            opt.zero_grad()
+            loss = _logits_loss_or_both(module, batch)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    torch.testing.assert_close(losses_ort, losses_eager, rtol=1e-5, atol=1e-5)
+    assert_same_state(wrapped, eager)
+    assert handed == [True, False, True, False]
+    variants = run._variants  # type: ignore[attr-defined]
+    if segments == 1:
+        assert list(variants.values()) == [None]  # one session: zeros fed
+        return
+    ((key, variant),) = variants.items()
+    region = variant.exported.model  # the ONNX region with no input for the logits' gradient
+    step = run.plan.steps[key[0]]  # type: ignore[attr-defined]
+    assert len(region.graph.input) < len(step.region.graph.find_nodes(op="placeholder"))
+    # Its zeros are made during the run (Expand or ConstantOfShape), not kept as an initializer.
+    assert max(math.prod(i.dims) for i in region.graph.initializer) < BATCH * SEQ * VOCAB
+    assert {"Expand", "ConstantOfShape"} & {n.op_type for n in region.graph.node}
