@@ -33,9 +33,10 @@ def _loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return model(batch, torch.roll(batch, -1, dims=1))[1]
 
 
-@pytest.mark.parametrize("segments", [1, 4])
-def test_training_matches_eager(monkeypatch: pytest.MonkeyPatch, segments: int) -> None:
+@pytest.mark.parametrize(("segments", "level"), [(4, 0), (4, 1)])
+def test_training_matches_eager(monkeypatch: pytest.MonkeyPatch, segments: int, level: int) -> None:
     monkeypatch.setenv("ORTMODULE_BACKWARD_SEGMENTS", str(segments))
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", str(level))  # recompute inside the segments
     torch.manual_seed(2)
     batches = [_batch() for _ in range(3)]
     losses_ort, losses_eager, eager, wrapped = train_side_by_side(_gpt(), batches, _loss)
