@@ -207,6 +207,9 @@ def _tensor(node: torch.fx.Node) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
+_PLAUSIBLE_SIZE = 2**31
+
+
 def _hint(size: Any) -> int:
     if isinstance(size, int):
         return size
@@ -217,8 +220,9 @@ def _hint(size: Any) -> int:
         return int(node.hint)  # a SymInt: its value in the batch that was captured
     # A data-dependent size (the rows label sparsity keeps, say) has no value at capture: estimate
     # with its upper bound where the shape environment knows one.
+    # An unbounded one (in a dynamic capture PyTorch bounds it by sys.maxsize) counts as 1.
     upper = node.shape_env.bound_sympy(node.expr).upper
-    return int(upper) if upper.is_finite else 1
+    return int(upper) if upper.is_finite and int(upper) < _PLAUSIBLE_SIZE else 1
 
 
 def _numel(node: torch.fx.Node) -> int:
