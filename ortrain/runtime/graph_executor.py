@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.fx.node import map_aggregate
 
+from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.unused_tangents import is_tangent, without_inputs, zeros_like_value
 from ortrain.errors import FallbackPolicy, ORTModuleDeviceException, ORTModuleONNXModelException
 from ortrain.export.python_op_view import PythonOpNode, TorchRegionNode, ViewSegment, python_op_view
@@ -339,9 +340,11 @@ class PlanRunner:
         if region is None:
             return None
         try:
-            return step.executor.build(
-                region, what=f"region {step.name} without unused gradients", whole=False
-            )
+            # An export, like a capture's: one at a time, and the user's generator untouched.
+            with COMPILE_LOCK, torch.random.fork_rng(devices=[]):
+                return step.executor.build(
+                    region, what=f"region {step.name} without unused gradients", whole=False
+                )
         except Exception as error:  # feeding zeros computes the same
             logger.debug("region %s: no variant without unused gradients (%s)", step.name, error)
             return None
