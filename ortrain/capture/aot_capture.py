@@ -35,6 +35,7 @@ from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import python_op, python_op_grad, release_calls
 from ortrain.capture.tensor_attributes import tensor_attributes_as_buffers
 from ortrain.capture.tracing_context import tracing_context
+from ortrain.capture.unused_tangents import leave_unused_tangents_none
 
 logger = logging.getLogger("ortrain.capture")
 
@@ -81,7 +82,10 @@ class Capture:
     package_entry: Any = None
 
     def __call__(self, state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Any:
-        return self.fn(*state, *inputs)
+        outputs = self.fn(*state, *inputs)
+        if self.backward is not None:  # no zeros gradient for an unused output (unused_tangents.py)
+            leave_unused_tangents_none(outputs, self.backward.graph)
+        return outputs
 
 
 def _fake_inputs(

@@ -32,6 +32,7 @@ from torch.fx._graph_pickler import GraphPickler, Options
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from ortrain.capture.lazy_recompile import compiled_on_first_call
+from ortrain.capture.unused_tangents import with_zero_tangents
 
 if TYPE_CHECKING:
     from ortrain.capture.aot_capture import GraphSlot
@@ -52,7 +53,15 @@ class GraphCode(OutputCode):
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
         assert self.slot is not None, "a loaded GraphCode runs only after post_compile"
-        return self.slot.run(list(inputs))
+        args = list(inputs)
+        if isinstance(inputs, list):
+            # Boxed calling convention: the caller's list is AOTAutograd's only reference to the
+            # saved tensors (it cleared the autograd context's); emptied, each can be freed as soon
+            # as the graph's runner drops it, as eager frees a saved tensor after its node.
+            inputs.clear()
+        if self.slot.runner is None and any(a is None for a in args):
+            args = with_zero_tangents(self.slot.graph, args)  # the FX graph needs real tensors
+        return self.slot.run(args)
 
     def prepare_for_serialization(self) -> None:
         # Called on a shallow copy of the live object (AOTAutograd's pre_save): the live one keeps

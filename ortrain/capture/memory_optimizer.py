@@ -207,6 +207,9 @@ def _tensor(node: torch.fx.Node) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
+_PLAUSIBLE_SIZE = 2**31
+
+
 def _hint(size: Any) -> int:
     if isinstance(size, int):
         return size
@@ -217,8 +220,9 @@ def _hint(size: Any) -> int:
         return int(node.hint)  # a SymInt: its value in the batch that was captured
     # A data-dependent size (the rows label sparsity keeps, say) has no value at capture: estimate
     # with its upper bound where the shape environment knows one.
+    # An unbounded one (in a dynamic capture PyTorch bounds it by sys.maxsize) counts as 1.
     upper = node.shape_env.bound_sympy(node.expr).upper
-    return int(upper) if upper.is_finite else 1
+    return int(upper) if upper.is_finite and int(upper) < _PLAUSIBLE_SIZE else 1
 
 
 def _numel(node: torch.fx.Node) -> int:
@@ -226,7 +230,7 @@ def _numel(node: torch.fx.Node) -> int:
     return math.prod(_hint(s) for s in value.shape) if value is not None else 0
 
 
-def _nbytes(node: torch.fx.Node) -> int:
+def tensor_bytes(node: torch.fx.Node) -> int:
     value = _tensor(node)
     return _numel(node) * value.element_size() if value is not None else 0
 
@@ -449,15 +453,15 @@ def find_plans(graph: torch.fx.Graph) -> tuple[list[Plan], list[torch.fx.Node]]:
             continue
         members, boundary = grown
         members = sorted(set(members) | set(outputs), key=order.__getitem__)
-        saved = sum(_nbytes(o) for o in outputs)
-        extra = sum(_nbytes(b) for b in boundary)
+        saved = sum(tensor_bytes(o) for o in outputs)
+        extra = sum(tensor_bytes(b) for b in boundary)
         if extra >= saved:
             continue  # stashing the inputs would cost as much as stashing the output
         kind = COMPROMISE if boundary else RECOMPUTE
         pattern = _pattern(members)
         if not pattern:
             continue
-        main = max(outputs, key=_nbytes)
+        main = max(outputs, key=tensor_bytes)
         main_value = _tensor(main)
         assert main_value is not None
         shape = "(" + ", ".join(str(s) for s in main_value.shape) + ")"
@@ -503,7 +507,7 @@ def plan_recompute(graph: torch.fx.Graph, config: MemoryOptimizerConfig) -> Memo
         level=config.level,
         requests=config.requests,
         plans=plans,
-        stashed_bytes_before=sum(_nbytes(n) for n in stashed),
+        stashed_bytes_before=sum(tensor_bytes(n) for n in stashed),
     )
     for plan in plans:
         if config.level >= plan.level:
@@ -551,5 +555,5 @@ def record_partition(report: MemoryReport, forward: torch.fx.GraphModule, num_us
         o for o in list(outputs)[num_user_outputs:] if isinstance(o, torch.fx.Node) and _tensor(o) is not None
     ]
     stashed = [o for o in stashed if o.op != "placeholder"]
-    report.stashed_bytes = sum(_nbytes(o) for o in stashed)
+    report.stashed_bytes = sum(tensor_bytes(o) for o in stashed)
     report.stashed_count = len(stashed)

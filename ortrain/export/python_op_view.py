@@ -146,7 +146,16 @@ def _add_segment(graph: onnx.GraphProto, step: ViewSegment, prefix: str, names: 
     model = onnx.compose.add_prefix(step.model, prefix)
     mapping: dict[str, str] = {}
     for onnx_input, position in zip(model.graph.input, step.exported.input_positions, strict=True):
-        mapping[onnx_input.name] = names[step.inputs[position]]
+        slot = step.inputs[position]
+        if slot not in names:
+            # Made in PyTorch between two sessions (a view of a region's output, say): the view
+            # shows it as an input of its own.
+            names[slot] = f"v{slot}"
+            declared = onnx.ValueInfoProto()
+            declared.CopyFrom(onnx_input)
+            declared.name = names[slot]
+            graph.input.append(declared)
+        mapping[onnx_input.name] = names[slot]
     onnx_outputs = [o.name for o in model.graph.output]
     for source, slot in zip(step.exported.outputs, step.outputs, strict=True):
         if source.kind == "onnx":

@@ -124,6 +124,9 @@ class RuntimeOptions:
     skipped_autograd_functions: frozenset[str] = frozenset()
     # ORTMODULE_CACHE_CAPTURE: with ORTMODULE_CACHE_DIR, a later process also skips the capture.
     cache_capture: bool = True
+    # ORTMODULE_BACKWARD_SEGMENTS: the backward graph runs as up to this many consecutive ONNX
+    # Runtime sessions, so that saved activations are freed as the run goes (1: one session).
+    backward_segments: int = 4
 
 
 _MEMORY_OPT_LEVELS = (0, 1, 2)
@@ -228,6 +231,7 @@ def runtime_options() -> RuntimeOptions:
         skipped_autograd_functions=_skipped_autograd_functions(),
         graph_cache_size=_env_int("ORTMODULE_GRAPH_CACHE_SIZE", 8, minimum=1),
         cache_capture=_env_flag("ORTMODULE_CACHE_CAPTURE", True),
+        backward_segments=_env_int("ORTMODULE_BACKWARD_SEGMENTS", 4, minimum=1),
     )
 
 

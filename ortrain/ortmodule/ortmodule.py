@@ -479,6 +479,7 @@ class ORTModule(nn.Module):
                 policy=self._ortrain_options.fallback_policy,
                 openmp_passive=openmp_wait_policy() == "PASSIVE",
                 cache_dir=self._ortrain_options.cache_dir,
+                segments=self._ortrain_options.backward_segments if name == "backward" else 1,
             )
         # Export keeps example tensors alive until collected; give their memory back now. Graphs
         # all loaded from ORTMODULE_CACHE_DIR made none, and the collection alone costs 0.4 s.

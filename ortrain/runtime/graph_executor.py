@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch.fx.node import map_aggregate
 
+from ortrain.capture.compile_lock import COMPILE_LOCK
+from ortrain.capture.unused_tangents import is_tangent, without_inputs, zeros_like_value
 from ortrain.errors import FallbackPolicy, ORTModuleDeviceException, ORTModuleONNXModelException
 from ortrain.export.python_op_view import PythonOpNode, TorchRegionNode, ViewSegment, python_op_view
 from ortrain.passes.pipeline import Pass, StageSaver
@@ -34,7 +36,7 @@ from ortrain.runtime.executors.base import RegionRejected, Runner, fx_target_nam
 from ortrain.runtime.executors.ort import OnnxRuntimeExecutor, OrtSessionRunner
 from ortrain.runtime.executors.python_op import PythonOpExecutor
 from ortrain.runtime.executors.torch import TorchExecutor
-from ortrain.runtime.partitioner import Plan, Slot, partition
+from ortrain.runtime.partitioner import Plan, Slot, Step, partition
 from ortrain.runtime.placement import DEFAULT, Placement
 from ortrain.runtime.selection import select_executors
 from ortrain.runtime.startup_timings import timed
@@ -60,6 +62,7 @@ def build_graph_executor(
     cache_dir: Path | None = None,
     placement: Placement = DEFAULT,
     announce: bool = True,
+    segments: int = 1,
 ) -> PlanRunner:
     """Build the runner of ``graph`` (the ``name`` graph: "forward" or "backward").
 
@@ -68,7 +71,8 @@ def build_graph_executor(
     ``cache_dir`` (ORTMODULE_CACHE_DIR): each region's export is looked up there first.
     ``placement``: operator groups left to PyTorch (see :mod:`ortrain.runtime.placement`).
     ``announce``: log the plan and its advice; the tuner builds candidates quietly and speaks
-    for the one it keeps.
+    for the one it keeps. ``segments``: a graph ONNX Runtime runs whole is cut into up to that many
+    consecutive sessions, so that its inputs are freed as the run goes (ORTMODULE_BACKWARD_SEGMENTS).
     """
     policy = FallbackPolicy.default() if policy is None else policy
     selection = select_executors(
@@ -89,7 +93,7 @@ def build_graph_executor(
     allow_torch = bool(policy & FallbackPolicy.FALLBACK_UNSUPPORTED_ONNX_MODEL)
     for _ in range(_MAX_PARTITIONS):
         with timed("partition", name):  # the first look-up builds torch.onnx's op registry (1.1 s)
-            plan = partition(graph, executors)
+            plan = partition(graph, executors, segments=segments)
         if onnxruntime is not None and not allow_torch:
             refused = _refused(plan, onnxruntime)
             if refused:
@@ -273,23 +277,74 @@ class PlanRunner:
         ]
         # Set to a dict to accumulate seconds per executor name (benchmarks/bench_ortmodule.py).
         self.profile: dict[str, float] | None = None
+        # Graph inputs that are output gradients (None when the loss does not use the output).
+        self._tangents = {i for i, p in enumerate(plan.placeholders) if is_tangent(p)}
+        # (step, positions of its None tangents) -> the step's runner without them (None: zeros fed)
+        self._variants: dict[tuple[int, frozenset[int]], Runner | None] = {}
 
     def __call__(self, args: list[Any]) -> list[Any]:
         plan = self.plan
         env: list[Any] = [None] * plan.num_slots
         env[: plan.num_inputs] = args
+        # Boxed calling convention (AOTAutograd's backward hands over its only list of saved
+        # tensors): from here the plan owns the inputs and drops each after its last reader.
+        args.clear()
         for slot, value in plan.constants.items():
             env[slot] = value
         profile = self.profile
-        for runner, inputs, outputs, frees, executor in self._schedule:
+        for index, (runner, inputs, outputs, frees, executor) in enumerate(self._schedule):
+            values = [env[s] for s in inputs]
+            if self._tangents and any(v is None for v in values):
+                runner, values = self._without_unused_tangents(index, runner, values)
             if profile is not None:
                 start = time.perf_counter()
-                produced = runner([env[s] for s in inputs])
+                produced = runner(values)
                 profile[executor] = profile.get(executor, 0.0) + time.perf_counter() - start
             else:
-                produced = runner([env[s] for s in inputs])
+                produced = runner(values)
+            del values
             for slot, value in zip(outputs, produced, strict=True):
                 env[slot] = value
             for slot in frees:
                 env[slot] = None
         return list(map_aggregate(plan.outputs, lambda v: env[v.index] if isinstance(v, Slot) else v))
+
+    def _without_unused_tangents(
+        self, index: int, runner: Runner, values: list[Any]
+    ) -> tuple[Runner, list[Any]]:
+        """Step ``index`` where some output gradients are None (see ortrain.capture.unused_tangents):
+        a region of a cut graph runs as a variant that makes its zeros inside (built once, a region's
+        export); a graph run whole, or a variant that cannot be built, gets zeros fed."""
+        step = self.plan.steps[index]
+        missing = frozenset(
+            p
+            for p, (s, v) in enumerate(zip(step.inputs, values, strict=True))
+            if v is None and s in self._tangents
+        )
+        if not missing:
+            return runner, values
+        key = (index, missing)
+        if key not in self._variants:
+            self._variants[key] = None if self.plan.whole else self._build_variant(step, missing)
+        variant = self._variants[key]
+        if variant is not None:
+            return variant, [v for p, v in enumerate(values) if p not in missing]
+        return runner, [
+            zeros_like_value(self.plan.values[s]) if p in missing else v
+            for p, (s, v) in enumerate(zip(step.inputs, values, strict=True))
+        ]
+
+    @staticmethod
+    def _build_variant(step: Step, missing: frozenset[int]) -> Runner | None:
+        region = without_inputs(step.region, set(missing))
+        if region is None:
+            return None
+        try:
+            # An export, like a capture's: one at a time, and the user's generator untouched.
+            with COMPILE_LOCK, torch.random.fork_rng(devices=[]):
+                return step.executor.build(
+                    region, what=f"region {step.name} without unused gradients", whole=False
+                )
+        except Exception as error:  # feeding zeros computes the same
+            logger.debug("region %s: no variant without unused gradients (%s)", step.name, error)
+            return None

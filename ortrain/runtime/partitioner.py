@@ -29,6 +29,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
+from ortrain.capture.backward_segments import backward_segments
 from ortrain.capture.lazy_recompile import graph_module
 from ortrain.capture.view_ops import RELAYOUTS
 from ortrain.runtime.executors.base import Executor
@@ -103,13 +104,20 @@ def claim(gm: torch.fx.GraphModule, executors: Sequence[Executor]) -> dict[str, 
     return owners
 
 
-def partition(gm: torch.fx.GraphModule, executors: Sequence[Executor]) -> Plan:
+def partition(gm: torch.fx.GraphModule, executors: Sequence[Executor], *, segments: int = 1) -> Plan:
+    """``segments``: a graph one executor claims whole runs as up to that many consecutive regions,
+    cut where its inputs die (:mod:`ortrain.capture.backward_segments`), so that the plan frees
+    each input after the region that reads it last instead of after the whole graph."""
     owners = claim(gm, executors)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     claimants = set(owners.values())
     if len(claimants) <= 1:
         index = claimants.pop() if claimants else next(i for i, e in enumerate(executors) if e.merges)
         if executors[index].merges:
+            if segments > 1:
+                segmented = _segmented(gm, executors[index], placeholders, segments)
+                if segmented is not None:
+                    return segmented
             return _whole(gm, executors[index], placeholders)
     work = graph_module(gm, _copy(gm.graph))
     regions: dict[str, Executor] = {}
@@ -144,6 +152,19 @@ def partition(gm: torch.fx.GraphModule, executors: Sequence[Executor]) -> Plan:
         )
         regions.update({f"{key}_{i}": executor for i in range(len(groups))})
     return _plan(work, regions, placeholders)
+
+
+def _segmented(
+    gm: torch.fx.GraphModule, executor: Executor, placeholders: list[torch.fx.Node], count: int
+) -> Plan | None:
+    """The graph as consecutive regions of one executor; None when it is not worth cutting."""
+    work = torch.fx.GraphModule(gm, _copy(gm.graph))
+    groups = backward_segments(work.graph, count)
+    if len(groups) <= 1:
+        return None
+    key = executor.name.replace(" ", "_")
+    fuse_by_partitions(work, [dict.fromkeys(g) for g in groups], prefix=f"{key}_", always_return_tuple=True)
+    return _plan(work, {f"{key}_{i}": executor for i in range(len(groups))}, placeholders)
 
 
 def _copy(graph: torch.fx.Graph) -> torch.fx.Graph:

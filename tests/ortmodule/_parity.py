@@ -14,11 +14,11 @@ from ortrain.runtime.graph_executor import PlanRunner
 
 
 def runs_whole_in_onnxruntime(runner: object) -> bool:
-    """The graph is one ONNX Runtime session over the whole captured graph (the fast path)."""
+    """ONNX Runtime runs the whole captured graph: one session (the fast path), or for a backward
+    graph consecutive sessions (ORTMODULE_BACKWARD_SEGMENTS) with no PyTorch work between them."""
     if not isinstance(runner, PlanRunner):
         return False
-    plan = runner.plan
-    return plan.whole and isinstance(plan.steps[0].executor, OnnxRuntimeExecutor)
+    return all(isinstance(step.executor, OnnxRuntimeExecutor) for step in runner.plan.steps)
 
 
 def ort_graph_count(model: ORTModule) -> int:

@@ -1,0 +1,121 @@
+"""No zeros gradient for an output the loss does not use.
+
+A model that returns its logits beside its loss gets, from AOTAutograd's ``autograd.Function``, a
+materialized zeros tensor as the logits' gradient when training uses the loss alone (autograd
+fills each undefined gradient of a Function's outputs with zeros): (batch x seq) x vocab floats
+that the backward graph then adds to the logits' real gradient, and that eager PyTorch never
+makes. After each forward the Function's node is told not to materialize them, so the backward
+graph gets ``None`` for such a tangent; the plan runner (:mod:`ortrain.runtime.graph_executor`)
+then runs the region that reads it as a variant where the tangent is a zeros constant
+(:func:`without_inputs`), which ONNX Runtime creates inside the run and can scatter into in place,
+or else feeds it zeros of the captured size.
+
+Only for backward graphs whose tangents all have fixed sizes: a zeros tensor of a symbolic size
+would need the sizes of this step, which the Function materializes as before.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+# The autograd node AOTAutograd's Function leaves on its outputs.
+_FUNCTION_NODE = "CompiledFunctionBackward"
+_RESHAPES = frozenset({aten.view.default, aten.reshape.default, aten._unsafe_view.default})
+_ADDS = frozenset({aten.add.Tensor})
+
+_static_tangents: weakref.WeakKeyDictionary[torch.fx.Graph, bool] = weakref.WeakKeyDictionary()
+
+
+def is_tangent(placeholder: torch.fx.Node) -> bool:
+    """AOTAutograd names the backward graph's inputs for output gradients ``tangents_<n>``."""
+    return placeholder.op == "placeholder" and placeholder.name.startswith("tangents")
+
+
+def _has_static_tangents(graph: torch.fx.Graph) -> bool:
+    if graph not in _static_tangents:
+        values = [n.meta.get("val") for n in graph.nodes if is_tangent(n)]
+        _static_tangents[graph] = all(
+            isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in v.shape) for v in values
+        )
+    return _static_tangents[graph]
+
+
+def leave_unused_tangents_none(outputs: Any, backward: torch.fx.GraphModule) -> None:
+    """Ask the Function behind ``outputs`` for ``None`` where an output gets no gradient."""
+    if not _has_static_tangents(backward.graph):
+        return
+    for output in outputs if isinstance(outputs, list | tuple) else (outputs,):
+        node = getattr(output, "grad_fn", None)
+        if node is not None and type(node).__name__ == _FUNCTION_NODE:
+            node.set_materialize_grads(False)
+            return
+
+
+def zeros_like_value(value: torch.Tensor) -> torch.Tensor:
+    """Zeros of a captured (fixed-size) fake value."""
+    return torch.zeros(tuple(value.shape), dtype=value.dtype, device=value.device)
+
+
+def without_inputs(region: torch.fx.GraphModule, positions: set[int]) -> torch.fx.GraphModule | None:
+    """``region`` with its placeholders at ``positions`` replaced by zeros of their fixed size, and
+    additions of such zeros dropped; None when a size is not fixed."""
+    graph = torch.fx.Graph()
+    mapping = graph.graph_copy(region.graph, {})
+    graph.output(mapping)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    zeros: set[torch.fx.Node] = set()
+    for position in sorted(positions):
+        placeholder = placeholders[position]
+        value = placeholder.meta.get("val")
+        if not isinstance(value, torch.Tensor) or not all(isinstance(s, int) for s in value.shape):
+            return None
+        with graph.inserting_after(placeholders[-1]):
+            made = _zeros_node(graph, value)
+        placeholder.replace_all_uses_with(made)
+        graph.erase_node(placeholder)
+        zeros.add(made)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node not in graph.nodes:
+            continue
+        value = node.meta.get("val")
+        if node.target in _RESHAPES and node.args[0] in zeros and isinstance(value, torch.Tensor):
+            with graph.inserting_before(node):
+                made = _zeros_node(graph, value)
+            node.replace_all_uses_with(made)
+            graph.erase_node(node)
+            zeros.add(made)
+        elif node.target in _ADDS and not node.kwargs and isinstance(value, torch.Tensor):
+            a, b = node.args
+            kept = b if a in zeros else a if b in zeros else None
+            kept_value = kept.meta.get("val") if isinstance(kept, torch.fx.Node) else None
+            if (
+                isinstance(kept_value, torch.Tensor)
+                and kept_value.shape == value.shape
+                and kept_value.dtype == value.dtype
+            ):
+                node.replace_all_uses_with(kept)
+                graph.erase_node(node)
+    graph.eliminate_dead_code()
+    return torch.fx.GraphModule(region, graph)
+
+
+def _zeros_node(graph: torch.fx.Graph, value: torch.Tensor) -> torch.fx.Node:
+    node = graph.call_function(
+        aten.zeros.default, ([int(s) for s in value.shape],), {"dtype": value.dtype, "device": value.device}
+    )
+    node.meta["val"] = value  # the same size and dtype: what the exporter reads
+    return node
+
+
+def with_zero_tangents(graph: torch.fx.GraphModule, args: list[Any]) -> list[Any]:
+    """``args`` with zeros where a tangent of ``graph`` is None (a graph run as it was captured)."""
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    return [
+        zeros_like_value(p.meta["val"]) if a is None and is_tangent(p) else a
+        for p, a in zip(placeholders, args, strict=True)
+    ]

@@ -1,0 +1,199 @@
+"""The backward graph in consecutive ONNX Runtime sessions: same gradients, inputs freed early."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any
+
+import pytest
+import torch
+from _parity import assert_same_state, runs_whole_in_onnxruntime, train_side_by_side
+
+from ortrain import ORTModule
+from ortrain.capture.backward_segments import backward_segments
+from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
+from ortrain.ortmodule.options import runtime_options
+
+# The log-probabilities: 2 MiB, above MIN_BYTES_PER_SEGMENT; the logits' zeros are over the size up
+# to which the exporter folds a constant into an initializer.
+VOCAB, SEQ, BATCH = 512, 64, 16
+
+
+def _gpt() -> TinyGPT:
+    torch.manual_seed(0)
+    return TinyGPT(GPTConfig(VOCAB, block_size=SEQ, n_layer=2, n_head=2, d_model=16))
+
+
+def _batch() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (BATCH, SEQ))
+
+
+def _loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    return model(batch, torch.roll(batch, -1, dims=1))[1]
+
+
+@pytest.mark.parametrize(("segments", "level"), [(4, 0), (4, 1)])
+def test_training_matches_eager(monkeypatch: pytest.MonkeyPatch, segments: int, level: int) -> None:
+    monkeypatch.setenv("ORTMODULE_BACKWARD_SEGMENTS", str(segments))
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", str(level))  # recompute inside the segments
+    torch.manual_seed(2)
+    batches = [_batch() for _ in range(3)]
+    losses_ort, losses_eager, eager, wrapped = train_side_by_side(_gpt(), batches, _loss)
+    torch.testing.assert_close(losses_ort, losses_eager, rtol=1e-5, atol=1e-5)
+    assert_same_state(wrapped, eager)
+    ((entry,),) = wrapped._ortrain_graphs.values()
+    backward = entry.capture.backward.runner
+    assert runs_whole_in_onnxruntime(backward)
+    assert 2 <= len(backward.plan.steps) <= segments
+
+
+def test_cuts_follow_the_bytes_freed() -> None:
+    """Each cut lands where an input of the backward graph is read for the last time, and the
+    first segment frees the loss's (rows x vocab) log-probabilities."""
+    wrapped = ORTModule(_gpt())
+    batch = _batch()
+    _loss(wrapped, batch).backward()
+    ((entry,),) = wrapped._ortrain_graphs.values()
+    graph = entry.capture.backward.graph.graph
+    segments = backward_segments(graph, 4)
+    assert len(segments) >= 2
+    assert [n for s in segments for n in s] == [
+        n for n in graph.nodes if n.op not in ("placeholder", "output", "get_attr")
+    ]
+    log_probs = next(n for n in graph.nodes if n.op == "placeholder" and "log_softmax" in n.name)
+    assert log_probs.users and all(user in segments[0] for user in log_probs.users)
+    assert backward_segments(graph, 1) == [[n for s in segments for n in s]]
+
+
+def test_small_graphs_stay_one_session() -> None:
+    """Below MIN_BYTES_PER_SEGMENT of inputs freed per segment a cut is not worth a session run."""
+    torch.manual_seed(0)
+    wrapped = ORTModule(TinyGPT(GPTConfig(64, block_size=16, n_layer=2, n_head=2, d_model=16)))
+    _loss(wrapped, torch.randint(0, 64, (4, 16))).backward()
+    ((entry,),) = wrapped._ortrain_graphs.values()
+    assert entry.capture.backward.runner.plan.whole
+
+
+def test_saved_tensors_die_after_their_segment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing between AOTAutograd and the plan keeps a saved tensor alive: each one a segment reads
+    last is freed before the next segment runs, as eager frees it after its node."""
+    monkeypatch.setenv("ORTMODULE_BACKWARD_SEGMENTS", "4")
+    wrapped = ORTModule(_gpt())
+    batch = _batch()
+    _loss(wrapped, batch).backward()  # captures
+    ((entry,),) = wrapped._ortrain_graphs.values()
+    backward = entry.capture.backward.runner
+    plan = backward.plan
+    assert len(plan.steps) > 1
+    # Parameters (primals) live on in the model, and the loss's own gradient in autograd's engine;
+    # the saved activations and the logits' tangent have no other owner.
+    freed = [
+        [
+            s
+            for s in frees
+            if s < plan.num_inputs
+            and not plan.placeholders[s].name.startswith("primals")
+            and plan.values[s].dim() > 0
+        ]
+        for frees in plan.frees
+    ]
+    names = {plan.placeholders[s].name for frees in freed[:-1] for s in frees}
+    assert names >= {"_log_softmax", "tangents_1"}
+    watched: list[tuple[str, weakref.ref[torch.Tensor]]] = []
+    alive: list[str] = []
+
+    def watching(position: int, run: Any) -> Any:
+        def step(args: list[Any]) -> list[Any]:
+            # A view this segment reads keeps its base alive: that memory is still in use.
+            read = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            for name, ref in watched:
+                tensor = ref()
+                if tensor is not None and tensor.untyped_storage().data_ptr() not in read:
+                    alive.append(name)
+            inputs = plan.steps[position].inputs
+            watched.extend(
+                (plan.placeholders[s].name, weakref.ref(args[inputs.index(s)])) for s in freed[position]
+            )
+            return run(args)
+
+        return step
+
+    backward._schedule = [
+        (watching(position, run), *rest) for position, (run, *rest) in enumerate(backward._schedule)
+    ]
+    _loss(wrapped, batch).backward()
+    assert len(watched) > len(freed[-1]) and alive == []
+
+
+def test_bad_segment_count_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORTMODULE_BACKWARD_SEGMENTS", "0")
+    with pytest.raises(ValueError, match="ORTMODULE_BACKWARD_SEGMENTS"):
+        runtime_options()
+
+
+def _logits_loss_or_both(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Odd batches train on the loss alone (the logits get no gradient), even ones on both."""
+    logits, loss = model(batch, torch.roll(batch, -1, dims=1))
+    return loss if int(batch[0, 0]) % 2 else loss + 1e-3 * logits.square().mean()
+
+
+@pytest.mark.parametrize("segments", [1, 4])
+def test_unused_logits_get_no_zeros_gradient(monkeypatch: pytest.MonkeyPatch, segments: int) -> None:
+    """The backward graph gets None for the logits' gradient when the loss alone is trained on, and
+    the region reading it runs without it (cut graphs) or is fed zeros (one session); gradients
+    match eager's either way, also when a later step uses the logits."""
+    monkeypatch.setenv("ORTMODULE_BACKWARD_SEGMENTS", str(segments))
+    torch.manual_seed(3)
+    batches = [_batch() for _ in range(4)]
+    batches[0][0, 0], batches[1][0, 0], batches[2][0, 0], batches[3][0, 0] = 1, 2, 3, 4
+    model = _gpt()
+    wrapped = ORTModule(model)
+    wrapped(batches[0], torch.roll(batches[0], -1, dims=1))  # capture, to watch the backward's inputs
+    ((entry,),) = wrapped._ortrain_graphs.values()
+    slot = entry.capture.backward
+    tangent = next(i for i, n in enumerate(slot.graph.graph.nodes) if n.name == "tangents_1")
+    handed: list[bool] = []
+    run = slot.runner
+
+    def watched(args: list[Any]) -> list[Any]:
+        handed.append(args[tangent] is None)
+        return run(args)
+
+    slot.runner = watched
+    eager = _gpt()
+    losses_ort, losses_eager = [], []
+    for module, losses in ((wrapped, losses_ort), (eager, losses_eager)):
+        opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
+        for batch in batches:
+            opt.zero_grad()
+            loss = _logits_loss_or_both(module, batch)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    torch.testing.assert_close(losses_ort, losses_eager, rtol=1e-5, atol=1e-5)
+    assert_same_state(wrapped, eager)
+    assert handed == [True, False, True, False]
+    variants = run._variants  # type: ignore[attr-defined]
+    if segments == 1:
+        assert list(variants.values()) == [None]  # one session: zeros fed
+        return
+    ((key, variant),) = variants.items()
+    region = variant.exported.model  # the ONNX region with no input for the logits' gradient
+    step = run.plan.steps[key[0]]  # type: ignore[attr-defined]
+    assert len(region.graph.input) < len(step.region.graph.find_nodes(op="placeholder"))
+    # Its zeros are made during the run (Expand or ConstantOfShape), not kept as an initializer.
+    assert max(math.prod(i.dims) for i in region.graph.initializer) < BATCH * SEQ * VOCAB
+    assert {"Expand", "ConstantOfShape"} & {n.op_type for n in region.graph.node}
+
+
+def test_dynamic_sizes_cross_the_cuts() -> None:
+    """A second batch shape makes a dynamic capture: its backward is cut too (symbolic sizes cross
+    the sessions' boundaries) and trains as eager does."""
+    torch.manual_seed(4)
+    batches = [torch.randint(0, VOCAB, shape) for shape in ((BATCH, SEQ), (24, 48), (32, 56))]
+    losses_ort, losses_eager, eager, wrapped = train_side_by_side(_gpt(), batches, _loss)
+    torch.testing.assert_close(losses_ort, losses_eager, rtol=1e-5, atol=1e-5)
+    assert_same_state(wrapped, eager)
+    dynamic = [e for group in wrapped._ortrain_graphs.values() for e in group if e.capture.dynamic_dims]
+    assert len(dynamic) == 1 and len(dynamic[0].capture.backward.runner.plan.steps) > 1
