@@ -98,6 +98,19 @@ class _FlatCall(nn.Module):
         return tuple(flat)
 
 
+def _input_aliasing(inputs: list[torch.Tensor]) -> tuple[int, ...]:
+    first: dict[tuple[str, int], int] = {}
+    aliasing = []
+    for position, tensor in enumerate(inputs):
+        if tensor.layout != torch.strided or not tensor.numel():
+            aliasing.append(-1)
+            continue
+        storage = (str(tensor.device), tensor.untyped_storage().data_ptr())
+        aliasing.append(first.get(storage, -1))
+        first.setdefault(storage, position)
+    return tuple(aliasing)
+
+
 class GraphKey(NamedTuple):
     """Everything besides sizes that a captured graph depends on; a step looks its graph up by it."""
 
@@ -108,6 +121,9 @@ class GraphKey(NamedTuple):
     autocast: tuple[Any, ...]
     opaque_functions: bool
     state: tuple[Any, ...]  # the model: see ortrain.ortmodule.guards
+    # Per input tensor, the position of the first earlier input sharing its storage (or -1): a graph
+    # captured for ``m(b, b)`` treats the two as one tensor and must not run distinct ones.
+    aliasing: tuple[int, ...] = ()
 
 
 @dataclass
@@ -390,6 +406,7 @@ class ORTModule(nn.Module):
             autocast=_autocast_state(),
             opaque_functions=custom_autograd_enabled(self._ortrain_options.enable_custom_autograd),
             state=state.key,
+            aliasing=_input_aliasing(call.inputs),
         )
         return call, state, key
 
@@ -415,6 +432,8 @@ class ORTModule(nn.Module):
             return "gradient mode changed" + (" (torch.no_grad)" if not key.grad_enabled else "")
         if last.autocast != key.autocast:
             return f"autocast changed from {last.autocast or 'off'} to {key.autocast or 'off'}"
+        if last.aliasing != key.aliasing:
+            return "inputs that share memory changed (the same tensor passed twice, or views of one tensor)"
         return "custom autograd support was switched " + ("on" if key.opaque_functions else "off")
 
     def _dynamic_dims(
@@ -565,6 +584,7 @@ class ORTModule(nn.Module):
             "inputs": [[str(t.dtype), list(t.shape), str(t.device), t.requires_grad] for t in inputs],
             "training": key.training,
             "grad enabled": key.grad_enabled,
+            "aliasing": key.aliasing,
             "autocast": key.autocast,
             "opaque functions": key.opaque_functions,
             "dynamic": sorted(dynamic.items()),

@@ -158,7 +158,7 @@ def _segmented(
     gm: torch.fx.GraphModule, executor: Executor, placeholders: list[torch.fx.Node], count: int
 ) -> Plan | None:
     """The graph as consecutive regions of one executor; None when it is not worth cutting."""
-    work = torch.fx.GraphModule(gm, _copy(gm.graph))
+    work = graph_module(gm, _copy(gm.graph))
     groups = backward_segments(work.graph, count)
     if len(groups) <= 1:
         return None
