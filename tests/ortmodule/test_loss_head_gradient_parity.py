@@ -7,10 +7,10 @@ import logging
 
 import pytest
 import torch
+from _parity import assert_same_state, ort_graph_count, train_side_by_side
 from torch import nn
 
 from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
-from tests.ortmodule._parity import assert_same_state, ort_graph_count, train_side_by_side
 
 
 class _LossOnly(nn.Module):
