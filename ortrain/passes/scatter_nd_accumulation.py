@@ -76,7 +76,9 @@ def _rewrite(graph: ir.Graph, node: ir.Node) -> bool:
     index = op("Expand", [column, op("Shape", [rows], "rows_dims")], "index")
     result = op("ScatterElements", [data, index, rows], "elements", axis=0, reduction=reduction.value)
     out = node.outputs[0]
-    result.dtype, result.shape = out.dtype, out.shape
+    # copy the type as a whole: an intermediate value without value_info has none, and setting
+    # dtype None would leave a Tensor(None) type that cannot be serialized
+    result.type, result.shape = out.type, out.shape
     out.replace_all_uses_with(result, replace_graph_outputs=True)
     graph.remove(node, safe=True)
     result.name = out.name  # the exported name: a gradient output keeps its name

@@ -68,5 +68,18 @@ def test_unique_index_scatters_and_several_index_dims_are_kept() -> None:
         assert [n.op_type for n in serialize_scatter_nd_accumulation(model).graph.node] == before
 
 
+def test_an_untyped_intermediate_scatter_is_rewritten_and_serializes() -> None:
+    """A ScatterND feeding another node has no value_info: the rewrite must not invent a type."""
+    model = _model("add")
+    model.graph.node[0].output[0] = "scattered"
+    model.graph.node.append(helper.make_node("Identity", ["scattered"], ["out"]))
+    rewritten = serialize_scatter_nd_accumulation(model)
+    onnx.checker.check_model(rewritten)
+    ids = np.array([[[1]] * S] * B)
+    grad = np.ones((B, S, K), dtype=np.float32)
+    got = _run(rewritten, {"data": np.zeros((V, K), dtype=np.float32), "ids": ids, "grad": grad})
+    np.testing.assert_array_equal(got[1], np.full(K, B * S, dtype=np.float32))
+
+
 def test_in_the_default_pipeline() -> None:
     assert "serialize_scatter_nd_accumulation" in [name for name, _ in default_passes(compute_optimizer=True)]
