@@ -127,6 +127,10 @@ class RuntimeOptions:
     # ORTMODULE_BACKWARD_SEGMENTS: the backward graph runs as up to this many consecutive ONNX
     # Runtime sessions, so that saved activations are freed as the run goes (1: one session).
     backward_segments: int = 4
+    # ORTMODULE_FUSE_LINEAR_CROSS_ENTROPY: a linear layer feeding cross-entropy computes loss and
+    # gradients in the forward, in chunks (ortrain.passes.linear_cross_entropy; with the compute
+    # optimizer on).
+    fuse_linear_cross_entropy: bool = True
 
 
 _MEMORY_OPT_LEVELS = (0, 1, 2)
@@ -232,6 +236,7 @@ def runtime_options() -> RuntimeOptions:
         graph_cache_size=_env_int("ORTMODULE_GRAPH_CACHE_SIZE", 8, minimum=1),
         cache_capture=_env_flag("ORTMODULE_CACHE_CAPTURE", True),
         backward_segments=_env_int("ORTMODULE_BACKWARD_SEGMENTS", 4, minimum=1),
+        fuse_linear_cross_entropy=_env_flag("ORTMODULE_FUSE_LINEAR_CROSS_ENTROPY", True),
     )
 
 

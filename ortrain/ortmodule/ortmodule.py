@@ -154,6 +154,8 @@ def _forward_rewrites(options: RuntimeOptions) -> list[ForwardRewrite]:
         compute_optimizer=options.enable_compute_optimizer,
         sparse_optimizer=options.enable_sparse_optimizer,
         embedding_sparse_optimizer=options.enable_embedding_sparse_optimizer,
+        memory_opt_level=options.memory_opt_level,
+        fuse_linear_cross_entropy=options.fuse_linear_cross_entropy,
     )
 
 
@@ -601,6 +603,7 @@ class ORTModule(nn.Module):
         logger.info(
             "whole-graph capture failed on data-dependent Python; splitting the model at graph breaks"
         )
+        logger.debug("the whole-graph capture's error", exc_info=error)
         path = GraphBreakPath(self._ortrain_module, self._ortrain_debug, self._ortrain_options)
         object.__setattr__(self, "_ortrain_graph_breaks", path)
         return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import torch
 
 from ortrain.passes.compute_optimizer import upstream_selections
 from ortrain.passes.label_sparsity import gather_counted_labels
+from ortrain.passes.linear_cross_entropy import fuse_linear_cross_entropy as fuse_linear_cross_entropy_pass
 from ortrain.passes.loss_head_gradient import rewrite_loss_head_gradient
 from ortrain.passes.padding_elimination import eliminate_padding
 from ortrain.passes.scatter_nd_accumulation import serialize_scatter_nd_accumulation
@@ -59,15 +61,29 @@ def default_passes(*, compute_optimizer: bool) -> list[tuple[str, Pass]]:
 
 
 def forward_rewrites(
-    *, compute_optimizer: bool, sparse_optimizer: bool, embedding_sparse_optimizer: bool
+    *,
+    compute_optimizer: bool,
+    sparse_optimizer: bool,
+    embedding_sparse_optimizer: bool,
+    memory_opt_level: int = 0,
+    fuse_linear_cross_entropy: bool = True,
 ) -> list[ForwardRewrite]:
     """The forward-graph rewrites in the order they run, as the ORTMODULE_ENABLE_* switches ask.
 
-    Label sparsity inserts a gather before each loss; the compute optimizer then moves gathers and
-    slices (that one included) up past token-wise layers; padding elimination drops pad tokens
-    after the embedding.
+    A language model's head and loss become one chunked computation with its gradients in the
+    forward (compute optimizer; from memory optimizer level 1 it gathers counted labels per chunk,
+    bounding the logits in memory, rather than once before the head). Label sparsity then
+    inserts a gather before each other loss; the compute optimizer moves gathers and slices (that
+    one included) up past token-wise layers; padding elimination drops pad tokens after the
+    embedding.
     """
     rewrites: list[ForwardRewrite] = []
+    if compute_optimizer and fuse_linear_cross_entropy:
+        rewrites.append(
+            functools.partial(
+                fuse_linear_cross_entropy_pass, sparse=sparse_optimizer, chunked_gathers=memory_opt_level >= 1
+            )
+        )
     if sparse_optimizer:
         rewrites.append(gather_counted_labels)
     if embedding_sparse_optimizer:

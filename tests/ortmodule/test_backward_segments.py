@@ -29,6 +29,11 @@ def _batch() -> torch.Tensor:
     return torch.randint(0, VOCAB, (BATCH, SEQ))
 
 
+def _unfused_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep the loss's log-probabilities in the backward graph (no linear cross-entropy fusion)."""
+    monkeypatch.setenv("ORTMODULE_FUSE_LINEAR_CROSS_ENTROPY", "0")
+
+
 def _loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return model(batch, torch.roll(batch, -1, dims=1))[1]
 
@@ -48,9 +53,10 @@ def test_training_matches_eager(monkeypatch: pytest.MonkeyPatch, segments: int, 
     assert 2 <= len(backward.plan.steps) <= segments
 
 
-def test_cuts_follow_the_bytes_freed() -> None:
+def test_cuts_follow_the_bytes_freed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each cut lands where an input of the backward graph is read for the last time, and the
     first segment frees the loss's (rows x vocab) log-probabilities."""
+    _unfused_loss(monkeypatch)
     wrapped = ORTModule(_gpt())
     batch = _batch()
     _loss(wrapped, batch).backward()
@@ -79,6 +85,7 @@ def test_saved_tensors_die_after_their_segment(monkeypatch: pytest.MonkeyPatch) 
     """Nothing between AOTAutograd and the plan keeps a saved tensor alive: each one a segment reads
     last is freed before the next segment runs, as eager frees it after its node."""
     monkeypatch.setenv("ORTMODULE_BACKWARD_SEGMENTS", "4")
+    _unfused_loss(monkeypatch)
     wrapped = ORTModule(_gpt())
     batch = _batch()
     _loss(wrapped, batch).backward()  # captures

@@ -1,0 +1,268 @@
+"""A linear layer feeding cross-entropy: loss and gradients in the forward, chunk by chunk.
+
+``cross_entropy(linear(x, W, b).view(-1, V), target)`` (a language model's head and loss) makes
+(rows x vocabulary) tensors that dominate a small model's memory: the logits, their log-softmax
+(saved for the backward) and, in the backward, the logits' gradient. The loss is a scalar at the
+end of the forward, so its gradients with respect to ``x``, ``W`` and ``b`` are known once it is
+computed, up to the one number the backward brings (the loss's own gradient ``g``, 1 for a plain
+``loss.backward()``, the loss scale under mixed precision):
+
+    A  = (softmax(z) - (1 - eps) * onehot(target) - eps / V) * counted / count   (z = x W^T + b)
+    dx = g * A W      dW = g * A^T x      db = g * sum(A, rows)
+
+This pass replaces the loss by :func:`linear_cross_entropy`, which computes the loss and ``A W``,
+``A^T x``, ``sum(A)`` in row chunks of at most ``CHUNK_BYTES`` of logits, and returns
+``loss + (s - detach(s))`` with ``s = sum(x * detach(A W)) + sum(W * detach(A^T x)) + ...``: the
+value is the loss exactly (``s - s`` is 0), and autograd's gradient of ``s`` is ``g`` times the
+precomputed gradients. What crosses from forward to backward is ``A W`` (rows x d) and ``A^T x``
+(V x d) instead of a (rows x V) log-softmax; no (rows x V) tensor exists in the backward, and the
+forward's is one chunk at a time. No matmul is added: the forward does the three products the
+backward did (eager's backward computes the same ``A``), and nothing is recomputed.
+
+With label sparsity on (``ORTMODULE_ENABLE_SPARSE_OPTIMIZER``) ignored labels cost no matmul, in
+one of two ways. At memory optimizer level 0 the gather of counted rows is written into the graph
+before the call (as :mod:`ortrain.passes.label_sparsity` does), where the compute optimizer can
+move it further up (the last layer's MLP then runs on counted rows too); the counted rows form
+one chunk, since their number is known only at run time. At level 1 and above, or when the logits
+are also returned (``(logits, loss)`` models: the linear layer stays for that output and the loss
+reads its rows instead of multiplying again), each fixed-size chunk gathers its own counted rows,
+so that no more than a chunk of logits exists at once. Chunking needs a fixed number of rows; a
+dynamic (symbolic) row count runs as one chunk, which still stashes nothing of size rows x V.
+
+Matched: ``cross_entropy`` with ``weight=None``, reduction ``mean`` or ``sum``, any
+``ignore_index`` and ``label_smoothing``, on 2-D float32 logits that are views of a ``linear``'s
+output. Other losses are left to the label-sparsity and compute-optimizer rewrites.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+from ortrain.passes.rowwise import value
+
+logger = logging.getLogger("ortrain.passes")
+
+aten = torch.ops.aten
+
+CHUNK_BYTES = 64 * 2**20  # logits per chunk: at most this many bytes of (rows x vocabulary)
+
+_VIEWS = frozenset({aten.view.default, aten.reshape.default, aten._unsafe_view.default})
+_CONVERSIONS = frozenset({aten.to.dtype, aten._to_copy.default})
+_MEAN, _SUM = 1, 2
+
+
+def _chunk_rows(rows: int | torch.SymInt, classes: int) -> list[int] | None:
+    """Row counts of the chunks, or None for one chunk (a symbolic row count is not split)."""
+    if not isinstance(rows, int) or not isinstance(classes, int):
+        return None
+    per_chunk = max(1, CHUNK_BYTES // (4 * max(classes, 1)))
+    if rows <= per_chunk:
+        return None
+    count = math.ceil(rows / per_chunk)
+    size = math.ceil(rows / count)
+    return [size] * (rows // size) + ([rows % size] if rows % size else [])
+
+
+def linear_cross_entropy(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    logits: torch.Tensor | None,
+    target: torch.Tensor,
+    reduction: int,
+    ignore_index: int,
+    label_smoothing: float,
+    sparse: bool,
+) -> torch.Tensor:
+    """``cross_entropy(linear(x, weight, bias), target)`` with its gradients computed here.
+
+    ``logits``: the linear layer's output when the model returns it too (its rows are read rather
+    than recomputed), else None. ``sparse``: keep each chunk's counted rows only.
+    """
+    classes = weight.shape[0]
+    x2 = x.reshape(-1, x.shape[-1])
+    z2 = None if logits is None else logits.reshape(-1, classes)
+    labels = target.reshape(-1)
+    wanted = [t is not None and t.requires_grad and torch.is_grad_enabled() for t in (x2, weight, bias)]
+    xd, wd = x2.detach(), weight.detach()
+    bd = None if bias is None else bias.detach()
+
+    sizes = _chunk_rows(x2.shape[0], classes)
+    x_chunks = [xd] if sizes is None else list(xd.split(sizes))
+    z_chunks = (
+        [None] * len(x_chunks)
+        if z2 is None
+        else ([z2.detach()] if sizes is None else list(z2.detach().split(sizes)))
+    )
+    label_chunks = [labels] if sizes is None else list(labels.split(sizes))
+
+    total = xd.new_zeros(())
+    count = labels.ne(ignore_index).sum()
+    scale = 1.0 / count.clamp(min=1).to(xd.dtype) if reduction == _MEAN else None
+    grad_x: list[torch.Tensor] = []
+    grad_w = wd.new_zeros(wd.shape) if wanted[1] else None
+    grad_b = bd.new_zeros(bd.shape) if wanted[2] and bd is not None else None
+    for xc, zc, tc in zip(x_chunks, z_chunks, label_chunks, strict=True):
+        index = None
+        if sparse:
+            index = tc.ne(ignore_index).nonzero().view(-1)
+            xc_rows, tc = xc.index_select(0, index), tc.index_select(0, index)
+            zc = zc.index_select(0, index) if zc is not None else torch.nn.functional.linear(xc_rows, wd, bd)
+        else:
+            xc_rows = xc
+            zc = zc if zc is not None else torch.nn.functional.linear(xc, wd, bd)
+        counted = tc.ne(ignore_index)
+        safe = tc.masked_fill(~counted, 0).unsqueeze(1)
+        # log_softmax, not logsumexp: the latter's reference guards on an empty input, which a
+        # data-dependent (counted) row count cannot answer
+        logp = zc.log_softmax(1)
+        row_loss = -(1 - label_smoothing) * logp.gather(1, safe).squeeze(1)
+        if label_smoothing:
+            row_loss = row_loss - label_smoothing * logp.mean(1)
+        total = total + row_loss.masked_fill(~counted, 0).sum()
+        if not any(wanted):
+            continue
+        # A = softmax - (1 - eps) onehot - eps / V on counted rows, 0 on the others, times 1/count
+        a = logp.exp()
+        if label_smoothing:
+            a = a - label_smoothing / classes
+        a = a.scatter_add(1, safe, a.new_full(safe.shape, -(1 - label_smoothing)))
+        row_scale = counted.to(a.dtype) if scale is None else counted.to(a.dtype) * scale
+        a = a * row_scale.unsqueeze(1)
+        if wanted[0]:
+            rows_grad = a @ wd
+            if index is not None:
+                rows_grad = xc.new_zeros(xc.shape).index_copy(0, index, rows_grad)
+            grad_x.append(rows_grad)
+        if grad_w is not None:
+            grad_w = grad_w + a.t() @ xc_rows
+        if grad_b is not None:
+            grad_b = grad_b + a.sum(0)
+    loss = total if scale is None else total / count.to(total.dtype)
+    if not any(wanted):
+        return loss
+    # s - detach(s) is exactly 0 and carries the precomputed gradients (times the loss's gradient)
+    terms = []
+    if wanted[0]:
+        terms.append((x2 * torch.cat(grad_x)).sum())
+    if grad_w is not None:
+        terms.append((weight * grad_w).sum())
+    if grad_b is not None and bias is not None:
+        terms.append((bias * grad_b).sum())
+    carrier = torch.stack(terms).sum()
+    return loss + (carrier - carrier.detach())
+
+
+def _loss_arguments(node: torch.fx.Node) -> tuple[Any, int, int, float]:
+    names = ("weight", "reduction", "ignore_index", "label_smoothing")
+    defaults = (None, _MEAN, -100, 0.0)
+    found = []
+    for position, (name, default) in enumerate(zip(names, defaults, strict=True), start=2):
+        found.append(node.args[position] if len(node.args) > position else node.kwargs.get(name, default))
+    return found[0], found[1], found[2], found[3]
+
+
+def _same_dtype_conversion(node: torch.fx.Node) -> bool:
+    """``logits.float()`` on float32 logits (Hugging Face's losses upcast): no conversion at all."""
+    if node.target not in _CONVERSIONS:
+        return False
+    out, source = value(node), value(node.args[0])
+    return out is not None and source is not None and out.dtype == source.dtype
+
+
+def _linear_through_views(node: Any) -> tuple[torch.fx.Node, list[torch.fx.Node]] | None:
+    """The ``linear`` node whose output ``node`` views, and the view nodes in between."""
+    views = []
+    while (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_function"
+        and (node.target in _VIEWS or _same_dtype_conversion(node))
+    ):
+        views.append(node)
+        node = node.args[0]
+    if isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is aten.linear.default:
+        return node, views
+    return None
+
+
+def _gather_counted_rows(
+    graph: torch.fx.Graph, rows: torch.fx.Node, target: torch.fx.Node, ignore_index: int
+) -> tuple[torch.fx.Node, torch.fx.Node]:
+    labels = graph.call_function(aten.view.default, (target, [-1]))
+    counted = graph.call_function(aten.ne.Scalar, (labels, ignore_index))
+    positions = graph.call_function(aten.nonzero.default, (counted,))
+    index = graph.call_function(aten.view.default, (positions, [-1]))
+    return (
+        graph.call_function(aten.index_select.default, (rows, 0, index)),
+        graph.call_function(aten.index_select.default, (labels, 0, index)),
+    )
+
+
+def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, *, sparse: bool, chunked_gathers: bool) -> list[str]:
+    """Replace each eligible ``linear`` + ``cross_entropy`` by :func:`linear_cross_entropy`.
+
+    ``sparse``: ignored labels are dropped (label sparsity). ``chunked_gathers``: each chunk gathers
+    its own counted rows (bounded memory) rather than one gather before the head (fewer FLOPs
+    upstream, through the compute optimizer).
+    """
+    graph = gm.graph
+    changes = []
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.cross_entropy_loss.default:
+            continue
+        weight, reduction, ignore_index, label_smoothing = _loss_arguments(node)
+        found = _linear_through_views(node.args[0])
+        logits, target = value(node.args[0]), value(node.args[1])
+        if (
+            found is None
+            or weight is not None
+            or reduction not in (_MEAN, _SUM)
+            or not isinstance(ignore_index, int)
+            or not isinstance(label_smoothing, (int, float))
+            or logits is None
+            or target is None
+            or logits.dim() != 2
+            or target.dim() != 1
+            or logits.dtype != torch.float32
+        ):
+            continue
+        linear, views = found
+        x, w = linear.args[0], linear.args[1]
+        b = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
+        if value(x) is None or value(x).dtype != torch.float32 or value(w) is None or value(w).dim() != 2:
+            continue
+        # The logits stay only where something besides this loss reads them (a returned output).
+        loss_chain = {node, *views}
+        others = [u for v in (linear, *views) for u in v.users if u not in loss_chain]
+        logits_arg = linear if others else None
+        target = node.args[1]
+        gather_first = sparse and not others and not chunked_gathers
+        with graph.inserting_before(node):
+            if gather_first:  # the gather label sparsity writes, which the compute optimizer can move
+                rows = graph.call_function(aten.view.default, (x, [-1, value(x).shape[-1]]))
+                # the compute optimizer reads the selected tensor's shape off its meta
+                rows.meta["val"] = value(x).reshape(-1, value(x).shape[-1])
+                x, target = _gather_counted_rows(graph, rows, target, ignore_index)
+            chunk_sparse = sparse and not gather_first
+            smoothing = float(label_smoothing)
+            arguments = (x, w, b, logits_arg, target, reduction, ignore_index, smoothing, chunk_sparse)
+            fused = graph.call_function(linear_cross_entropy, arguments)
+        fused.meta.update(node.meta)
+        node.replace_all_uses_with(fused)
+        graph.erase_node(node)
+        for dead in (*views, linear):  # now unread, unless returned: later rewrites see x's real users
+            if not dead.users:
+                graph.erase_node(dead)
+        how = "on the counted rows, in one chunk" if gather_first else "chunk by chunk"
+        if chunk_sparse:
+            how += ", each chunk's counted rows"
+        changes.append(
+            f"linear cross-entropy: {linear.name} and its loss now compute the gradients in the forward"
+            f", {how}{' (logits returned, read not recomputed)' if others else ''}"
+        )
+        logger.info("%s", changes[-1])
+    return changes

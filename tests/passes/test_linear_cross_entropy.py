@@ -1,0 +1,148 @@
+"""Linear + cross-entropy with gradients in the forward: the same loss and gradients as eager."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ortrain import ORTModule
+from ortrain.models.tiny_gpt import GPTConfig, TinyGPT, TinyGPTLoss
+from ortrain.ortmodule.memory_reports import memory_reports
+from ortrain.passes import linear_cross_entropy as lce
+
+ROWS, D, V = 24, 8, 50
+
+
+def _inputs(density: float, *, bias: bool) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(ROWS, D, generator=generator, requires_grad=True)
+    w = torch.randn(V, D, generator=generator, requires_grad=True)
+    b = torch.randn(V, generator=generator, requires_grad=True) if bias else None
+    target = torch.randint(0, V, (ROWS,), generator=generator)
+    target[torch.rand(ROWS, generator=generator) >= density] = -100
+    return x, w, b, target
+
+
+@pytest.mark.parametrize("density", [0.0, 0.1, 0.5, 1.0])
+@pytest.mark.parametrize(
+    ("reduction", "smoothing", "sparse", "logits_given"),
+    [
+        ("mean", 0.0, True, False),
+        ("sum", 0.0, False, False),
+        ("mean", 0.2, True, True),
+        ("sum", 0.1, False, True),
+    ],
+)
+def test_loss_and_gradients_equal_eager_in_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+    density: float,
+    reduction: str,
+    smoothing: float,
+    sparse: bool,
+    logits_given: bool,
+) -> None:
+    monkeypatch.setattr(lce, "CHUNK_BYTES", 7 * V * 4)  # at most 7 rows a chunk: 4 even chunks
+    assert lce._chunk_rows(ROWS, V) == [6, 6, 6, 6]
+    x, w, b, target = _inputs(density, bias=True)
+    expected = F.cross_entropy(F.linear(x, w, b), target, reduction=reduction, label_smoothing=smoothing)
+    (expected * 2.5).backward()  # a loss gradient other than 1, as under loss scaling
+    grads = [t.grad.clone() for t in (x, w, b)]  # type: ignore[union-attr]
+    for t in (x, w, b):
+        t.grad = None  # type: ignore[union-attr]
+    logits = F.linear(x, w, b) if logits_given else None
+    got = lce.linear_cross_entropy(
+        x, w, b, logits, target, {"mean": 1, "sum": 2}[reduction], -100, smoothing, sparse
+    )
+    (got * 2.5).backward()
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    for name, t, grad in zip("xwb", (x, w, b), grads, strict=True):
+        torch.testing.assert_close(t.grad, grad, msg=lambda m, n=name: f"{n}: {m}")  # type: ignore[union-attr]
+
+
+def test_only_what_requires_grad_gets_a_gradient() -> None:
+    x, w, _, target = _inputs(0.5, bias=False)
+    w.requires_grad_(False)
+    loss = lce.linear_cross_entropy(x, w, None, None, target, 1, -100, 0.0, True)
+    loss.backward()
+    assert w.grad is None and x.grad is not None
+    with torch.no_grad():
+        assert not lce.linear_cross_entropy(x, w, None, None, target, 1, -100, 0.0, True).requires_grad
+
+
+def test_rows_are_split_into_chunks_of_at_most_chunk_bytes() -> None:
+    per_chunk = lce.CHUNK_BYTES // (4 * 8000)
+    sizes = lce._chunk_rows(26 * 512, 8000)
+    assert sizes is not None and sum(sizes) == 26 * 512 and max(sizes) <= per_chunk
+    assert lce._chunk_rows(per_chunk, 8000) is None  # fits in one chunk
+
+
+def _gpt() -> TinyGPT:
+    torch.manual_seed(0)
+    return TinyGPT(GPTConfig(vocab_size=211, block_size=16, n_layer=1, n_head=2, d_model=16))
+
+
+def _train(model: torch.nn.Module, returns_logits: bool, steps: int = 3) -> ORTModule:
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (wrapped, eager)]
+    generator = torch.Generator().manual_seed(3)
+    for step in range(steps):
+        idx = torch.randint(0, 211, (3, 16), generator=generator)
+        targets = torch.randint(0, 211, (3, 16), generator=generator)
+        targets[torch.rand(3, 16, generator=generator) < 0.3] = -100
+        losses = []
+        for m, opt in zip((wrapped, eager), optimizers, strict=True):
+            opt.zero_grad()
+            out = m(idx, targets)
+            loss = out[1] if returns_logits else out
+            loss.backward()
+            losses.append(loss)
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+        grads = dict(eager.named_parameters())
+        for name, p in wrapped.named_parameters():
+            torch.testing.assert_close(
+                p.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name, s=step: f"{s} {n}: {m}"
+            )
+        for opt in optimizers:
+            opt.step()
+    return wrapped
+
+
+def _changes(wrapped: ORTModule) -> list[str]:
+    """The forward rewrites of the one whole-model capture (not a graph-break fallback)."""
+    entries = [e for group in wrapped._ortrain_graphs.values() for e in group]
+    assert len(entries) == 1
+    trace = entries[0].capture.forward_trace
+    return [] if trace is None else [c for c in trace.changes if c.startswith("linear cross-entropy")]
+
+
+@pytest.mark.parametrize("returns_logits", [False, True], ids=["loss", "logits-and-loss"])
+def test_tiny_gpt_trains_as_eager_in_chunks(monkeypatch: pytest.MonkeyPatch, returns_logits: bool) -> None:
+    monkeypatch.setattr(lce, "CHUNK_BYTES", 10 * 211 * 4)  # 48 rows: 5 chunks
+    model = _gpt()
+    wrapped = _train(model if returns_logits else TinyGPTLoss(model), returns_logits)
+    lines = _changes(wrapped)
+    assert len(lines) == 1 and ("logits returned" in lines[0]) == returns_logits
+
+
+def test_tied_head_and_embedding_train_as_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lce, "CHUNK_BYTES", 10 * 211 * 4)
+    model = _gpt()
+    model.head.weight = model.tok.weight  # GPT-2's tied embedding: two gradients add up
+    assert len(_changes(_train(TinyGPTLoss(model), returns_logits=False))) == 1
+
+
+def test_nothing_of_rows_times_vocabulary_is_stashed_for_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    stashed = {}
+    for on in (True, False):
+        monkeypatch.setenv("ORTMODULE_FUSE_LINEAR_CROSS_ENTROPY", "1" if on else "0")
+        monkeypatch.setenv("ORTMODULE_ENABLE_SPARSE_OPTIMIZER", "0")
+        wrapped = _train(TinyGPTLoss(_gpt()), returns_logits=False, steps=1)
+        assert len(_changes(wrapped)) == on
+        stashed[on] = sum(r.stashed_bytes for r in memory_reports(wrapped))
+    rows_by_vocabulary = 3 * 16 * 211 * 4
+    # the log-softmax (rows x V) is gone; A W (rows x d) and A^T x (V x d) are stashed instead
+    assert stashed[False] - stashed[True] >= rows_by_vocabulary - (3 * 16 + 211) * 16 * 4
