@@ -19,10 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.fx.traceback as fx_traceback
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+from ortrain.capture.module_paths import MODULE_KEY
 
 logger = logging.getLogger("ortrain.capture")
 
@@ -59,7 +62,20 @@ class RewrittenCall(nn.Module):
     def forward(self, *inputs: torch.Tensor) -> Any:
         state = [t for _, t in self.named_parameters(remove_duplicate=False)]
         state += [t for _, t in self.named_buffers(remove_duplicate=False)]
-        return self._graph_module(state, *inputs)
+        return _ModulePathInterpreter(self._graph_module).run(state, *inputs)
+
+
+class _ModulePathInterpreter(torch.fx.Interpreter):
+    """Runs the rewritten graph node by node under each node's submodule path, so that the joint
+    graph AOTAutograd traces from it names its layers as a capture of the module itself does
+    (the memory optimizer's per-layer summary reads them)."""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        path = (n.meta.get("custom") or {}).get(MODULE_KEY)
+        if path is None:
+            return super().run_node(n)
+        with fx_traceback.annotate({MODULE_KEY: path}):
+            return super().run_node(n)
 
 
 def _state(module: nn.Module) -> tuple[list[str], list[torch.Tensor]]:
@@ -93,7 +109,10 @@ def trace_forward(flat_module: nn.Module, example: Sequence[torch.Tensor]) -> Fo
         example = [fake_mode.from_tensor(t, static_shapes=True) for t in example]
     tensors = [fake_mode.from_tensor(t, static_shapes=True) for t in tensors]
     try:
-        gm = make_fx(call, pre_dispatch=True, tracing_mode="symbolic")(tensors, *example)
+        # preserve_node_meta: each node keeps the submodule path that annotate_module_paths (active
+        # around the capture) gives it, which RewrittenCall hands on to the joint graph.
+        with fx_traceback.preserve_node_meta():
+            gm = make_fx(call, pre_dispatch=True, tracing_mode="symbolic")(tensors, *example)
     except Exception as error:  # any failure means: capture the module as it is
         logger.info(
             "forward rewrites skipped: the pre-dispatch trace failed (%s: %s)", type(error).__name__, error

@@ -100,6 +100,25 @@ def test_summary_lists_the_patterns_of_a_gpt_block(caplog: pytest.LogCaptureFixt
     assert "| Gelu+ " in logged and "2 (1/layer x 2)" in logged and "5 (2/layer x 2 + 1)" in logged
 
 
+@pytest.mark.parametrize("rewrites", [True, False], ids=["rewritten-forward", "module-as-written"])
+def test_a_rewritten_forward_names_the_same_layers(monkeypatch: pytest.MonkeyPatch, rewrites: bool) -> None:
+    """The loss fusion and label sparsity rewrite the forward before AOTAutograd traces it; the
+    joint graph must still tell which block each saved activation belongs to."""
+    for name in ("ORTMODULE_ENABLE_COMPUTE_OPTIMIZER", "ORTMODULE_ENABLE_SPARSE_OPTIMIZER"):
+        monkeypatch.setenv(name, "1" if rewrites else "0")
+    wrapped = ORTModule(_Loss(_gpt(n_layer=2)))
+    idx = torch.randint(0, 64, (4, 16))
+    wrapped(idx, torch.roll(idx, -1, dims=1))[0].backward()
+    ((entry,),) = wrapped._ortrain_graphs.values()
+    trace = entry.capture.forward_trace
+    assert bool(trace and trace.changes) == rewrites
+    (report,) = memory_reports(wrapped)
+    found = {p.pattern: p for p in report.plans}
+    # (rewritten, the last block's MLP runs on the counted rows: its GELU has a run-time size)
+    assert found["Gelu+"].layers[0] == "module.model.blocks.0"
+    assert found[SOFTMAX_CHAIN].layers == ["module.model.blocks.0", "module.model.blocks.1"]
+
+
 def test_levels_and_config_choose_the_applied_counts(caplog: pytest.LogCaptureFixture) -> None:
     model = _gpt(n_layer=2)
     report = _report(_capture(model, level=1)[0])
