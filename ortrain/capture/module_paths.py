@@ -2,8 +2,8 @@
 
 AOTAutograd's joint graph carries no ``nn_module_stack`` when a plain module is traced, so the
 memory optimizer could not tell which transformer layer a saved activation belongs to. While
-capturing, a global forward pre-hook enters ``torch.fx.traceback.annotate`` with the running
-submodule's qualified name; nodes then carry it in ``node.meta["custom"][MODULE_KEY]``.
+capturing, a global forward pre-hook records the running submodule's qualified name in
+``torch.fx.traceback``'s current node meta; nodes then carry it in ``node.meta["custom"][MODULE_KEY]``.
 """
 
 from __future__ import annotations
@@ -31,22 +31,45 @@ def layer_of(path: str) -> str | None:
     return match.group(1) if match else None
 
 
+def _set_path(path: str | None) -> None:
+    # torch.fx.traceback.current_meta is rebound by preserve_node_meta: read the global each time
+    meta = fx_traceback.current_meta
+    if path is None:
+        custom = meta.get("custom")
+        if custom is not None:
+            custom.pop(MODULE_KEY, None)
+            if not custom:
+                del meta["custom"]
+    else:
+        meta.setdefault("custom", {})[MODULE_KEY] = path
+
+
 @contextlib.contextmanager
 def annotate_module_paths(root: torch.nn.Module) -> Iterator[None]:
+    """Nodes traced inside carry the running submodule's path (``meta["custom"][MODULE_KEY]``).
+
+    The path is written into ``torch.fx.traceback``'s current meta directly rather than through
+    nested ``annotate`` contexts: a forward that raises inside a trace never reaches its
+    post-hook, and an ``annotate`` left open there would later be closed against the meta that
+    an enclosing ``preserve_node_meta`` restored (a KeyError masking the real error).
+    """
     names = {id(m): name for name, m in root.named_modules()}
-    active: list[contextlib.AbstractContextManager[None]] = []
+    active: list[tuple[int, str]] = []
 
     def enter(module: torch.nn.Module, _args: Any) -> None:
         name = names.get(id(module))
         if name is None:
             return
-        context = fx_traceback.annotate({MODULE_KEY: name})
-        context.__enter__()
-        active.append(context)
+        active.append((id(module), name))
+        _set_path(name)
 
     def leave(module: torch.nn.Module, _args: Any, _output: Any) -> None:
-        if id(module) in names and active:
-            active.pop().__exit__(None, None, None)
+        if not any(key == id(module) for key, _ in active):
+            return
+        # Entries above this module's are forwards that raised inside it: drop them with it.
+        while active and active.pop()[0] != id(module):
+            pass
+        _set_path(active[-1][1] if active else None)
 
     pre = torch.nn.modules.module.register_module_forward_pre_hook(enter)
     post = torch.nn.modules.module.register_module_forward_hook(leave)
@@ -55,6 +78,6 @@ def annotate_module_paths(root: torch.nn.Module) -> Iterator[None]:
     finally:
         pre.remove()
         post.remove()
-        # A forward that raised never reached its post-hook: unwind what it left open.
-        while active:
-            active.pop().__exit__(None, None, None)
+        if active:
+            active.clear()
+            _set_path(None)
