@@ -184,7 +184,14 @@ def capture(
         )
         traced_module, trace = module, None
         if forward_rewrites or trace_forward_graph:
-            traced_module, trace = rewrite_forward(module, example, forward_rewrites)
+            # Layer names cost capture time and only the memory summary reads them: logged at
+            # INFO, and wanted when memory is being tuned (a level or a config).
+            summary_read = memory is not None and (
+                memory.level > 0 or bool(memory.requests) or logger.isEnabledFor(logging.INFO)
+            )
+            traced_module, trace = rewrite_forward(
+                module, example, forward_rewrites, module_paths=summary_read
+            )
             if traced_module is not module and not inputs:
                 # The rewritten graph needs fake inputs that carry a shape environment (below); a
                 # model without inputs has none to carry it, so it is captured as written.

@@ -54,15 +54,20 @@ class RewrittenCall(nn.Module):
     call it replaces, so AOTAutograd names the state exactly as it would without the rewrite.
     """
 
-    def __init__(self, flat_module: nn.Module, graph_module: torch.fx.GraphModule) -> None:
+    def __init__(
+        self, flat_module: nn.Module, graph_module: torch.fx.GraphModule, *, module_paths: bool = False
+    ) -> None:
         super().__init__()
         self.module = flat_module.module  # type: ignore[assignment]
         object.__setattr__(self, "_graph_module", graph_module)
+        object.__setattr__(self, "_module_paths", module_paths)
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         state = [t for _, t in self.named_parameters(remove_duplicate=False)]
         state += [t for _, t in self.named_buffers(remove_duplicate=False)]
-        return _ModulePathInterpreter(self._graph_module).run(state, *inputs)
+        if self._module_paths:
+            return _ModulePathInterpreter(self._graph_module).run(state, *inputs)
+        return self._graph_module(state, *inputs)
 
 
 class _ModulePathInterpreter(torch.fx.Interpreter):
@@ -89,11 +94,14 @@ def _state(module: nn.Module) -> tuple[list[str], list[torch.Tensor]]:
     return names, tensors
 
 
-def trace_forward(flat_module: nn.Module, example: Sequence[torch.Tensor]) -> ForwardTrace | None:
+def trace_forward(
+    flat_module: nn.Module, example: Sequence[torch.Tensor], *, module_paths: bool = False
+) -> ForwardTrace | None:
     """The flat module's forward as a pre-dispatch ATen graph, or None where it cannot be traced.
 
     ``flat_module`` holds the user's model as ``flat_module.module``. Fake (symbolic) examples
-    give a graph whose sizes are symbolic too.
+    give a graph whose sizes are symbolic too. ``module_paths``: nodes keep the submodule path
+    that ``annotate_module_paths`` gives them (costs time: see :func:`rewrite_forward`).
     """
     holder = nn.Module()
     holder.module = flat_module.module
@@ -111,7 +119,7 @@ def trace_forward(flat_module: nn.Module, example: Sequence[torch.Tensor]) -> Fo
     try:
         # preserve_node_meta: each node keeps the submodule path that annotate_module_paths (active
         # around the capture) gives it, which RewrittenCall hands on to the joint graph.
-        with fx_traceback.preserve_node_meta():
+        with fx_traceback.preserve_node_meta(module_paths):
             gm = make_fx(call, pre_dispatch=True, tracing_mode="symbolic")(tensors, *example)
     except Exception as error:  # any failure means: capture the module as it is
         logger.info(
@@ -140,13 +148,20 @@ def _is_plain_op(target: Any) -> bool:
 
 
 def rewrite_forward(
-    flat_module: nn.Module, example: Sequence[torch.Tensor], rewrites: Sequence[ForwardRewrite]
+    flat_module: nn.Module,
+    example: Sequence[torch.Tensor],
+    rewrites: Sequence[ForwardRewrite],
+    *,
+    module_paths: bool = False,
 ) -> tuple[nn.Module, ForwardTrace | None]:
     """Apply ``rewrites`` to the traced forward; the module AOTAutograd should capture, and the trace.
 
     Returns ``flat_module`` itself when nothing changed (or nothing could be traced).
+    ``module_paths``: the joint graph AOTAutograd traces from the rewritten forward names each
+    node's submodule, as a capture of the module itself does (the memory optimizer's per-layer
+    summary). Measured on the tiny GPT: +0.16 s to a first capture, +0.7 s to a symbolic one.
     """
-    trace = trace_forward(flat_module, example)
+    trace = trace_forward(flat_module, example, module_paths=module_paths)
     if trace is None or not rewrites:
         return flat_module, trace
     for rewrite in rewrites:
@@ -156,4 +171,4 @@ def rewrite_forward(
     trace.graph_module.graph.eliminate_dead_code()
     trace.graph_module.graph.lint()
     trace.graph_module.recompile()
-    return RewrittenCall(flat_module, trace.graph_module), trace
+    return RewrittenCall(flat_module, trace.graph_module, module_paths=module_paths), trace

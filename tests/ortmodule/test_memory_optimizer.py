@@ -101,9 +101,13 @@ def test_summary_lists_the_patterns_of_a_gpt_block(caplog: pytest.LogCaptureFixt
 
 
 @pytest.mark.parametrize("rewrites", [True, False], ids=["rewritten-forward", "module-as-written"])
-def test_a_rewritten_forward_names_the_same_layers(monkeypatch: pytest.MonkeyPatch, rewrites: bool) -> None:
+def test_a_rewritten_forward_names_the_same_layers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, rewrites: bool
+) -> None:
     """The loss fusion and label sparsity rewrite the forward before AOTAutograd traces it; the
-    joint graph must still tell which block each saved activation belongs to."""
+    joint graph must still tell which block each saved activation belongs to (when the summary
+    is read: logged at INFO)."""
+    caplog.set_level(logging.INFO, logger="ortrain.capture")
     for name in ("ORTMODULE_ENABLE_COMPUTE_OPTIMIZER", "ORTMODULE_ENABLE_SPARSE_OPTIMIZER"):
         monkeypatch.setenv(name, "1" if rewrites else "0")
     wrapped = ORTModule(_Loss(_gpt(n_layer=2)))
