@@ -47,6 +47,8 @@ def _status() -> tuple[int, int]:
 
 
 class _LossOnly(nn.Module):
+    """ortrain.models.tiny_gpt.TinyGPTLoss, kept here: --checkouts runs trees older than it."""
+
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model

@@ -30,6 +30,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from ortrain.passes.node_rewrites import insert_node, rewrite_each_node, take_over_output
+
 logger = logging.getLogger("ortrain.passes")
 
 _MS_DOMAIN = "com.microsoft"
@@ -73,22 +75,6 @@ def _float_matrix(value: ir.Value | None) -> bool:
     )
 
 
-def _insert(
-    graph: ir.Graph,
-    before: ir.Node,
-    tag: str,
-    op_type: str,
-    inputs: list[ir.Value],
-    step: str,
-    domain: str = "",
-    **attributes: object,
-) -> ir.Value:
-    """A new one-output node ``{tag}/{step}`` just before ``before``; returns its output."""
-    node = ir.node(op_type, inputs, attributes, domain=domain, name=f"{tag}/{step}", num_outputs=1)  # type: ignore[arg-type]
-    graph.insert_before(before, node)
-    return node.outputs[0]
-
-
 def _rewrite(graph: ir.Graph, scatter: ir.Node) -> bool:
     if not _is(scatter, "ScatterElements") or _attr(scatter, "reduction", "none") != "add":
         return False
@@ -122,7 +108,7 @@ def _rewrite(graph: ir.Graph, scatter: ir.Node) -> bool:
         assert other is not None
         tag = f"{scatter.name or 'loss_head'}/{role}_{index}"
 
-        op = functools.partial(_insert, graph, product, tag)
+        op = functools.partial(insert_node, graph, product, tag)
         if role == "dx":
             # G @ W = a * (P @ W) + b * W[idx]
             axes = op("Constant", [], "axes", value=ir.tensor(np.array([1], dtype=np.int64)))
@@ -138,10 +124,8 @@ def _rewrite(graph: ir.Graph, scatter: ir.Node) -> bool:
             rows = op("Expand", [idx, op("Shape", [other], "shape")], "rows")
             picked = op("Mul", [other, b], "pick")
             result = op("ScatterElements", [fused, rows, picked], "scatter", axis=0, reduction="add")
-        result.dtype, result.shape = out.dtype, out.shape
-        out.replace_all_uses_with(result, replace_graph_outputs=True)
+        take_over_output(result, out)
         graph.remove(product, safe=True)
-        result.name = out.name  # the exported name: a gradient output keeps its name
     graph.remove(scatter, safe=True)
     graph.remove(mul, safe=True)
     return True
@@ -149,14 +133,7 @@ def _rewrite(graph: ir.Graph, scatter: ir.Node) -> bool:
 
 def rewrite_loss_head_gradient(model: onnx.ModelProto) -> onnx.ModelProto:
     """Apply the rewrite at every match; the model is returned unchanged when nothing matches."""
-    if not any(node.op_type == "ScatterElements" for node in model.graph.node):
-        return model
-    ir_model = ir.serde.deserialize_model(model)
-    graph = ir_model.graph
-    rewritten = sum(_rewrite(graph, node) for node in list(graph))
-    if not rewritten:
-        return model
-    if _MS_DOMAIN not in graph.opset_imports:
-        graph.opset_imports[_MS_DOMAIN] = 1
-    logger.info("loss head: %d gradient(s) of the logits no longer materialized", rewritten)
-    return ir.serde.serialize_model(ir_model)
+    model, rewritten = rewrite_each_node(model, "ScatterElements", _rewrite, {_MS_DOMAIN: 1})
+    if rewritten:
+        logger.info("loss head: %d gradient(s) of the logits no longer materialized", rewritten)
+    return model

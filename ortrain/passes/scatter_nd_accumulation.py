@@ -25,25 +25,12 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from ortrain.passes.node_rewrites import insert_node, rewrite_each_node, take_over_output
+
 logger = logging.getLogger("ortrain.passes")
 
 _ACCUMULATING = ("add", "mul", "min", "max")
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE)
-
-
-def _insert(
-    graph: ir.Graph,
-    before: ir.Node,
-    tag: str,
-    op_type: str,
-    inputs: list[ir.Value],
-    step: str,
-    **attributes: object,
-) -> ir.Value:
-    """A new one-output node ``{tag}/{step}`` just before ``before``; returns its output."""
-    node = ir.node(op_type, inputs, attributes, name=f"{tag}/{step}", num_outputs=1)  # type: ignore[arg-type]
-    graph.insert_before(before, node)
-    return node.outputs[0]
 
 
 def _rewrite(graph: ir.Graph, node: ir.Node) -> bool:
@@ -58,7 +45,7 @@ def _rewrite(graph: ir.Graph, node: ir.Node) -> bool:
     if data.shape is None or indices.shape is None or len(indices.shape) < 1 or indices.shape[-1] != 1:
         return False
     rank = len(data.shape)
-    op = functools.partial(_insert, graph, node, node.name or "scatter_nd")
+    op = functools.partial(insert_node, graph, node, node.name or "scatter_nd")
 
     def constant(step: str, values: list[int]) -> ir.Value:
         return op("Constant", [], step, value=ir.tensor(np.array(values, dtype=np.int64)))
@@ -75,24 +62,14 @@ def _rewrite(graph: ir.Graph, node: ir.Node) -> bool:
     column = op("Reshape", [indices, constant("column_shape", [-1] + [1] * (rank - 1))], "column")
     index = op("Expand", [column, op("Shape", [rows], "rows_dims")], "index")
     result = op("ScatterElements", [data, index, rows], "elements", axis=0, reduction=reduction.value)
-    out = node.outputs[0]
-    # copy the type as a whole: an intermediate value without value_info has none, and setting
-    # dtype None would leave a Tensor(None) type that cannot be serialized
-    result.type, result.shape = out.type, out.shape
-    out.replace_all_uses_with(result, replace_graph_outputs=True)
+    take_over_output(result, node.outputs[0])
     graph.remove(node, safe=True)
-    result.name = out.name  # the exported name: a gradient output keeps its name
     return True
 
 
 def serialize_scatter_nd_accumulation(model: onnx.ModelProto) -> onnx.ModelProto:
     """Apply the rewrite to every eligible ``ScatterND``; unchanged when none is."""
-    if not any(node.op_type == "ScatterND" for node in model.graph.node):
-        return model
-    ir_model = ir.serde.deserialize_model(model)
-    graph = ir_model.graph
-    rewritten = sum(_rewrite(graph, node) for node in list(graph))
-    if not rewritten:
-        return model
-    logger.debug("%d accumulating ScatterND written as ScatterElements (no lost updates)", rewritten)
-    return ir.serde.serialize_model(ir_model)
+    model, rewritten = rewrite_each_node(model, "ScatterND", _rewrite)
+    if rewritten:
+        logger.debug("%d accumulating ScatterND written as ScatterElements (no lost updates)", rewritten)
+    return model

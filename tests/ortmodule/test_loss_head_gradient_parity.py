@@ -8,20 +8,8 @@ import logging
 import pytest
 import torch
 from _parity import assert_same_state, ort_graph_count, train_side_by_side
-from torch import nn
 
-from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
-
-
-class _LossOnly(nn.Module):
-    """The loss alone, as a training loop reads it (logits returned too would need their gradient)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.model(idx, targets)[1]
+from ortrain.models.tiny_gpt import GPTConfig, TinyGPT, TinyGPTLoss
 
 
 @pytest.mark.parametrize("sparse", [True, False])
@@ -33,7 +21,7 @@ def test_tiny_gpt_trains_as_eager_with_the_rewrite(
     # the rewrite reads the loss's backward, which the linear cross-entropy fusion moves forward
     monkeypatch.setenv("ORTMODULE_FUSE_LINEAR_CROSS_ENTROPY", "0")
     torch.manual_seed(0)
-    model = _LossOnly(TinyGPT(GPTConfig(vocab_size=97, block_size=16, n_layer=1, n_head=2, d_model=16)))
+    model = TinyGPTLoss(TinyGPT(GPTConfig(vocab_size=97, block_size=16, n_layer=1, n_head=2, d_model=16)))
     batches = []
     for step in range(3):
         idx = torch.randint(0, 97, (3, 16))

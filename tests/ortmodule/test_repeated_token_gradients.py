@@ -12,26 +12,16 @@ import copy
 
 import pytest
 import torch
-from torch import nn
 
 from ortrain import ORTModule
-from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
-
-
-class _LossOnly(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.model(idx, targets)[1]
+from ortrain.models.tiny_gpt import GPTConfig, TinyGPT, TinyGPTLoss
 
 
 def test_embedding_gradient_of_repeated_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")  # the backward stays in ONNX Runtime
     torch.manual_seed(0)
     # 12 ids in 8 x 128 tokens: each id repeats ~85 times; rows of 256 floats, enough for threads.
-    model = _LossOnly(TinyGPT(GPTConfig(vocab_size=12, block_size=128, n_layer=1, n_head=4, d_model=256)))
+    model = TinyGPTLoss(TinyGPT(GPTConfig(vocab_size=12, block_size=128, n_layer=1, n_head=4, d_model=256)))
     eager, wrapped = copy.deepcopy(model), ORTModule(model)
     for step in range(8):
         idx = torch.randint(0, 12, (8, 128))

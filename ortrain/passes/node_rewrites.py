@@ -1,0 +1,60 @@
+"""What the ONNX passes that rewrite one node at a time share (through ``onnx_ir``).
+
+A pass gives :func:`rewrite_each_node` a function that rewrites one node in place (inserting the
+new nodes with :func:`insert_node`, handing the old output over with :func:`take_over_output`)
+and says whether it did; the model comes back unchanged, not re-serialized, when nothing matched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx
+import onnx_ir as ir
+
+
+def insert_node(
+    graph: ir.Graph,
+    before: ir.Node,
+    tag: str,
+    op_type: str,
+    inputs: list[ir.Value],
+    step: str,
+    domain: str = "",
+    **attributes: object,
+) -> ir.Value:
+    """A new one-output node ``{tag}/{step}`` just before ``before``; returns its output."""
+    node = ir.node(op_type, inputs, attributes, domain=domain, name=f"{tag}/{step}", num_outputs=1)  # type: ignore[arg-type]
+    graph.insert_before(before, node)
+    return node.outputs[0]
+
+
+def take_over_output(result: ir.Value, out: ir.Value) -> None:
+    """``result`` replaces ``out`` everywhere, graph outputs included, under its type and name."""
+    # The type as a whole: an intermediate value without value_info has none, and setting a dtype
+    # of None would leave a Tensor(None) type that cannot be serialized.
+    result.type, result.shape = out.type, out.shape
+    out.replace_all_uses_with(result, replace_graph_outputs=True)
+    result.name = out.name  # the exported name: a gradient output keeps its name
+
+
+def rewrite_each_node(
+    model: onnx.ModelProto,
+    trigger: str,
+    rewrite: Callable[[ir.Graph, ir.Node], bool],
+    opset_imports: dict[str, int] | None = None,
+) -> tuple[onnx.ModelProto, int]:
+    """``rewrite`` tried on every node of a model holding a ``trigger`` node; how many it rewrote.
+
+    ``opset_imports`` are added when something was rewritten (the domains of the new nodes).
+    """
+    if not any(node.op_type == trigger for node in model.graph.node):
+        return model, 0
+    ir_model = ir.serde.deserialize_model(model)
+    graph = ir_model.graph
+    rewritten = sum(rewrite(graph, node) for node in list(graph))
+    if not rewritten:
+        return model, 0
+    for domain, version in (opset_imports or {}).items():
+        graph.opset_imports.setdefault(domain, version)
+    return ir.serde.serialize_model(ir_model), rewritten
