@@ -73,6 +73,20 @@ def label_losses(graph: torch.fx.Graph) -> list[LabelLoss]:
     return found
 
 
+def gather_counted_rows(
+    graph: torch.fx.Graph, rows: torch.fx.Node, target: torch.fx.Node, ignore_index: int
+) -> tuple[torch.fx.Node, torch.fx.Node]:
+    """Nodes (at the graph's insertion point) selecting the rows of ``rows`` (2-D) and of
+    ``target`` (1-D) whose label is not ``ignore_index``; the two selections, in that order."""
+    counted = graph.call_function(aten.ne.Scalar, (target, ignore_index))
+    positions = graph.call_function(aten.nonzero.default, (counted,))
+    index = graph.call_function(aten.view.default, (positions, [-1]))
+    return (
+        graph.call_function(aten.index_select.default, (rows, 0, index)),
+        graph.call_function(aten.index_select.default, (target, 0, index)),
+    )
+
+
 def gather_counted_labels(gm: torch.fx.GraphModule) -> list[str]:
     """Insert the gather of counted rows before each eligible loss; one line per loss changed."""
     graph = gm.graph
@@ -86,11 +100,7 @@ def gather_counted_labels(gm: torch.fx.GraphModule) -> list[str]:
             logger.info("label sparsity: %s left dense (reduction='none' returns every row)", loss.node.name)
             continue
         with graph.inserting_before(loss.node):
-            counted = graph.call_function(aten.ne.Scalar, (loss.target, loss.ignore_index))
-            positions = graph.call_function(aten.nonzero.default, (counted,))
-            index = graph.call_function(aten.view.default, (positions, [-1]))
-            rows = graph.call_function(aten.index_select.default, (loss.logits, 0, index))
-            labels = graph.call_function(aten.index_select.default, (loss.target, 0, index))
+            rows, labels = gather_counted_rows(graph, loss.logits, loss.target, loss.ignore_index)
         loss.node.args = (rows, labels, *loss.node.args[2:])
         changes.append(
             f"label sparsity: {op_name(loss.node)} (ignore_index={loss.ignore_index}) "

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from ortrain.passes.label_sparsity import gather_counted_rows
 from ortrain.passes.rowwise import value
 
 logger = logging.getLogger("ortrain.passes")
@@ -92,13 +93,12 @@ def linear_cross_entropy(
     bd = None if bias is None else bias.detach()
 
     sizes = _chunk_rows(x2.shape[0], classes)
-    x_chunks = [xd] if sizes is None else list(xd.split(sizes))
-    z_chunks = (
-        [None] * len(x_chunks)
-        if z2 is None
-        else ([z2.detach()] if sizes is None else list(z2.detach().split(sizes)))
-    )
-    label_chunks = [labels] if sizes is None else list(labels.split(sizes))
+
+    def chunks(t: torch.Tensor) -> list[torch.Tensor]:
+        return [t] if sizes is None else list(t.split(sizes))
+
+    x_chunks, label_chunks = chunks(xd), chunks(labels)
+    z_chunks: list[torch.Tensor | None] = [None] * len(x_chunks) if z2 is None else [*chunks(z2.detach())]
 
     total = xd.new_zeros(())
     count = labels.ne(ignore_index).sum()
@@ -189,19 +189,6 @@ def _linear_through_views(node: Any) -> tuple[torch.fx.Node, list[torch.fx.Node]
     return None
 
 
-def _gather_counted_rows(
-    graph: torch.fx.Graph, rows: torch.fx.Node, target: torch.fx.Node, ignore_index: int
-) -> tuple[torch.fx.Node, torch.fx.Node]:
-    labels = graph.call_function(aten.view.default, (target, [-1]))
-    counted = graph.call_function(aten.ne.Scalar, (labels, ignore_index))
-    positions = graph.call_function(aten.nonzero.default, (counted,))
-    index = graph.call_function(aten.view.default, (positions, [-1]))
-    return (
-        graph.call_function(aten.index_select.default, (rows, 0, index)),
-        graph.call_function(aten.index_select.default, (labels, 0, index)),
-    )
-
-
 def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, *, sparse: bool, chunked_gathers: bool) -> list[str]:
     """Replace each eligible ``linear`` + ``cross_entropy`` by :func:`linear_cross_entropy`.
 
@@ -246,7 +233,7 @@ def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, *, sparse: bool, chunked
                 rows = graph.call_function(aten.view.default, (x, [-1, value(x).shape[-1]]))
                 # the compute optimizer reads the selected tensor's shape off its meta
                 rows.meta["val"] = value(x).reshape(-1, value(x).shape[-1])
-                x, target = _gather_counted_rows(graph, rows, target, ignore_index)
+                x, target = gather_counted_rows(graph, rows, target, ignore_index)
             chunk_sparse = sparse and not gather_first
             smoothing = float(label_smoothing)
             arguments = (x, w, b, logits_arg, target, reduction, ignore_index, smoothing, chunk_sparse)
