@@ -146,3 +146,30 @@ def test_nothing_of_rows_times_vocabulary_is_stashed_for_backward(monkeypatch: p
     rows_by_vocabulary = 3 * 16 * 211 * 4
     # the log-softmax (rows x V) is gone; A W (rows x d) and A^T x (V x d) are stashed instead
     assert stashed[False] - stashed[True] >= rows_by_vocabulary - (3 * 16 + 211) * 16 * 4
+
+
+def test_freezing_the_head_while_training_is_seen() -> None:
+    """The fused loss computes only the gradients that are wanted at capture: freezing the head
+    (and unfreezing it again) after a step must re-capture, not reuse a graph that gives the head
+    a gradient (or none)."""
+    model = _gpt()
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(TinyGPTLoss(model))
+    eager_loss = TinyGPTLoss(eager)
+    generator = torch.Generator().manual_seed(5)
+    for head_trains in (True, False, True):
+        for m in (model, eager):
+            m.head.weight.requires_grad_(head_trains)
+            m.zero_grad(set_to_none=True)
+        idx = torch.randint(0, 211, (3, 16), generator=generator)
+        targets = torch.randint(0, 211, (3, 16), generator=generator)
+        wrapped(idx, targets).backward()
+        eager_loss(idx, targets).backward()
+        assert (model.head.weight.grad is None) == (not head_trains)
+        for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+            if q.grad is None:
+                assert p.grad is None, name
+            else:
+                torch.testing.assert_close(
+                    p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
+                )
