@@ -1,6 +1,8 @@
 """What every ortrain capture runs under, whichever entry point (ORTModule or torch.compile) traced.
 
-- The math SDPA backend: it decomposes into ops that have ONNX translations, backward included.
+- Flash attention for large attention calls, the math form for the others (see
+  :mod:`ortrain.capture.attention_kernel`): the math form decomposes into ops with ONNX
+  translations, backward included; flash runs in PyTorch and needs no seq x seq tensor.
 - Hugging Face masks built without data-dependent checks (see :mod:`ortrain.capture.huggingface`).
 - ``torch.compiler.is_compiling()`` answers ``True``: libraries ask it to pick a code path that
   can be traced (a mixture-of-experts layer that loops over ``offs.tolist()`` eagerly, say, or
@@ -16,8 +18,8 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ortrain.capture.attention_kernel import attention_kernel_choice
 from ortrain.capture.huggingface import hf_masks_traceable
 
 
@@ -35,7 +37,7 @@ def reports_compiling() -> Iterator[None]:
 @contextlib.contextmanager
 def tracing_context() -> Iterator[None]:
     with contextlib.ExitStack() as stack:
-        stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+        stack.enter_context(attention_kernel_choice())
         stack.enter_context(hf_masks_traceable())
         stack.enter_context(reports_compiling())
         yield

@@ -20,6 +20,12 @@ Two kinds of nodes are PyTorch's:
   (values crossing to PyTorch had the wrong shape), and several complex ops have no translation
   (``slice_scatter`` in the backward of ``irfft``). Any node that reads or writes a complex
   tensor (the FFTs of complex data, ``view_as_complex``, ``stft``'s intermediates) runs in PyTorch.
+- **Fused attention kernels** (flash / memory-efficient ``scaled_dot_product_attention``, forward
+  and backward): the forward returns the log-sum-exp of each row, which its backward reads instead
+  of the batch x heads x seq x seq probabilities. ONNX has no operator that returns it; onnxscript's
+  translations run the math attention and fill the log-sum-exp with zeros, so a backward reading
+  them computes wrong gradients (tiny GPT: errors of 1e4). Kept whole in PyTorch, attention needs
+  no seq x seq tensor in the forward, the stash or the backward, as in eager.
 """
 
 from __future__ import annotations
@@ -61,6 +67,19 @@ LINEAR_ALGEBRA: frozenset[object] = frozenset(
     }
 )
 
+FUSED_ATTENTION: frozenset[object] = frozenset(
+    {
+        aten._scaled_dot_product_flash_attention_for_cpu,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward,
+        aten._scaled_dot_product_flash_attention,
+        aten._scaled_dot_product_flash_attention_backward,
+        aten._scaled_dot_product_efficient_attention,
+        aten._scaled_dot_product_efficient_attention_backward,
+        aten._scaled_dot_product_cudnn_attention,
+        aten._scaled_dot_product_cudnn_attention_backward,
+    }
+)
+
 _WITH_EFFECTS = torch.ops.higher_order.with_effects
 
 
@@ -89,6 +108,8 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
         target = node.args[1]  # with_effects(token, op, *args): the op it orders
     if _packet(target) in LINEAR_ALGEBRA:
         return "linear algebra"
+    if _packet(target) in FUSED_ATTENTION:
+        return "fused attention"
     if _touches_complex(node):
         return "complex tensor"
     return None
