@@ -110,6 +110,28 @@ def test_layout_only_regions_go_to_the_next_executor() -> None:
     assert [s.executor.name for s in plan.steps] == ["torch"]
 
 
+def test_a_region_runs_its_nodes_in_the_graph_order() -> None:
+    """Two independent chains (chunks of a loss, say) stay chain after chain, not interleaved
+    breadth-first: ONNX Runtime runs a region's nodes in the given order, and an interleaved order
+    keeps every chain's intermediates alive at once."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    ends = []
+    for chain in "ab":
+        value = x
+        for i in range(3):
+            value = graph.call_function(aten.neg.default, (value,), name=f"{chain}{i}")
+        ends.append(value)
+    total = graph.call_function(aten.add.Tensor, tuple(ends), name="total")
+    after = graph.call_function(aten.relu.default, (total,), name="after")  # a second region
+    graph.output((after,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    claimed = {"a0", "a1", "a2", "b0", "b1", "b2", "total"}
+    plan = partition(gm, [_Claims("ort", names=claimed), TorchExecutor()])
+    (ort,) = [s for s in plan.steps if s.executor.name == "ort"]
+    assert [n.name for n in ort.nodes] == ["a0", "a1", "a2", "b0", "b1", "b2", "total"]
+
+
 def _random_graph(rng: random.Random, size: int) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     values = [graph.placeholder(f"x{i}") for i in range(rng.randint(1, 3))]
@@ -145,7 +167,10 @@ def test_random_dags_partition_without_cycles_and_compute_the_same(seed: int) ->
         if n.op == "call_function" and n.target is not operator.getitem
     ]
     assert sorted(ran) == sorted(names)
+    position = {name: i for i, name in enumerate(n.name for n in gm.graph.nodes)}
     for step in plan.steps:  # a node runs in the executor that claimed it (or the next, if layout-only)
+        ranks = [position[n.name] for n in step.nodes]
+        assert ranks == sorted(ranks), f"seed {seed}: region {step.name} reorders the graph"
         for node in step.nodes:
             if step.executor.name == "a":
                 assert node.name in first
