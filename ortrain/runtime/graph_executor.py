@@ -265,6 +265,22 @@ def _save_views(plan: Plan, runners: list[Runner], saver: StageSaver, name: str,
         saver.save(view, name, stage)
 
 
+class _ZeroOutputs:
+    """A variant's runner, its zero outputs (removed from its region) given back as None."""
+
+    def __init__(self, runner: Runner, zero_outputs: frozenset[int], width: int) -> None:
+        self.runner = runner
+        self.zero_outputs = zero_outputs
+        self._kept = [p for p in range(width) if p not in zero_outputs]
+        self._width = width
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        results: list[Any] = [None] * self._width
+        for position, value in zip(self._kept, self.runner(args), strict=True):
+            results[position] = value
+        return results
+
+
 class PlanRunner:
     """Runs a partitioned graph: each region by its executor's runner, values crossing by slot."""
 
@@ -279,6 +295,8 @@ class PlanRunner:
         self.profile: dict[str, float] | None = None
         # Graph inputs that are output gradients (None when the loss does not use the output).
         self._tangents = {i for i, p in enumerate(plan.placeholders) if is_tangent(p)}
+        # Slots a variant left None because they are zeros made of unused gradients.
+        self._zero_slots: set[int] = set()
         # (step, positions of its None tangents) -> the step's runner without them (None: zeros fed)
         self._variants: dict[tuple[int, frozenset[int]], Runner | None] = {}
 
@@ -294,7 +312,7 @@ class PlanRunner:
         profile = self.profile
         for index, (runner, inputs, outputs, frees, executor) in enumerate(self._schedule):
             values = [env[s] for s in inputs]
-            if self._tangents and any(v is None for v in values):
+            if (self._tangents or self._zero_slots) and any(v is None for v in values):
                 runner, values = self._without_unused_tangents(index, runner, values)
             if profile is not None:
                 start = time.perf_counter()
@@ -305,9 +323,18 @@ class PlanRunner:
             del values
             for slot, value in zip(outputs, produced, strict=True):
                 env[slot] = value
+            if isinstance(runner, _ZeroOutputs):
+                self._zero_slots.update(outputs[p] for p in runner.zero_outputs)
             for slot in frees:
                 env[slot] = None
-        return list(map_aggregate(plan.outputs, lambda v: env[v.index] if isinstance(v, Slot) else v))
+        return list(map_aggregate(plan.outputs, lambda v: self._result(env, v)))
+
+    def _result(self, env: list[Any], value: Any) -> Any:
+        if not isinstance(value, Slot):
+            return value
+        if env[value.index] is None and value.index in self._zero_slots:
+            return zeros_like_value(self.plan.values[value.index])  # a gradient of the graph
+        return env[value.index]
 
     def _without_unused_tangents(
         self, index: int, runner: Runner, values: list[Any]
@@ -319,7 +346,7 @@ class PlanRunner:
         missing = frozenset(
             p
             for p, (s, v) in enumerate(zip(step.inputs, values, strict=True))
-            if v is None and s in self._tangents
+            if v is None and (s in self._tangents or s in self._zero_slots)
         )
         if not missing:
             return runner, values
@@ -342,9 +369,11 @@ class PlanRunner:
         try:
             # An export, like a capture's: one at a time, and the user's generator untouched.
             with COMPILE_LOCK, torch.random.fork_rng(devices=[]):
-                return step.executor.build(
+                runner = step.executor.build(
                     region, what=f"region {step.name} without unused gradients", whole=False
                 )
         except Exception as error:  # feeding zeros computes the same
             logger.debug("region %s: no variant without unused gradients (%s)", step.name, error)
             return None
+        zero_outputs = region.meta.get("zero_outputs", frozenset())
+        return _ZeroOutputs(runner, zero_outputs, len(step.outputs)) if zero_outputs else runner

@@ -1,0 +1,56 @@
+"""A region without its unused output gradients: what they make zero is not computed."""
+
+from __future__ import annotations
+
+import torch
+
+from ortrain.capture.unused_tangents import without_inputs
+
+aten = torch.ops.aten
+
+
+def _region() -> torch.fx.GraphModule:
+    """The head's backward, as a region: the logits' gradient (a tangent) through a view into the
+    weight gradient's and the input gradient's matmuls, each added to another contribution."""
+    graph = torch.fx.Graph()
+    tangent, x, w, other = (graph.placeholder(n) for n in ("tangents_1", "x", "w", "other"))
+    values = {
+        tangent: torch.empty(2, 3, 5),
+        x: torch.empty(6, 4),
+        w: torch.empty(5, 4),
+        other: torch.empty(6, 4),
+    }
+    for node, value in values.items():
+        node.meta["val"] = value
+    flat = graph.call_function(aten.view.default, (tangent, [6, 5]))
+    grad_x = graph.call_function(aten.mm.default, (flat, w))
+    summed = graph.call_function(aten.add.Tensor, (grad_x, other))
+    grad_w = graph.call_function(aten.mm.default, (graph.call_function(aten.t.default, (flat,)), x))
+    doubled = graph.call_function(aten.mul.Tensor, (x, 2.0))  # reads no zero: kept
+    graph.output((summed, grad_w, flat, doubled))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    torch.fx.passes.shape_prop.ShapeProp(gm).propagate(*(torch.randn(v.shape) for v in values.values()))
+    for node in gm.graph.nodes:  # ShapeProp writes tensor_meta; the capture's graphs carry val
+        if node.op != "output" and "val" not in node.meta:
+            meta = node.meta["tensor_meta"]
+            node.meta["val"] = torch.empty(meta.shape, dtype=meta.dtype)
+    return gm
+
+
+def test_zero_gradient_products_are_not_computed_and_zero_outputs_leave() -> None:
+    region = without_inputs(_region(), {0})
+    assert region is not None
+    targets = [n.target for n in region.graph.nodes if n.op == "call_function"]
+    assert aten.mm.default not in targets and aten.add.Tensor not in targets
+    # The weight gradient and the flattened gradient are zero: they leave as None (positions 1, 2).
+    assert region.meta["zero_outputs"] == frozenset({1, 2})
+    x, w, other = torch.randn(6, 4), torch.randn(5, 4), torch.randn(6, 4)
+    summed, doubled = region(x, w, other)
+    torch.testing.assert_close(summed, other)  # mm(zeros, w) + other
+    torch.testing.assert_close(doubled, x * 2)
+
+
+def test_the_same_region_with_its_gradient_is_untouched() -> None:
+    region = without_inputs(_region(), set())
+    assert region is not None and region.meta["zero_outputs"] == frozenset()
+    assert sum(n.target is aten.mm.default for n in region.graph.nodes) == 2
