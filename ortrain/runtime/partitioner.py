@@ -130,7 +130,7 @@ def partition(gm: torch.fx.GraphModule, executors: Sequence[Executor], *, segmen
             partitioner = CapabilityBasedPartitioner(
                 work, _Claimed({n.name for n in mine}), allows_single_node_partition=True
             )
-            groups = [set(p.nodes) for p in partitioner.propose_partitions()]
+            groups = _hoist_sinks([set(p.nodes) for p in partitioner.propose_partitions()], work.graph)
             if index != len(executors) - 1:
                 dropped = [g for g in groups if all(n.target in _LAYOUT_ONLY for n in g)]
                 groups = [g for g in groups if g not in dropped]
@@ -152,6 +152,46 @@ def partition(gm: torch.fx.GraphModule, executors: Sequence[Executor], *, segmen
         )
         regions.update({f"{key}_{i}": executor for i in range(len(groups))})
     return _plan(work, regions, placeholders, gm.graph.nodes)
+
+
+def _hoist_sinks(groups: list[set[torch.fx.Node]], graph: torch.fx.Graph) -> list[set[torch.fx.Node]]:
+    """Nodes that only feed the graph's outputs, moved into the region that makes their inputs.
+
+    The fuser grows the largest acyclic regions, and a node that feeds nothing later (a weight
+    gradient's product, the transposes and sums before it) fits in any region after its inputs: it
+    tended to land in the last one. Its inputs (a layer's output gradient, activation-sized) then
+    stayed alive to the end of the backward run. Tiny GPT, batch 32, sequence 512: every layer left
+    about 93 MiB more alive, 1279 -> 1557 MiB of live values over the backward instead of falling.
+
+    A node moves to group G when each input is a graph input, in G or moving to G, and each user is
+    the output or moves to G too: G then gains no edge to another region, so no cycle can form.
+    """
+    if len(groups) < 2:
+        return groups
+    owner = {n: i for i, group in enumerate(groups) for n in group}
+    target: dict[torch.fx.Node, int] = {}
+    for node in (n for n in graph.nodes if n in owner):  # inputs before users
+        sources = {target.get(a, owner.get(a, -1)) for a in node.all_input_nodes if a.op not in _FREE_INPUTS}
+        if len(sources) == 1 and (source := sources.pop()) not in (-1, owner[node]):
+            target[node] = source
+    changed = True
+    while changed:  # drop moves whose users or inputs stay behind, until none does
+        changed = False
+        for node, group in list(target.items()):
+            users_follow = all(u.op == "output" or target.get(u) == group for u in node.users)
+            inputs_there = all(
+                a.op in _FREE_INPUTS or target.get(a, owner.get(a)) == group for a in node.all_input_nodes
+            )
+            if not (users_follow and inputs_there):
+                del target[node]
+                changed = True
+    for node, group in target.items():
+        groups[owner[node]].discard(node)
+        groups[group].add(node)
+    return [group for group in groups if group]
+
+
+_FREE_INPUTS = ("placeholder", "get_attr")
 
 
 def _segmented(

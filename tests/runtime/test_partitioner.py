@@ -132,6 +132,27 @@ def test_a_region_runs_its_nodes_in_the_graph_order() -> None:
     assert [n.name for n in ort.nodes] == ["a0", "a1", "a2", "b0", "b1", "b2", "total"]
 
 
+def test_a_node_feeding_only_outputs_runs_in_the_region_of_its_inputs() -> None:
+    """A weight gradient's product feeds only the output: it runs where its input is made, not in
+    the last region, so that its input (an activation-sized gradient) dies early."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    grad = graph.call_function(aten.neg.default, (x,), name="grad")
+    crossing = graph.call_function(aten.relu.default, (grad,), name="crossing")  # torch's: a cut
+    later = graph.call_function(aten.neg.default, (crossing,), name="later")
+    weight_grad = graph.call_function(aten.mul.Tensor, (grad, x), name="weight_grad")
+    graph.output((later, weight_grad))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    plan = partition(gm, [_Claims("ort", names={"grad", "later", "weight_grad"}), TorchExecutor()])
+    regions = {n.name: step.name for step in plan.steps for n in step.nodes}
+    assert regions["weight_grad"] == regions["grad"] != regions["later"]
+    # The value "grad" is freed right after the crossing reads it, not kept for a later region.
+    runners = [s.executor.build(s.region, what=s.name, whole=plan.whole) for s in plan.steps]
+    args = [torch.randn(4)]
+    for got, want in zip(PlanRunner(plan, runners)(list(args)), gm(*args), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def _random_graph(rng: random.Random, size: int) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     values = [graph.placeholder(f"x{i}") for i in range(rng.randint(1, 3))]
