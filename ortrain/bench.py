@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ortrain.inspector.memory_stats import process_memory_mib
 from ortrain.runtime.cpu import cpu_name
 
 logger = logging.getLogger("ortrain.bench")
@@ -203,7 +203,9 @@ def run_competitor(
         _train_step(model, optimizer, batch)
         times.append(time.perf_counter() - start)
     result["step_ms"] = statistics.median(times) * 1000
-    result["peak_mib"] = _peak_rss_mib()
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a child started by a large
+    # driver reported at least the driver's size at the fork (every MLP competitor read 611 MiB).
+    result["peak_mib"] = process_memory_mib()[1]
     if breakdown:
         from ortrain.runtime import ort_profile
 
@@ -291,20 +293,6 @@ def run_benchmark(
                         result.gemm_gflops = _gemm_speed(model_name, QUICK if quick else FULL)
                 results.append(result)
     return results
-
-
-def _peak_rss_mib() -> float:
-    """This process's peak resident set. Linux's ``ru_maxrss`` survives ``exec``: a child started
-    by a large parent reports at least the parent's size at the fork (every MLP competitor read 611
-    MiB, the driver's size after measuring the GPT's GEMMs). ``VmHWM`` belongs to the new image."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _gemm_speed(model_name: str, sizes: ModelSizes) -> dict[str, float]:
