@@ -15,8 +15,8 @@ with the probabilities, so the capture picks flash where the probabilities are l
 
 Measured, tiny GPT (4 layers, 4 heads of 64, batch 8; 2-core AMD EPYC, medians of alternated
 processes, OpenMP policy unset), step with flash against the math form: sequence 128 (2 MiB of
-probabilities per call) 352 against 335 ms, 256 (8 MiB) 690 against 718-780, 512 (32 MiB) 1572-1639
-against 2169. Hence the threshold of 4 MiB.
+probabilities per call) 352-358 against 331-339 ms, 256 (8 MiB) 690-691 against 718-780, 512 (32 MiB)
+1491-1658 against 2014-2037. Hence the threshold of 4 MiB.
 
 Where flash does not apply (dropout on the CPU, a mask that needs a gradient, a head size it does
 not support, ...) PyTorch's dispatcher falls back to the math form by itself.

@@ -154,6 +154,10 @@ def partition(gm: torch.fx.GraphModule, executors: Sequence[Executor], *, segmen
     return _plan(work, regions, placeholders, gm.graph.nodes)
 
 
+# Values every region can read (graph inputs and constants): they tie a node to no region.
+_FREE_INPUTS = ("placeholder", "get_attr")
+
+
 def _hoist_sinks(groups: list[set[torch.fx.Node]], graph: torch.fx.Graph) -> list[set[torch.fx.Node]]:
     """Nodes that only feed the graph's outputs, moved into the region that makes their inputs.
 
@@ -189,9 +193,6 @@ def _hoist_sinks(groups: list[set[torch.fx.Node]], graph: torch.fx.Graph) -> lis
         groups[owner[node]].discard(node)
         groups[group].add(node)
     return [group for group in groups if group]
-
-
-_FREE_INPUTS = ("placeholder", "get_attr")
 
 
 def _segmented(
