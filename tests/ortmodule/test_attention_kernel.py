@@ -201,3 +201,42 @@ def test_flash_attention_across_sequence_lengths_and_in_eval() -> None:
     x = torch.randn(3, 30, 32)
     with torch.no_grad():
         torch.testing.assert_close(wrapped(x), eager(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.usefixtures("flash_always")
+def test_flash_attention_model_changed_while_training() -> None:
+    """Frozen then unfrozen projection, then a swapped output layer: each change re-captures (or is
+    guarded) and gradients stay eager's, with flash attention in the graphs."""
+    torch.manual_seed(0)
+    model = Attention(is_causal=True)
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    batches = _batches(steps=4)
+
+    def change(module: Attention, step: int) -> None:
+        if step == 0:
+            module.q.weight.requires_grad_(False)
+        elif step == 1:
+            module.q.weight.requires_grad_(True)
+        elif step == 2:
+            torch.manual_seed(7)
+            module.out = nn.Linear(32, 32)
+
+    for step, batch in enumerate(batches):
+        for module, target in ((wrapped, model), (eager, eager)):
+            change(target, step)
+            target.zero_grad(set_to_none=True)
+            _loss(module, batch).backward()
+        for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+            if q.grad is None:
+                assert p.grad is None, f"step {step}: {name} has a gradient eager does not"
+            else:
+                where = f"step {step}: {name}"
+                torch.testing.assert_close(
+                    p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=lambda m, w=where: f"{w}: {m}"
+                )
+    entries = [e for es in wrapped._ortrain_graphs.values() for e in es]
+    assert len(entries) >= 2  # the requires-grad change and the new layer re-captured
+    for entry in entries:
+        ops = [n.target for step in entry.capture.forward.runner.plan.steps for n in step.nodes]
+        assert FLASH_FORWARD in ops
