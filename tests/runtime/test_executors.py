@@ -82,6 +82,47 @@ def test_ort_sessions_run_nodes_in_the_graphs_own_order() -> None:
     assert run.session.get_session_options().execution_order == ort.ExecutionOrder.PRIORITY_BASED
 
 
+def test_ort_sessions_keep_slices_of_one_tensor_apart(tmp_path) -> None:
+    # ONNX Runtime's GatherSliceToSplitFusion writes every slice at once as one Split: the fused
+    # loss's per-chunk slices of returned logits became a second full copy alive for the loop.
+    import onnx
+    from onnx import TensorProto, helper
+
+    from ortrain.runtime.executors.ort import DISABLED_OPTIMIZERS, session_options
+
+    def bound(name: str, value: int) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value_ints=[value])
+
+    nodes = [bound("zero", 0), bound("one", 1), bound("two", 2), bound("axis", 0)]
+    for i, (start, end) in enumerate((("zero", "one"), ("one", "two"))):
+        nodes += [
+            helper.make_node("Slice", ["x", start, end, "axis"], [f"chunk{i}"]),
+            helper.make_node("Exp", [f"chunk{i}"], [f"exp{i}"]),
+            helper.make_node("ReduceSum", [f"exp{i}"], [f"sum{i}"], keepdims=0),
+        ]
+    nodes.append(helper.make_node("Add", ["sum0", "sum1"], ["total"]))
+    graph = helper.make_graph(
+        nodes,
+        "chunks",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, [])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    options = session_options()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    session = ort.InferenceSession(
+        model.SerializeToString(),
+        options,
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=DISABLED_OPTIMIZERS,
+    )
+    x = torch.randn(2, 8)
+    (total,) = session.run(None, {"x": x.numpy()})
+    torch.testing.assert_close(torch.as_tensor(total), x.exp().sum())
+    ops = [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
+    assert ops.count("Slice") == 2 and "Split" not in ops, ops
+
+
 def test_ort_executor_rejects_the_nodes_without_a_bfloat16_kernel() -> None:
     with pytest.raises(RegionRejected) as rejected:
         _ort().build(_graph(torch.bfloat16), what="g", whole=True)
