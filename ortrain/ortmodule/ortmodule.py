@@ -56,6 +56,7 @@ from ortrain.ortmodule.zero3 import zero3_gathered, zero3_parameters
 from ortrain.passes.pipeline import ForwardRewrite, StageSaver, default_passes, forward_rewrites
 from ortrain.runtime.full_collections import full_collections_deferred
 from ortrain.runtime.memory import release_freed_memory
+from ortrain.runtime.placement import memory_level_declined
 from ortrain.runtime.placement_tuning import TunedRunner, TuningSettings, build_tuned_graph_executor
 from ortrain.runtime.startup_timings import timed
 
@@ -501,6 +502,7 @@ class ORTModule(nn.Module):
                 openmp_passive=openmp_wait_policy() == "PASSIVE",
                 cache_dir=self._ortrain_options.cache_dir,
                 segments=self._ortrain_options.backward_segments if name == "backward" else 1,
+                declined=memory_level_declined(self._ortrain_options.memory_opt_level, name),
             )
         # Export keeps example tensors alive until collected; give their memory back now. Graphs
         # all loaded from ORTMODULE_CACHE_DIR made none, and the collection alone costs 0.4 s.

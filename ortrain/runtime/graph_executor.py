@@ -61,6 +61,7 @@ def build_graph_executor(
     openmp_passive: bool = True,
     cache_dir: Path | None = None,
     placement: Placement = DEFAULT,
+    declined: frozenset[object] = frozenset(),
     announce: bool = True,
     segments: int = 1,
 ) -> PlanRunner:
@@ -69,7 +70,8 @@ def build_graph_executor(
     ``openmp_passive``: PyTorch's OpenMP threads do not spin (``OMP_WAIT_POLICY=PASSIVE``); when
     they do and the graph mixes PyTorch work with ONNX Runtime regions, a warning advises it.
     ``cache_dir`` (ORTMODULE_CACHE_DIR): each region's export is looked up there first.
-    ``placement``: operator groups left to PyTorch (see :mod:`ortrain.runtime.placement`).
+    ``placement``: operator groups left to PyTorch (see :mod:`ortrain.runtime.placement`);
+    ``declined``: operators left to PyTorch under any placement.
     ``announce``: log the plan and its advice; the tuner builds candidates quietly and speaks
     for the one it keeps. ``segments``: a graph ONNX Runtime runs whole is cut into up to that many
     consecutive sessions, so that its inputs are freed as the run goes (ORTMODULE_BACKWARD_SEGMENTS).
@@ -83,6 +85,7 @@ def build_graph_executor(
         available_providers=available_providers,
         cache_dir=cache_dir,
         placement=placement,
+        declined=declined,
     )
     if selection.no_onnxruntime is not None:
         if not policy & FallbackPolicy.FALLBACK_UNSUPPORTED_DEVICE:
@@ -132,6 +135,7 @@ def build_graph_executor(
             logger.warning(_refusal_message(name, refused, disabled=False))
     if announce:
         announce_plan(plan, name, openmp_passive=openmp_passive)
+        _announce_declined(plan, name, declined)
     if saver is not None:
         _save_views(plan, runners, saver, name, opset_version)
     return PlanRunner(plan, runners)
@@ -154,6 +158,22 @@ def announce_plan(plan: Plan, name: str, *, openmp_passive: bool) -> None:
             name,
             sum(native.values()),
             "; ".join(f"{op} x{count} ({why})" for (op, why), count in sorted(native.items())),
+        )
+
+
+def _announce_declined(plan: Plan, name: str, declined: frozenset[object]) -> None:
+    counts: dict[str, int] = {}
+    for step in plan.steps:
+        if isinstance(step.executor, TorchExecutor):
+            for node in step.nodes:
+                if node.target in declined:
+                    counts[fx_target_name(node)] = counts.get(fx_target_name(node), 0) + 1
+    if counts:
+        logger.info(
+            "%s graph: PyTorch runs %s (memory optimizer: one pass and one output where ONNX "
+            "Runtime's translation keeps several temporaries alive)",
+            name,
+            ", ".join(f"{op} x{count}" for op, count in sorted(counts.items())),
         )
 
 

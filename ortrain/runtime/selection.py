@@ -32,10 +32,12 @@ def select_executors(
     available_providers: list[str] | None = None,
     cache_dir: Path | None = None,
     placement: Placement = DEFAULT,
+    declined: frozenset[object] = frozenset(),
 ) -> Selection:
     """Python op > ONNX Runtime (with the device's execution provider, if installed) > torch.
 
-    ``placement`` (a tuned choice) leaves operator groups, or everything, to torch."""
+    ``placement`` (a tuned choice) leaves operator groups, or everything, to torch; ``declined``
+    leaves these operators to torch under every placement (the memory optimizer's)."""
     if placement.all_torch:
         return Selection([PythonOpExecutor(), TorchExecutor()])
     available = ort.get_available_providers() if available_providers is None else available_providers
@@ -58,6 +60,6 @@ def select_executors(
         passes=passes,
         graph_name=graph_name,
         cache_dir=cache_dir,
-        declined=placement.declined,
+        declined=placement.declined | declined,
     )
     return Selection([PythonOpExecutor(), onnxruntime, TorchExecutor()])

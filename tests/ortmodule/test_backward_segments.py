@@ -51,8 +51,20 @@ def test_training_matches_eager(monkeypatch: pytest.MonkeyPatch, segments: int, 
     assert_same_state(wrapped, eager)
     ((entry,),) = wrapped._ortrain_graphs.values()
     backward = entry.capture.backward.runner
-    assert runs_whole_in_onnxruntime(backward)
-    assert 2 <= len(backward.plan.steps) <= segments
+    if level == 0:
+        assert runs_whole_in_onnxruntime(backward)
+        assert 2 <= len(backward.plan.steps) <= segments
+    else:
+        # Level 1 leaves gelu_backward to PyTorch (runtime/placement.py): the graph is then cut
+        # at those nodes into regions instead of segments, and nothing else leaves ONNX Runtime.
+        in_torch = {
+            node.target
+            for step in backward.plan.steps
+            if step.executor.name == "torch"
+            for node in step.nodes
+            if node.op == "call_function"
+        }
+        assert in_torch == {aten.gelu_backward.default}
 
 
 def test_cuts_follow_the_bytes_freed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -219,6 +219,38 @@ def test_training_matches_eager_with_recompute(
         assert report.plan("Gemm+").applied == 1 and report.plan("LayerNormalization+").applied == 2
 
 
+@pytest.mark.parametrize("level", [0, 1])
+def test_level_1_leaves_gelu_backward_to_pytorch(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, level: int
+) -> None:
+    # Its ONNX translation keeps three activation-sized temporaries alive (the backward's peak).
+    from ortrain.runtime.executors.torch import TorchExecutor
+
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", str(level))
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(2)
+    batches = [torch.randint(0, 64, (4, 16)) for _ in range(2)]
+    losses_ort, losses_eager, eager, wrapped = train_side_by_side(
+        _gpt(n_layer=2), batches, lambda m, b: m(b, torch.roll(b, -1, dims=1))[1]
+    )
+    torch.testing.assert_close(losses_ort, losses_eager, rtol=1e-5, atol=1e-5)
+    assert_same_state(wrapped, eager)
+    runners = dict(wrapped.graph_runners())
+    in_torch = [
+        node
+        for step in runners["backward"].plan.steps
+        if isinstance(step.executor, TorchExecutor)
+        for node in step.nodes
+        if node.target is torch.ops.aten.gelu_backward.default
+    ]
+    assert len(in_torch) == (2 if level else 0)
+    said = [r.getMessage() for r in caplog.records if "(memory optimizer: one pass" in r.getMessage()]
+    assert len(said) == (1 if level else 0)
+    if level:
+        assert said[0].startswith("backward graph: PyTorch runs aten.gelu_backward.default x2"), said[0]
+
+
 def test_dropout_is_never_recomputed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A recomputed dropout would draw a new mask in backward: the gradient would be wrong."""
     monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "2")
