@@ -25,6 +25,7 @@ from ortrain.capture.dynamo_backend import BACKEND_NAME, aot_backend, register
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.ortmodule.options import DebugOptions, RuntimeOptions, openmp_wait_policy, runtime_options
 from ortrain.passes.pipeline import StageSaver, default_passes
+from ortrain.runtime.placement import memory_level_declined
 from ortrain.runtime.placement_tuning import TuningSettings, build_tuned_graph_executor
 
 logger = logging.getLogger("ortrain.backend")
@@ -81,6 +82,7 @@ def _graph_runner(
         policy=options.fallback_policy,
         openmp_passive=openmp_wait_policy() == "PASSIVE",
         cache_dir=options.cache_dir,
+        declined=memory_level_declined(options.memory_opt_level, name),
     )
 
 

@@ -167,7 +167,8 @@ def _announce_declined(plan: Plan, name: str, declined: frozenset[object]) -> No
         if isinstance(step.executor, TorchExecutor):
             for node in step.nodes:
                 if node.target in declined:
-                    counts[fx_target_name(node)] = counts.get(fx_target_name(node), 0) + 1
+                    op = fx_target_name(node)
+                    counts[op] = counts.get(op, 0) + 1
     if counts:
         logger.info(
             "%s graph: PyTorch runs %s (memory optimizer: one pass and one output where ONNX "

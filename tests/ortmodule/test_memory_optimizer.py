@@ -251,6 +251,27 @@ def test_level_1_leaves_gelu_backward_to_pytorch(
         assert said[0].startswith("backward graph: PyTorch runs aten.gelu_backward.default x2"), said[0]
 
 
+def test_the_torch_compile_backend_leaves_gelu_backward_to_pytorch_at_level_1(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The same variable means the same for torch.compile(backend="ortrain") as for ORTModule.
+    from _compile_parity import train_compiled_side_by_side
+
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "1")
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
+    caplog.set_level(logging.INFO, logger="ortrain.runtime")
+    torch.manual_seed(2)
+    batches = [torch.randint(0, 64, (4, 16)) for _ in range(2)]
+    model = _gpt(n_layer=2)
+    losses_ort, losses_eager, eager, _ = train_compiled_side_by_side(
+        model, batches, lambda m, b: m(b, torch.roll(b, -1, dims=1))[1]
+    )
+    torch.testing.assert_close(torch.tensor(losses_ort), torch.tensor(losses_eager), rtol=1e-4, atol=1e-6)
+    assert_same_state(model, eager)
+    said = [r.getMessage() for r in caplog.records if "(memory optimizer: one pass" in r.getMessage()]
+    assert said and all(m.startswith("backward graph: PyTorch runs aten.gelu_backward.default") for m in said)
+
+
 def test_dropout_is_never_recomputed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A recomputed dropout would draw a new mask in backward: the gradient would be wrong."""
     monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "2")
