@@ -1,25 +1,18 @@
-"""Which kernel a captured ``scaled_dot_product_attention`` becomes: flash attention or the math form.
+"""Which kernel a captured ``scaled_dot_product_attention`` becomes: PyTorch's flash kernel.
 
-The math form (``softmax(q @ k^T) @ v``, decomposed) has ONNX translations, forward and backward,
-and runs in ONNX Runtime between the linear layers around it. Its probabilities are a batch x
-heads x seq x seq tensor: stashed for the backward or rebuilt there (memory level 0 rebuilds them),
-and in any case materialized, with the scores and their gradients, once per layer and step.
+Capture lets the dispatcher pick flash attention (``_scaled_dot_product_flash_attention_for_cpu``
+and its backward), as eager does on the CPU: it never materializes the batch x heads x seq x seq
+probabilities, saves one log-sum-exp a row and works in blocks. Where the flash kernel does not
+apply (dropout on the CPU, a mask that needs a gradient, a head size it does not support, ...)
+the dispatcher takes the math form (``softmax(q @ k^T) @ v``, decomposed) by itself.
 
-PyTorch's flash attention kernel (``_scaled_dot_product_flash_attention_for_cpu`` and its
-backward) never materializes them: it saves one log-sum-exp per row and works in blocks. It has
-no ONNX equivalent, so it runs in PyTorch (:mod:`ortrain.runtime.torch_native_ops`), and each call
-costs two crossings between ONNX Runtime and PyTorch a step (about 1-3 ms each here: PyTorch's
-OpenMP threads keep spinning on the cores ONNX Runtime needs next, unless
-``OMP_WAIT_POLICY=PASSIVE``). The crossings cost the same at any size, the work flash saves grows
-with the probabilities, so the capture picks flash where the probabilities are large.
-
-Measured, tiny GPT (4 layers, 4 heads of 64, batch 8; 2-core AMD EPYC, medians of alternated
-processes, OpenMP policy unset), step with flash against the math form: sequence 128 (2 MiB of
-probabilities per call) 352-358 against 331-339 ms, 256 (8 MiB) 690-691 against 718-780, 512 (32 MiB)
-1491-1658 against 2014-2037. Hence the threshold of 4 MiB.
-
-Where flash does not apply (dropout on the CPU, a mask that needs a gradient, a head size it does
-not support, ...) PyTorch's dispatcher falls back to the math form by itself.
+Where the graph runs is decided later, per node, by the partitioner: PyTorch runs the kernel
+itself, ONNX Runtime runs small attention calls as the same computation written out in math
+(:mod:`ortrain.export.flash_attention_math`, the threshold in
+:mod:`ortrain.runtime.torch_native_ops`). Until wave 9 the choice was made here, at capture, by
+size: small calls were traced in their math form for ONNX Runtime, so a graph the op tuner then
+gave to PyTorch ran PyTorch's math attention (bmm, a safe softmax, copies) where eager runs flash:
+1.14x eager's step on the tiny GPT at sequence 128 against 1.08x with flash (2-core Intel Xeon).
 """
 
 from __future__ import annotations
@@ -27,18 +20,10 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.overrides import TorchFunctionMode
-
-# Probabilities (batch x heads x query length x key length) of at least this many bytes per call.
-FLASH_MIN_PROBABILITY_BYTES = 4 * 2**20
-
-_SDPA = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
 
 # A size only known at run time (unbacked) counts as large: flash needs no seq x seq memory.
 _UNKNOWN_SIZE = 2**20
@@ -51,20 +36,8 @@ def probability_bytes(query: torch.Tensor, key: torch.Tensor) -> int:
     return rows * optimization_hint(key.shape[-2], _UNKNOWN_SIZE) * query.element_size()
 
 
-class _AttentionKernelChoice(TorchFunctionMode):
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func not in _SDPA or len(args) < 2:
-            return func(*args, **kwargs)
-        query, key = args[0], args[1]
-        if probability_bytes(query, key) < FLASH_MIN_PROBABILITY_BYTES:
-            return func(*args, **kwargs)
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):
-            return func(*args, **kwargs)
-
-
 @contextlib.contextmanager
 def attention_kernel_choice() -> Iterator[None]:
-    """Inside, large attention calls may use flash attention (the math backend stays the default)."""
-    with sdpa_kernel(SDPBackend.MATH), _AttentionKernelChoice():
+    """Inside, attention calls take the flash kernel where it applies, the math form elsewhere."""
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):
         yield

@@ -42,6 +42,7 @@ from ortrain.export.exporter_decompositions import (
     onnx_decomposition_table,
     translated_operators,
 )
+from ortrain.export.flash_attention_math import MATH_FORMS, NoMathForm, laid_out_like, math_form_applies
 from ortrain.export.onnx_translations import torchlib_registry
 from ortrain.export.recorded_type_promotion import insert_type_promotion_nodes
 
@@ -59,6 +60,7 @@ def translate(gm: torch.fx.GraphModule, *, opset_version: int) -> Any:
     if opset_version < _constants.TORCHLIB_OPSET:
         raise Unsupported(f"opset {opset_version} is below torchlib's {_constants.TORCHLIB_OPSET}")
     registry = torchlib_registry(opset_version)
+    inline_math_forms(gm)
     _decompose_untranslated(gm, translated_operators(registry), lambda: onnx_decomposition_table(registry)[1])
     insert_type_promotion_nodes(gm)
     gm = _fx_passes.remove_assertion_nodes(gm)
@@ -79,6 +81,46 @@ def translate(gm: torch.fx.GraphModule, *, opset_version: int) -> Any:
     # Transposes in its backward.)
     model = onnxscript_apis.convert_version(model, opset_version)
     return onnxscript_apis.optimize(model)
+
+
+def inline_math_forms(gm: torch.fx.GraphModule) -> int:
+    """Replace each CPU flash attention node that has a math form by its trace (see
+    :mod:`ortrain.export.flash_attention_math`); returns how many were replaced. Runs before
+    either export path, so that neither meets torch.onnx's translation of the kernel; a flash
+    node without a math form raises :class:`NoMathForm`."""
+    replaced = 0
+    for node in list(gm.graph.nodes):
+        if math_form_applies(node):
+            call = _DecompositionCall(node)
+            math_form, recorded = MATH_FORMS[node.target], node.meta.get("val")
+            table = {node.target: lambda *a, f=math_form, r=recorded, **k: laid_out_like(f(*a, **k), r)}
+            _inline(gm.graph, node, _renamed_in_order(call.trace(table)), call.inputs)
+            replaced += 1
+        elif node.op == "call_function" and node.target in MATH_FORMS:
+            # torch.onnx would translate it with a log-sum-exp of zeros: wrong gradients.
+            raise NoMathForm(f"{node.target} has no math form here (dropout, or grouped heads)")
+    if replaced:
+        gm.graph.lint()
+        gm.recompile()
+    return replaced
+
+
+def _renamed_in_order(traced: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``traced`` with its nodes named from their operators in order (``mul``, ``mul_1``): a trace
+    numbers them after the size arithmetic it happened to record (more on a process's first
+    trace), and the names reach the ONNX graph, which must not depend on what ran before."""
+    graph = torch.fx.Graph()
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in traced.graph.nodes:
+        if node.op == "output":
+            graph.output(torch.fx.map_arg(node.args[0], copies.__getitem__))
+            continue
+        name = node.name if node.op == "placeholder" else None
+        args = torch.fx.map_arg(node.args, copies.__getitem__)
+        kwargs = torch.fx.map_arg(node.kwargs, copies.__getitem__)
+        copies[node] = graph.create_node(node.op, node.target, args, kwargs, name)  # type: ignore[arg-type]
+        copies[node].meta = dict(node.meta)
+    return torch.fx.GraphModule(traced, graph)
 
 
 def _needs_decomposition(node: torch.fx.Node, translated: set[Any]) -> bool:

@@ -29,6 +29,7 @@ from ortrain.capture.symbolic_sizes import SizeMax, SizeMin
 from ortrain.capture.view_ops import RESHAPES
 from ortrain.export import direct_translation
 from ortrain.export.exporter_decompositions import lean_decomposition
+from ortrain.export.flash_attention_math import NoMathForm
 from ortrain.export.index_dtypes import cast_indices_to_int64
 from ortrain.export.known_shape_inference import shape_inference_only_where_unknown
 from ortrain.export.onnx_translations import reused_op_registry
@@ -195,7 +196,13 @@ def _example_inputs(
     for node in placeholders:
         val = node.meta["val"]
         sizes = [int(_expr(s).subs(values)) for s in val.shape]
-        examples.append(torch.zeros(sizes, dtype=val.dtype))
+        # In the captured layout: a view the graph takes of an input may rely on its strides (the
+        # flash attention kernels' outputs are batch x seq x heads x dim in memory).
+        strides = [int(_expr(s).subs(values)) for s in val.stride()] if val.layout == torch.strided else None
+        example = torch.zeros(sizes, dtype=val.dtype)
+        if strides is not None and example.stride() != tuple(strides) and example.numel() > 0:
+            example = torch.empty_strided(sizes, strides, dtype=val.dtype).zero_()
+        examples.append(example)
         dims = {d: Dim.AUTO for d, s in enumerate(val.shape) if _expr(s).free_symbols}
         dynamic.append(dims or None)
     return examples, dynamic
@@ -311,6 +318,10 @@ def _translate(
         except Exception as error:  # whatever it is, torch.onnx's own path gets its chance
             TRANSLATIONS["torch.onnx.export"] += 1
             logger.debug("exporting through torch.onnx.export: %s", _summarize_export_error(error)[0])
+    try:
+        direct_translation.inline_math_forms(gm)
+    except NoMathForm as error:
+        raise ExportError(str(error)) from error
     examples, dynamic = _example_inputs(placeholders)
     compile_now(gm)
     try:

@@ -22,17 +22,32 @@ Three kinds of nodes are PyTorch's:
   tensor (the FFTs of complex data, ``view_as_complex``, ``stft``'s intermediates) runs in PyTorch.
 - **Fused attention kernels** (flash / memory-efficient ``scaled_dot_product_attention``, forward
   and backward): the forward returns the log-sum-exp of each row, which its backward reads instead
-  of the batch x heads x seq x seq probabilities. ONNX has no operator that returns it; onnxscript's
-  translations run the math attention and fill the log-sum-exp with zeros, so a backward reading
-  them computes wrong gradients (tiny GPT: errors of 1e4). Kept whole in PyTorch, attention needs
-  no seq x seq tensor in the forward, the stash or the backward, as in eager.
+  of the batch x heads x seq x seq probabilities. Kept whole in PyTorch, attention needs no
+  seq x seq tensor in the forward, the stash or the backward, as in eager. The exception: the CPU
+  flash kernels on small attention (probabilities under ``FLASH_MIN_PROBABILITY_BYTES`` a call,
+  no dropout, one head count for query, key and value) go to ONNX Runtime written out in math
+  (:mod:`ortrain.export.flash_attention_math`), where the two crossings a layer would cost more
+  than the kernel saves. (onnxscript's own translation of the forward fills the log-sum-exp with
+  zeros, so a backward reading them computes wrong gradients: tiny GPT, errors of 1e4.)
+
+Measured for the threshold, tiny GPT (4 layers, 4 heads of 64, batch 8; 2-core AMD EPYC, ONNX
+Runtime placement, medians of alternated processes, OpenMP policy unset), step with flash in
+PyTorch against the math form in ONNX Runtime: sequence 128 (2 MiB of probabilities per call)
+352-358 against 331-339 ms, 256 (8 MiB) 690-691 against 718-780, 512 (32 MiB) 1491-1658 against
+2014-2037. Hence 4 MiB.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ortrain.capture.attention_kernel import probability_bytes
+from ortrain.export.flash_attention_math import FLASH_BACKWARD, math_form_applies
+
 aten = torch.ops.aten
+
+# Attention whose probabilities take at least this many bytes per call stays in PyTorch's kernel.
+FLASH_MIN_PROBABILITY_BYTES = 4 * 2**20
 
 # Packets, so that every overload (``.default``, ``.out``-less variants, ``atol_rtol_tensor``) counts.
 LINEAR_ALGEBRA: frozenset[object] = frozenset(
@@ -108,11 +123,20 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
         target = node.args[1]  # with_effects(token, op, *args): the op it orders
     if _packet(target) in LINEAR_ALGEBRA:
         return "linear algebra"
-    if _packet(target) in FUSED_ATTENTION:
+    if _packet(target) in FUSED_ATTENTION and not _small_flash_attention(node):
         return "fused attention"
     if _touches_complex(node):
         return "complex tensor"
     return None
+
+
+def _small_flash_attention(node: torch.fx.Node) -> bool:
+    """A CPU flash node that ONNX Runtime runs better in its math form (see the module's text)."""
+    if not math_form_applies(node):
+        return False
+    first = 1 if node.target is FLASH_BACKWARD else 0
+    query, key = (arg.meta["val"] for arg in node.args[first : first + 2])  # type: ignore[union-attr]
+    return probability_bytes(query, key) < FLASH_MIN_PROBABILITY_BYTES
 
 
 def is_torch_native(node: torch.fx.Node) -> bool:

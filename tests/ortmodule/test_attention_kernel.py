@@ -1,5 +1,6 @@
-"""Large attention calls are captured as PyTorch's flash kernel (run in PyTorch), small ones in
-their math form (run in ONNX Runtime); either way losses and gradients equal eager's."""
+"""Attention is captured as PyTorch's flash kernel; large calls run it in PyTorch, small ones run
+in ONNX Runtime written out in math (ortrain.export.flash_attention_math); either way losses and
+gradients equal eager's."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from _parity import assert_same_state, runs_whole_in_onnxruntime, train_side_by_
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import ortrain.capture.attention_kernel as attention_kernel
+import ortrain.runtime.torch_native_ops as torch_native_ops
 from ortrain import ORTModule
 from ortrain.capture.attention_kernel import probability_bytes
 
@@ -83,8 +84,8 @@ def _ops(wrapped: ORTModule) -> tuple[dict[str, list[object]], dict[str, list[ob
 
 @pytest.fixture
 def flash_always(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Flash for every size: the tests' attention is small, the rule is about size alone."""
-    monkeypatch.setattr(attention_kernel, "FLASH_MIN_PROBABILITY_BYTES", 0)
+    """PyTorch's kernel for every size: the tests' attention is small, the rule is about size alone."""
+    monkeypatch.setattr(torch_native_ops, "FLASH_MIN_PROBABILITY_BYTES", 0)
 
 
 def test_probability_bytes_counts_batch_heads_and_both_lengths() -> None:
@@ -93,23 +94,36 @@ def test_probability_bytes_counts_batch_heads_and_both_lengths() -> None:
     assert probability_bytes(query.half(), key.half()) == 2 * 4 * 10 * 12 * 2
 
 
-def test_small_attention_stays_math_in_onnxruntime() -> None:
+def _captured_ops(wrapped: ORTModule) -> tuple[set[object], set[object]]:
+    (entry,) = [e for entries in wrapped._ortrain_graphs.values() for e in entries]
+    return (
+        {n.target for n in entry.capture.forward.graph.graph.nodes},
+        {n.target for n in entry.capture.backward.graph.graph.nodes},
+    )
+
+
+def test_small_attention_is_captured_as_flash_and_runs_whole_in_onnxruntime() -> None:
+    """Captured as eager's kernel (what PyTorch runs if the tuner gives it the graph), exported in
+    its math form: no crossing between the libraries."""
     wrapped = ORTModule(Attention(is_causal=True))
     _loss(wrapped, _batches()[0]).backward()
+    forward, backward = _captured_ops(wrapped)
+    assert FLASH_FORWARD in forward and FLASH_BACKWARD in backward
+    assert aten._safe_softmax.default not in forward
     (entry,) = [e for entries in wrapped._ortrain_graphs.values() for e in entries]
     assert runs_whole_in_onnxruntime(entry.capture.forward.runner)
     assert runs_whole_in_onnxruntime(entry.capture.backward.runner)
 
 
-def test_attention_at_the_threshold_uses_flash(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_attention_at_the_threshold_runs_the_kernel_in_pytorch(monkeypatch: pytest.MonkeyPatch) -> None:
     # batch 2 x heads 4 x 24 x 24 float32 probabilities: 18432 bytes.
-    monkeypatch.setattr(attention_kernel, "FLASH_MIN_PROBABILITY_BYTES", 18432)
+    monkeypatch.setattr(torch_native_ops, "FLASH_MIN_PROBABILITY_BYTES", 18432)
     wrapped = ORTModule(Attention(is_causal=True))
     _loss(wrapped, _batches()[0]).backward()
     forward, backward = _ops(wrapped)
     assert forward["torch"] == [FLASH_FORWARD]
     assert backward["torch"] == [FLASH_BACKWARD]
-    monkeypatch.setattr(attention_kernel, "FLASH_MIN_PROBABILITY_BYTES", 18433)
+    monkeypatch.setattr(torch_native_ops, "FLASH_MIN_PROBABILITY_BYTES", 18433)
     wrapped = ORTModule(Attention(is_causal=True))
     _loss(wrapped, _batches()[0]).backward()
     forward, backward = _ops(wrapped)
@@ -136,6 +150,28 @@ def test_flash_attention_trains_like_eager(sdpa: dict, mask: str | None, kv_head
     assert_same_state(wrapped.module, eager, atol=1e-5)
     forward, backward = _ops(wrapped)
     assert FLASH_FORWARD in forward["torch"] and FLASH_BACKWARD in backward["torch"]
+
+
+@pytest.mark.parametrize(
+    ("sdpa", "mask"),
+    [
+        ({"is_causal": True}, None),
+        ({}, "padding"),
+        ({}, "additive"),
+        ({"is_causal": True, "scale": 0.3}, None),
+    ],
+    ids=["causal", "padding-mask", "additive-mask", "scale"],
+)
+def test_math_form_in_onnxruntime_trains_like_eager(sdpa: dict, mask: str | None) -> None:
+    """Small attention: the flash nodes run in ONNX Runtime as math, against eager's kernel."""
+    torch.manual_seed(0)
+    model = Attention(**sdpa)
+    losses_ort, losses_eager, eager, wrapped = train_side_by_side(model, _batches(mask=mask), _loss)
+    torch.testing.assert_close(losses_ort, losses_eager, rtol=1e-5, atol=1e-6)
+    assert_same_state(wrapped.module, eager, atol=1e-5)
+    forward, backward = _ops(wrapped)
+    assert FLASH_FORWARD in forward["onnxruntime"] and FLASH_BACKWARD in backward["onnxruntime"]
+    assert "torch" not in forward and "torch" not in backward
 
 
 @pytest.mark.usefixtures("flash_always")

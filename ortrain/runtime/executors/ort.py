@@ -31,6 +31,7 @@ import torch
 from ortrain.cache.cached_export import export_graph_cached
 from ortrain.cache.translation_table import translation_table
 from ortrain.export.element_types import ONNX_ELEMENT_TYPES
+from ortrain.export.flash_attention_math import math_form_applies
 from ortrain.export.fx_to_onnx import ExportedGraph, ExportError
 from ortrain.export.onnx_translations import fx_origins
 from ortrain.passes.pipeline import Pass, run_passes
@@ -396,6 +397,8 @@ class OnnxRuntimeExecutor:
         learned = _learned_refusals.get((self.provider, *_signature(node)))
         if learned is not None:
             return learned
+        if math_form_applies(node):
+            return None  # exported as its math form (ortrain.export.flash_attention_math)
         if not self._translations.has_onnx_translation(node.target):
             return "no ONNX translation"
         return None
