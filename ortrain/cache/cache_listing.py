@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from ortrain.cache.store import CacheStore
+from ortrain.runtime.tuning_results import FILE_NAME as TUNING_FILE
 
 
 def _size(size: float) -> str:
@@ -39,9 +40,19 @@ def list_cache(directory: Path) -> list[str]:
             f"{header['key'][:12]:<14} {header.get('what', '?'):<14} {header.get('nodes', '?'):>6} "
             f"{_size(entry.size):>10} {_age(now - header.get('created', now)):>7}  {versions}"
         )
+    tuning = directory / TUNING_FILE
+    if tuning.is_file():
+        lines.append(
+            f"{TUNING_FILE}: the placements op tuning chose on this machine, {_size(tuning.stat().st_size)}"
+        )
     return lines
 
 
 def clear_cache(directory: Path) -> list[str]:
     count, size = CacheStore(directory).clear() if directory.is_dir() else (0, 0)
+    tuning = directory / TUNING_FILE
+    if tuning.is_file():
+        size += tuning.stat().st_size
+        tuning.unlink()
+        count += 1
     return [f"{directory}: removed {count} files, {_size(size)}"]

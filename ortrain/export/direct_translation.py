@@ -89,12 +89,18 @@ def inline_math_forms(gm: torch.fx.GraphModule) -> int:
     either export path, so that neither meets torch.onnx's translation of the kernel; a flash
     node without a math form raises :class:`NoMathForm`."""
     replaced = 0
+    traces: dict[Any, torch.fx.GraphModule] = {}  # each layer's attention alike: traced once
     for node in list(gm.graph.nodes):
         if math_form_applies(node):
             call = _DecompositionCall(node)
-            math_form, recorded = MATH_FORMS[node.target], node.meta.get("val")
-            table = {node.target: lambda *a, f=math_form, r=recorded, **k: laid_out_like(f(*a, **k), r)}
-            _inline(gm.graph, node, _renamed_in_order(call.trace(table)), call.inputs)
+            decomposed = traces.get(call.key)
+            if decomposed is None:
+                math_form, recorded = MATH_FORMS[node.target], node.meta.get("val")
+                table = {node.target: lambda *a, f=math_form, r=recorded, **k: laid_out_like(f(*a, **k), r)}
+                decomposed = _renamed_in_order(call.trace(table))
+                if _reusable(decomposed):
+                    traces[call.key] = decomposed
+            _inline(gm.graph, node, decomposed, call.inputs)
             replaced += 1
         elif node.op == "call_function" and node.target in MATH_FORMS:
             # torch.onnx would translate it with a log-sum-exp of zeros: wrong gradients.

@@ -214,6 +214,14 @@ def runtime_options() -> RuntimeOptions:
     policy_raw = os.environ.get("ORTMODULE_FALLBACK_POLICY")
     cache_raw = os.environ.get("ORTMODULE_CACHE_DIR")
     tuning_path_raw = os.environ.get("ORTMODULE_TUNING_RESULTS_PATH", "").strip()
+    enable_tuning = _env_switch("ORTMODULE_ENABLE_TUNING")
+    tuning_results_path = Path(tuning_path_raw) if tuning_path_raw else None
+    if tuning_results_path is None and cache_raw and enable_tuning is not False:
+        # The placements chosen on this machine are part of what the cache keeps: a warm process
+        # then builds only the chosen one (no ONNX Runtime session for an all-torch graph).
+        from ortrain.runtime.tuning_results import FILE_NAME
+
+        tuning_results_path = Path(cache_raw) / FILE_NAME
     return RuntimeOptions(
         opset_version=opset,
         fallback_policy=parse_fallback_policy(policy_raw) if policy_raw else FallbackPolicy.default(),
@@ -228,9 +236,9 @@ def runtime_options() -> RuntimeOptions:
         memory_opt_level=parse_memory_opt_level(os.environ.get("ORTMODULE_MEMORY_OPT_LEVEL") or "0"),
         memory_opt_config=parse_memory_opt_config(os.environ.get("ORTMODULE_MEMORY_OPT_CONFIG", "")),
         use_triton=_env_flag("ORTMODULE_USE_TRITON", False),
-        enable_tuning=_env_switch("ORTMODULE_ENABLE_TUNING"),
+        enable_tuning=enable_tuning,
         max_tuning_duration_ms=_env_positive_int("ORTMODULE_MAX_TUNING_DURATION_MS"),
-        tuning_results_path=Path(tuning_path_raw) if tuning_path_raw else None,
+        tuning_results_path=tuning_results_path,
         triton_debug=_env_flag("ORTMODULE_TRITON_DEBUG", False),
         skipped_autograd_functions=_skipped_autograd_functions(),
         graph_cache_size=_env_int("ORTMODULE_GRAPH_CACHE_SIZE", 8, minimum=1),

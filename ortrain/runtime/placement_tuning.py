@@ -320,10 +320,15 @@ class TunedRunner:
             announce_plan(best.runner.plan, self.name, openmp_passive=self._openmp_passive)  # type: ignore[union-attr]
         _chosen_in_process[self._key] = best.placement.name
         if self._settings.results_path is not None:
-            tuning_results.save_choice(
-                self._settings.results_path,
-                self._key,
-                best.placement.name,
-                graph=self.name,
-                measured_ms=self.report,
-            )
+            try:
+                tuning_results.save_choice(
+                    self._settings.results_path,
+                    self._key,
+                    best.placement.name,
+                    graph=self.name,
+                    measured_ms=self.report,
+                )
+            except OSError as error:  # the choice stands for this run; a later one tunes again
+                logger.warning(
+                    "could not record the tuning choice in %s: %s", self._settings.results_path, error
+                )

@@ -109,13 +109,14 @@ def test_cli_lists_and_clears(
     store = CacheStore(tmp_path)
     store.save("export", KEY, b"x" * 3000, {"what": "backward", "nodes": 42, "versions": {"torch": "9.9"}})
     (tmp_path / "export-damaged.ortc").write_bytes(b"junk")
+    (tmp_path / "ortrain_tuning.json").write_text("{}")  # op tuning's choices live there too
     monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path))
     assert main(["cache", "list"]) == 0
     listing = capsys.readouterr().out
     assert "2 entries" in listing and "backward" in listing and "42" in listing and "torch 9.9" in listing
-    assert "(unreadable)" in listing
+    assert "(unreadable)" in listing and "ortrain_tuning.json: the placements op tuning chose" in listing
     assert main(["cache", "clear", "--dir", str(tmp_path)]) == 0
-    assert "removed 2 files" in capsys.readouterr().out
+    assert "removed 3 files" in capsys.readouterr().out
     assert not list(tmp_path.iterdir())
     monkeypatch.delenv("ORTMODULE_CACHE_DIR")
     assert main(["cache", "list"]) == 2

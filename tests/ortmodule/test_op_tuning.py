@@ -92,6 +92,39 @@ def test_tuned_training_matches_eager_and_untuned_and_its_choices_round_trip(
     torch.testing.assert_close(losses_ort, losses_untuned, rtol=1e-4, atol=1e-5)
 
 
+def test_the_cache_directory_keeps_the_choices_unless_tuning_is_off(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ORTMODULE_CACHE_DIR without ORTMODULE_TUNING_RESULTS_PATH: the choices go in the cache and
+    a later process builds only the chosen placement; an explicit path wins; tuning off reads none."""
+    from ortrain.ortmodule.options import runtime_options
+
+    cache = tmp_path / "cache"  # not made yet: the results file must not take its name
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(cache))
+    monkeypatch.delenv("ORTMODULE_ENABLE_TUNING")
+    assert runtime_options().tuning_results_path == cache / tuning_results.FILE_NAME
+    monkeypatch.setenv("ORTMODULE_TUNING_RESULTS_PATH", str(tmp_path / "mine.json"))
+    assert runtime_options().tuning_results_path == tmp_path / "mine.json"
+    monkeypatch.delenv("ORTMODULE_TUNING_RESULTS_PATH")
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
+    assert runtime_options().tuning_results_path is None
+
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "1")
+    monkeypatch.setenv("ORTMODULE_MAX_TUNING_DURATION_MS", _NO_BOUND_MS)
+    _, _, _, first = train_side_by_side(_mlp(), _batches(30), _mse)
+    chosen = {r.chosen_placement.name for r in _graphs(first)}
+    entries = json.loads((cache / tuning_results.FILE_NAME).read_text())["entries"]
+    assert {e["placement"] for e in entries.values()} == chosen
+
+    monkeypatch.setattr(placement_tuning, "_chosen_in_process", {})  # a new process
+    monkeypatch.delenv("ORTMODULE_ENABLE_TUNING")  # automatic, the default
+    with caplog.at_level(logging.INFO, logger="ortrain.runtime"):
+        losses, losses_eager, _, second = train_side_by_side(_mlp(), _batches(2), _mse)
+    torch.testing.assert_close(losses, losses_eager, rtol=1e-4, atol=1e-5)
+    assert not any(isinstance(r, TunedRunner) for r in _graphs(second))
+    assert sum("read from" in r.getMessage() for r in caplog.records) == 2
+
+
 def test_a_results_file_of_another_format_is_ignored_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
