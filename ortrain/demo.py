@@ -67,17 +67,20 @@ class CharBatches:
         return x, y
 
 
-def _step_time_ms(model: torch.nn.Module, batches: CharBatches, steps: int, lr: float) -> float:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    times = []
+def _step_times_ms(models: list[torch.nn.Module], batches: CharBatches, steps: int, lr: float) -> list[float]:
+    """Median step time of each model, their steps alternated on the same batches so that a
+    change in the machine's load (a shared machine's neighbours) hits them alike."""
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=lr) for m in models]
+    times: list[list[float]] = [[] for _ in models]
     for _ in range(steps):
         x, y = batches()
-        start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        model(x, y)[1].backward()
-        optimizer.step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
+        for model, optimizer, measured in zip(models, optimizers, times, strict=True):
+            start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            model(x, y)[1].backward()
+            optimizer.step()
+            measured.append(time.perf_counter() - start)
+    return [statistics.median(t) * 1000 for t in times]
 
 
 def run_demo(settings: DemoSettings, report: Callable[[str], None]) -> DemoResult:
@@ -116,9 +119,11 @@ def run_demo(settings: DemoSettings, report: Callable[[str], None]) -> DemoResul
     last = statistics.mean(losses[-10:])
     report(f"loss {first:.3f} -> {last:.3f} (mean of the first and last 10 steps)")
     report(f"first step (capture, export, session creation): {capture_seconds:.1f} s")
-    report(f"timing {settings.timing_steps} more steps of each, same model and data ...")
-    ort_ms = _step_time_ms(model, batches, settings.timing_steps, settings.lr)
-    eager_ms = _step_time_ms(eager_twin, batches, settings.timing_steps, settings.lr)
+    # The same weights on both sides: trained weights run at another speed than fresh ones (values
+    # that drift toward zero become subnormal, slow on the CPU), which a comparison must not measure.
+    eager_twin.load_state_dict(model.state_dict())
+    report(f"timing {settings.timing_steps} more steps of each, alternated, same weights and batches ...")
+    ort_ms, eager_ms = _step_times_ms([model, eager_twin], batches, settings.timing_steps, settings.lr)
     report(
         f"median step: ortrain {ort_ms:.1f} ms, eager PyTorch {eager_ms:.1f} ms "
         f"(ortrain/eager = {ort_ms / eager_ms:.2f})"
