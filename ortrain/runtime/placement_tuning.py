@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from ortrain.capture.compile_lock import COMPILE_LOCK
+from ortrain.errors import FallbackPolicy
 from ortrain.runtime import tuning_results
 from ortrain.runtime.graph_executor import PlanRunner, announce_plan, build_graph_executor
 from ortrain.runtime.placement import DEFAULT, Placement, candidates
@@ -106,22 +108,32 @@ def build_tuned_graph_executor(
         placement, source = recorded
         logger.info("%s graph: placement %s (%s)", name, placement.name, source)
         return build_graph_executor(graph, name=name, placement=placement, **build_options)
-    default = build_graph_executor(graph, name=name, **build_options)
     if settings.enabled is False or len(found) == 1:
-        return default
+        return build_graph_executor(graph, name=name, **build_options)
 
     def build(placement: Placement) -> PlanRunner:
         quiet = {**build_options, "saver": None}
         return build_graph_executor(graph, name=name, placement=placement, announce=False, **quiet)
 
+    def build_default() -> PlanRunner:
+        # An export in the middle of a step, like a capture's: one at a time, and the user's
+        # random generator untouched.
+        with COMPILE_LOCK, torch.random.fork_rng(devices=[]):
+            return build_graph_executor(graph, name=name, **build_options)
+
+    policy = build_options.get("policy")
+    # Without a fallback to PyTorch the user asked to learn at once whether ONNX Runtime can run
+    # the graph: then the default is built now, as without tuning.
+    lazy = policy is None or bool(policy & FallbackPolicy.FALLBACK_UNSUPPORTED_ONNX_MODEL)
     return TunedRunner(
         name,
-        default,
+        build_default if lazy else build_graph_executor(graph, name=name, **build_options),
         found,
         build,
         settings=settings,
         key=key,
         openmp_passive=build_options.get("openmp_passive", True),
+        lazy_default=lazy,
     )
 
 
@@ -167,7 +179,7 @@ class TunedRunner:
     def __init__(
         self,
         name: str,
-        default: PlanRunner,
+        default: PlanRunner | Callable[[], PlanRunner],
         found: list[Placement],
         build: Callable[[Placement], PlanRunner],
         *,
@@ -175,6 +187,7 @@ class TunedRunner:
         key: str,
         openmp_passive: bool = True,
         clock: Callable[[], float] = time.perf_counter,
+        lazy_default: bool = False,
     ) -> None:
         assert found[0] == DEFAULT
         self.name = name
@@ -184,7 +197,18 @@ class TunedRunner:
         self._openmp_passive = openmp_passive
         self._clock = clock
         self._candidates = [_Candidate(p) for p in found]
-        self._candidates[0].runner = default
+        # A default given as a builder (``lazy_default``) is built when the race first needs it;
+        # all-torch, which exports nothing, leads meanwhile, so the first steps pay no export.
+        self._build_default: Callable[[], PlanRunner] | None = None
+        self._lead = self._candidates[0]
+        all_torch = [c for c in self._candidates if c.placement.all_torch]
+        if not lazy_default:
+            self._candidates[0].runner = default  # type: ignore[assignment]
+        elif all_torch:
+            self._build_default = default  # type: ignore[assignment]
+            self._lead = all_torch[0]
+        else:
+            self._candidates[0].runner = default()  # type: ignore[operator]
         self._turn = 0
         self._spent = 0.0  # seconds of tuning: builds, and candidate calls beyond the default's
         self._profile: dict[str, float] | None = None
@@ -195,7 +219,10 @@ class TunedRunner:
     # PlanRunner's surface, for the benchmarks and tests that look at the plan in use.
     @property
     def active(self) -> PlanRunner:
-        return self.chosen if self.chosen is not None else self._candidates[0].runner  # type: ignore[return-value]
+        if self.chosen is not None:
+            return self.chosen
+        default = self._candidates[0].runner
+        return default if default is not None else self._lead.runner  # type: ignore[return-value]
 
     @property
     def plan(self) -> Any:
@@ -228,6 +255,8 @@ class TunedRunner:
         if self.chosen is not None:
             return self.chosen(args)
         candidate = self._next()
+        if candidate.runner is None and candidate is self._candidates[0]:
+            candidate.runner = self._default_runner()  # not tuning's cost: untuned pays it at capture
         if candidate.runner is None:
             start = self._clock()
             try:
@@ -247,10 +276,19 @@ class TunedRunner:
             self._choose()
         return outputs
 
+    def _default_runner(self) -> PlanRunner:
+        assert self._build_default is not None
+        runner = self._build_default()
+        runner.profile = self._profile
+        self._build_default = None
+        return runner
+
     def _next(self) -> _Candidate:
-        default = self._candidates[0]
+        lead, default = self._lead, self._candidates[0]
+        if not lead.warmed or not lead.samples:
+            return lead  # the lead's warm-up and first timing come first
         if not default.warmed or not default.samples:
-            return default  # the default's warm-up and first timing come first
+            return default  # then the default's
         live = [c for c in self._candidates if c.dropped is None and len(c.samples) < SAMPLES]
         if not live:
             return default
@@ -271,24 +309,28 @@ class TunedRunner:
 
     def _finished(self) -> bool:
         default = self._candidates[0]
+        if not self._lead.samples:
+            return False
+        if self._settings.enabled is None and self._lead.median * 1e3 < AUTO_MIN_CALL_MS:
+            return True
         if not default.samples:
             return False
-        if self._settings.enabled is None and default.median * 1e3 < AUTO_MIN_CALL_MS:
-            return True
         if self._spent >= self._settings.bound_s:
             return True
         return all(c.dropped is not None or len(c.samples) >= SAMPLES for c in self._candidates)
 
     def _choose(self) -> None:
         default = self._candidates[0]
-        if self._settings.enabled is None and default.median * 1e3 < AUTO_MIN_CALL_MS:
+        if self._settings.enabled is None and self._lead.median * 1e3 < AUTO_MIN_CALL_MS:
             logger.info(
                 "%s graph: not tuned: %.1f ms a call is under the %.0f ms that automatic tuning "
                 "needs to repay its exports (ORTMODULE_ENABLE_TUNING=1 tunes it anyway)",
                 self.name,
-                default.median * 1e3,
+                self._lead.median * 1e3,
                 AUTO_MIN_CALL_MS,
             )
+            if default.runner is None:
+                default.runner = self._default_runner()
             self.chosen, self.chosen_placement = default.runner, default.placement
             self._candidates = [default]
             return

@@ -188,6 +188,44 @@ def test_a_candidate_that_cannot_be_built_drops_out() -> None:
     assert "could not be built: RuntimeError: no" in (runner._candidates[1].dropped or "")
 
 
+def _lazy_race(seconds: dict[str, float], calls: int) -> tuple[TunedRunner, list[str]]:
+    """A race whose default is built when first needed; returns the placements in call order."""
+    clock = _Clock()
+    built: dict[str, _FakeRunner] = {}
+    order: list[str] = []
+
+    def build(placement: Placement) -> Any:
+        built[placement.name] = _FakeRunner(clock, seconds[placement.name])
+        return built[placement.name]
+
+    runner = TunedRunner(
+        "forward", lambda: build(DEFAULT), [DEFAULT, Placement(all_torch=True)], build,
+        settings=TuningSettings(enabled=None), key="k", clock=clock, lazy_default=True,  # type: ignore[arg-type]
+    )  # fmt: skip
+    for _ in range(calls):
+        before = {name: r.calls for name, r in built.items()}
+        assert runner([1.0]) == [2.0]
+        order.extend(name for name, r in built.items() if r.calls != before.get(name, 0))
+    return runner, order
+
+
+def test_a_lazy_default_is_built_on_its_turn_after_all_torch_leads() -> None:
+    """The first steps run all-torch, which exports nothing; the default (ONNX Runtime: an export
+    and sessions) is built on the third call, and the race then goes on as with an eager default."""
+    runner, order = _lazy_race({"onnxruntime": 0.100, "all-torch": 0.050}, calls=12)
+    assert order[:4] == ["all-torch", "all-torch", "onnxruntime", "onnxruntime"]
+    assert runner.chosen_placement == Placement(all_torch=True)
+    assert set(runner.report) == {"onnxruntime", "all-torch"}
+    slow_torch, _ = _lazy_race({"onnxruntime": 0.050, "all-torch": 0.100}, calls=12)
+    assert slow_torch.chosen_placement == DEFAULT
+
+
+def test_a_quick_graph_with_a_lazy_default_keeps_the_default() -> None:
+    runner, order = _lazy_race({"onnxruntime": 0.001, "all-torch": 0.0005}, calls=4)
+    assert runner.chosen_placement == DEFAULT and order[:2] == ["all-torch", "all-torch"]
+    assert order[2:] == ["onnxruntime", "onnxruntime"]
+
+
 @pytest.mark.parametrize("enabled", [None, True, False])
 def test_a_graph_is_described_once_and_its_choice_found_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any, enabled: bool | None
