@@ -8,10 +8,14 @@ the figure.
 
 How a graph is tuned (online, no work is repeated):
 
-1. The default placement (ONNX Runtime runs what it can) is built as without tuning and runs the
-   first calls; its first call is a warm-up (ONNX Runtime sizes its arena then), the second is
-   timed. In the automatic mode a graph whose call takes under ``AUTO_MIN_CALL_MS`` stops here,
-   and only placements that need no new export (all-torch) race the default; the mixed ones
+1. All-torch, which exports nothing, runs the first two calls (a warm-up, then a timing); the
+   default placement (ONNX Runtime runs what it can: an export and sessions) is built on the third
+   call, as without tuning, and warmed up and timed on the next (its first call is a warm-up: ONNX
+   Runtime sizes its arena then). So the first step pays capture alone. (Under a fallback policy
+   that forbids PyTorch for what ONNX Runtime cannot run, the default is built at capture and
+   leads, so that such a graph fails at once.) In the automatic mode a graph whose call takes
+   under ``AUTO_MIN_CALL_MS`` stops there and keeps the default, and only placements that need no
+   new export (all-torch) race the default; the mixed ones
    (matrix products or fused ops in PyTorch, the rest in ONNX Runtime) need
    ``ORTMODULE_ENABLE_TUNING=1``, as their exports cost seconds to a minute a graph.
 2. Every further call runs the next candidate in turn (interleaved, so drift in the machine's
