@@ -125,6 +125,45 @@ def test_the_cache_directory_keeps_the_choices_unless_tuning_is_off(
     assert sum("read from" in r.getMessage() for r in caplog.records) == 2
 
 
+@pytest.mark.parametrize("policy", [None, "FALLBACK_DISABLE"], ids=["default-policy", "fallback-disabled"])
+def test_the_first_steps_run_in_pytorch_and_onnxruntime_is_built_on_the_third(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, policy: str | None
+) -> None:
+    """Automatic tuning: the first two calls of a graph run all-torch (no export), ONNX Runtime's
+    placement is built on the third, with the debug ONNX files; the losses are eager's throughout.
+    A policy that forbids running in PyTorch what ONNX Runtime cannot run builds it at once."""
+    from ortrain import DebugOptions
+
+    monkeypatch.delenv("ORTMODULE_ENABLE_TUNING")
+    if policy is None:
+        monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")  # this directory's tests forbid fallbacks
+    else:
+        monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", policy)
+    monkeypatch.setenv("ORTMODULE_SAVE_ONNX_PATH", str(tmp_path))
+    torch.manual_seed(0)
+    # Big enough for a call to take more than the automatic mode's 2 ms on most machines.
+    model = nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 512))
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model, DebugOptions(save_onnx=True, onnx_prefix="lazy"))
+    x, y = torch.randn(256, 512), torch.randn(256, 512)
+    for step in range(4):
+        losses = []
+        for module in (wrapped, eager):
+            module.zero_grad()
+            loss = nn.functional.mse_loss(module(x), y)
+            loss.backward()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+        assert_same_state(wrapped, eager)
+        built = {r._candidates[0].runner is not None or r.chosen is not None for r in _graphs(wrapped)}
+        saved = list(tmp_path.glob("lazy*.onnx"))
+        if step == 0 and policy is None:
+            assert built == {False} and not saved  # no export yet
+        elif step >= 2 or policy is not None:
+            # (after the second call a graph quicker than 2 ms builds it too, to keep it)
+            assert built == {True} and saved, step
+
+
 def test_a_results_file_of_another_format_is_ignored_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
