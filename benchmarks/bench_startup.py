@@ -66,10 +66,10 @@ def _child(model_name: str, quick: bool) -> None:
         phases.append((f"re-capture (seq {half})", tuple(t[:, :half].contiguous() for t in batch)))
     # Op tuning runs the first calls in PyTorch and builds ONNX Runtime's placement on the third:
     # the steps after the first show where that export went.
-    measured = [*phases, (f"next {NEXT_STEPS} steps, together", batch)]
-    for label, inputs in measured:
+    measured = [(label, inputs, 1) for label, inputs in phases]
+    measured.append((f"next {NEXT_STEPS} steps, together", batch, NEXT_STEPS))
+    for label, inputs, repeats in measured:
         startup_timings.RECORDED.clear()
-        repeats = NEXT_STEPS if label.startswith("next") else 1
         total = sum(step(inputs) for _ in range(repeats))
         stages: dict[str, float] = defaultdict(float)
         for timing in startup_timings.RECORDED:

@@ -28,6 +28,7 @@ torch.onnx's private exporter API is used in this file (and the other files of `
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -88,19 +89,18 @@ def inline_math_forms(gm: torch.fx.GraphModule) -> int:
     :mod:`ortrain.export.flash_attention_math`); returns how many were replaced. Runs before
     either export path, so that neither meets torch.onnx's translation of the kernel; a flash
     node without a math form raises :class:`NoMathForm`."""
+
+    def traced(call: _DecompositionCall) -> torch.fx.GraphModule:
+        math_form, recorded = MATH_FORMS[call.node.target], call.node.meta.get("val")
+        table = {call.node.target: lambda *a, **k: laid_out_like(math_form(*a, **k), recorded)}
+        return _renamed_in_order(call.trace(table))
+
     replaced = 0
     traces: dict[Any, torch.fx.GraphModule] = {}  # each layer's attention alike: traced once
     for node in list(gm.graph.nodes):
         if math_form_applies(node):
             call = _DecompositionCall(node)
-            decomposed = traces.get(call.key)
-            if decomposed is None:
-                math_form, recorded = MATH_FORMS[node.target], node.meta.get("val")
-                table = {node.target: lambda *a, f=math_form, r=recorded, **k: laid_out_like(f(*a, **k), r)}
-                decomposed = _renamed_in_order(call.trace(table))
-                if _reusable(decomposed):
-                    traces[call.key] = decomposed
-            _inline(gm.graph, node, decomposed, call.inputs)
+            _inline(gm.graph, node, _shared_trace(call, traces, traced), call.inputs)
             replaced += 1
         elif node.op == "call_function" and node.target in MATH_FORMS:
             # torch.onnx would translate it with a log-sum-exp of zeros: wrong gradients.
@@ -147,6 +147,14 @@ def _decompose_untranslated(
     graph = gm.graph
     traces: dict[Any, torch.fx.GraphModule] = {}
     table: dict[Any, Any] | None = None  # made when a node first needs it
+
+    def checked_trace(table: dict[Any, Any], call: _DecompositionCall) -> torch.fx.GraphModule:
+        decomposed = call.trace(table)
+        for inner in decomposed.graph.nodes:
+            if inner.op == "call_function" and _needs_decomposition(inner, translated):
+                raise Unsupported(f"the decomposition of {call.node.target} leaves {inner.target}")
+        return decomposed
+
     for node in list(graph.nodes):
         if not _needs_decomposition(node, translated):
             continue
@@ -155,17 +163,25 @@ def _decompose_untranslated(
         if node.target not in table:
             raise Unsupported(f"{node.target} has neither a translation nor a decomposition")
         call = _DecompositionCall(node)
-        decomposed = traces.get(call.key)
-        if decomposed is None:
-            decomposed = call.trace(table)
-            if _reusable(decomposed):
-                traces[call.key] = decomposed
-            for inner in decomposed.graph.nodes:
-                if inner.op == "call_function" and _needs_decomposition(inner, translated):
-                    raise Unsupported(f"the decomposition of {node.target} leaves {inner.target}")
-        _inline(graph, node, decomposed, call.inputs)
+        _inline(
+            graph, node, _shared_trace(call, traces, functools.partial(checked_trace, table)), call.inputs
+        )
     graph.lint()
     gm.recompile()
+
+
+def _shared_trace(
+    call: _DecompositionCall,
+    traces: dict[Any, torch.fx.GraphModule],
+    trace: Callable[[_DecompositionCall], torch.fx.GraphModule],
+) -> torch.fx.GraphModule:
+    """``trace(call)``, or the trace of an alike call made earlier (see :func:`_reusable`)."""
+    decomposed = traces.get(call.key)
+    if decomposed is None:
+        decomposed = trace(call)
+        if _reusable(decomposed):
+            traces[call.key] = decomposed
+    return decomposed
 
 
 class _DecompositionCall:

@@ -141,17 +141,23 @@ def laid_out_like(values: Any, kernel_values: Any) -> Any:
     return values.permute(order).contiguous().permute(inverse)
 
 
+def attention_inputs(node: torch.fx.Node) -> list[Any]:
+    """The recorded values of a flash node's query, key and value (the backward's follow its
+    output gradient)."""
+    first = 1 if node.target is FLASH_BACKWARD else 0
+    return [arg.meta.get("val") for arg in node.args[first : first + 3] if isinstance(arg, torch.fx.Node)]
+
+
 def math_form_applies(node: torch.fx.Node) -> bool:
     """Whether a flash node can be replaced by its math form: no dropout, and query, key and value
     of one batch and head count (a broadcast or grouped head layout stays in PyTorch's kernel)."""
     if node.op != "call_function" or node.target not in MATH_FORMS:
         return False
-    backward = node.target is FLASH_BACKWARD
-    first, dropout_at = (1, 6) if backward else (0, 3)
+    dropout_at = 6 if node.target is FLASH_BACKWARD else 3
     dropout = node.args[dropout_at] if len(node.args) > dropout_at else 0.0
     if dropout != 0.0:
         return False
-    tensors = [arg.meta.get("val") for arg in node.args[first : first + 3] if isinstance(arg, torch.fx.Node)]
+    tensors = attention_inputs(node)
     if len(tensors) != 3 or any(not isinstance(t, torch.Tensor) or t.dim() != 4 for t in tensors):
         return False
     query, key, value = tensors

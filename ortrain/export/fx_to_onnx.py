@@ -198,11 +198,11 @@ def _example_inputs(
         sizes = [int(_expr(s).subs(values)) for s in val.shape]
         # In the captured layout: a view the graph takes of an input may rely on its strides (the
         # flash attention kernels' outputs are batch x seq x heads x dim in memory).
-        strides = [int(_expr(s).subs(values)) for s in val.stride()] if val.layout == torch.strided else None
-        example = torch.zeros(sizes, dtype=val.dtype)
-        if strides is not None and example.stride() != tuple(strides) and example.numel() > 0:
-            example = torch.empty_strided(sizes, strides, dtype=val.dtype).zero_()
-        examples.append(example)
+        if val.layout == torch.strided:
+            strides = [int(_expr(s).subs(values)) for s in val.stride()]
+            examples.append(torch.empty_strided(sizes, strides, dtype=val.dtype).zero_())
+        else:
+            examples.append(torch.zeros(sizes, dtype=val.dtype))
         dims = {d: Dim.AUTO for d, s in enumerate(val.shape) if _expr(s).free_symbols}
         dynamic.append(dims or None)
     return examples, dynamic

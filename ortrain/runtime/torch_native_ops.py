@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 
 from ortrain.capture.attention_kernel import probability_bytes
-from ortrain.export.flash_attention_math import FLASH_BACKWARD, math_form_applies
+from ortrain.export.flash_attention_math import attention_inputs, math_form_applies
 
 aten = torch.ops.aten
 
@@ -134,8 +134,7 @@ def _small_flash_attention(node: torch.fx.Node) -> bool:
     """A CPU flash node that ONNX Runtime runs better in its math form (see the module's text)."""
     if not math_form_applies(node):
         return False
-    first = 1 if node.target is FLASH_BACKWARD else 0
-    query, key = (arg.meta["val"] for arg in node.args[first : first + 2])  # type: ignore[union-attr]
+    query, key, _ = attention_inputs(node)
     return probability_bytes(query, key) < FLASH_MIN_PROBABILITY_BYTES
 
 
