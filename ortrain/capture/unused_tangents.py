@@ -20,6 +20,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 aten = torch.ops.aten
 
@@ -108,46 +109,46 @@ def zeros_like_value(value: torch.Tensor) -> torch.Tensor:
 
 def without_inputs(region: torch.fx.GraphModule, positions: set[int]) -> torch.fx.GraphModule | None:
     """``region`` with its placeholders at ``positions`` replaced by zeros of their fixed size, what
-    they make zero replaced by zeros and additions of zeros dropped; None when a size is not fixed.
-    Outputs that come out zero are removed; their positions are in ``meta["zero_outputs"]``."""
+    they make zero not computed and additions of zeros dropped; None when such a placeholder's size
+    is not fixed. Outputs that come out zero are removed; their positions are in
+    ``meta["zero_outputs"]``.
+
+    A zero value is made (as a zeros constant) only where something that is not itself zero reads
+    it. Values of a data-dependent size (the rows a sparsity pass gathered) cannot be made that
+    way: where one must exist it is computed as captured, from zeros made further up.
+    """
     graph = torch.fx.Graph()
     mapping = graph.graph_copy(region.graph, {})
     graph.output(mapping)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    zeros: set[torch.fx.Node] = set()
-    for position in sorted(positions):
-        placeholder = placeholders[position]
-        value = placeholder.meta.get("val")
-        if not isinstance(value, torch.Tensor) or not all(isinstance(s, int) for s in value.shape):
-            return None
-        with graph.inserting_after(placeholders[-1]):
-            made = _zeros_node(graph, value)
-        placeholder.replace_all_uses_with(made)
-        graph.erase_node(placeholder)
-        zeros.add(made)
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node not in graph.nodes:
+    zeros = {placeholders[p] for p in positions}
+    if not all(_fixed(p.meta.get("val")) for p in zeros):
+        return None
+    equal_to = _zero_propagation(graph, zeros)
+    # Zeros that something other than a zero or a dropped addition reads must exist.
+    needed: set[torch.fx.Node] = set()
+    pending = [
+        z for z in zeros if any(u not in zeros and u not in equal_to and u.op != "output" for u in z.users)
+    ]
+    while pending:
+        node = pending.pop()
+        if node in needed:
             continue
-        value = node.meta.get("val")
-        if not isinstance(value, torch.Tensor) or not all(isinstance(s, int) for s in value.shape):
-            continue
-        if _zero_when_zero(node, zeros):
-            with graph.inserting_before(node):
-                made = _zeros_node(graph, value)
+        needed.add(node)
+        if not _fixed(node.meta.get("val")):  # computed as captured: its zero arguments must exist
+            pending += [a for a in node.all_input_nodes if a in zeros]
+    for node in sorted(needed, key=lambda n: n.op != "placeholder"):
+        if _fixed(node.meta.get("val")):
+            with (
+                graph.inserting_after(placeholders[-1])
+                if node.op == "placeholder"
+                else graph.inserting_before(node)
+            ):
+                made = _zeros_node(graph, node.meta["val"])
             node.replace_all_uses_with(made)
             graph.erase_node(node)
-            zeros.add(made)
-        elif node.target in _ADDS and not node.kwargs:
-            a, b = node.args
-            kept = b if a in zeros else a if b in zeros else None
-            kept_value = kept.meta.get("val") if isinstance(kept, torch.fx.Node) else None
-            if (
-                isinstance(kept_value, torch.Tensor)
-                and kept_value.shape == value.shape
-                and kept_value.dtype == value.dtype
-            ):
-                node.replace_all_uses_with(kept)
-                graph.erase_node(node)
+    for addition, kept in equal_to.items():
+        addition.replace_all_uses_with(kept)
     # Outputs that are zeros leave the region as None (positions in ``meta["zero_outputs"]``): the
     # regions that read them get variants too, so that a zero gradient crossing regions is not
     # materialized and multiplied there either.
@@ -157,9 +158,47 @@ def without_inputs(region: torch.fx.GraphModule, positions: set[int]) -> torch.f
     if zero_outputs:
         output.args = (tuple(r for i, r in enumerate(returned) if i not in zero_outputs),)
     graph.eliminate_dead_code()
+    for placeholder in zeros & set(placeholders) - needed:  # read only by what is gone now
+        graph.erase_node(placeholder)
     made = torch.fx.GraphModule(region, graph)
     made.meta["zero_outputs"] = zero_outputs
     return made
+
+
+def _zero_propagation(graph: torch.fx.Graph, zeros: set[torch.fx.Node]) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Add to ``zeros`` every node that is zero because of them; returns the additions of a zero
+    to another value of the same size and dtype, each with the value it equals."""
+    equal_to: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        if _zero_when_zero(node, zeros):
+            zeros.add(node)
+        elif node.target in _ADDS and not node.kwargs:
+            a, b = (equal_to.get(x, x) for x in node.args)
+            kept = b if a in zeros else a if b in zeros else None
+            if isinstance(kept, torch.fx.Node) and _same_layout(kept.meta.get("val"), node.meta.get("val")):
+                if kept in zeros:
+                    zeros.add(node)
+                else:
+                    equal_to[node] = kept
+    return equal_to
+
+
+def _fixed(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and all(isinstance(s, int) for s in value.shape)
+
+
+def _same_layout(a: Any, b: Any) -> bool:
+    """Same dtype and sizes; a data-dependent size is the same only when it is provably so (asking
+    the symbols would raise)."""
+    return (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.dtype == b.dtype
+        and a.dim() == b.dim()
+        and all(statically_known_true(x == y) for x, y in zip(a.shape, b.shape, strict=True))
+    )
 
 
 def _zero_when_zero(node: torch.fx.Node, zeros: set[torch.fx.Node]) -> bool:

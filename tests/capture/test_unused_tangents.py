@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from ortrain.capture.unused_tangents import without_inputs
 
@@ -54,3 +57,29 @@ def test_the_same_region_with_its_gradient_is_untouched() -> None:
     region = without_inputs(_region(), set())
     assert region is not None and region.meta["zero_outputs"] == frozenset()
     assert sum(n.target is aten.mm.default for n in region.graph.nodes) == 2
+
+
+def _sparse_head_backward(
+    tangent: torch.Tensor, x: torch.Tensor, keep: torch.Tensor, w: torch.Tensor, other: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A head run on the kept rows only (label sparsity, padding elimination): its gradients pass
+    through values whose row count depends on the data."""
+    index = keep.nonzero().view(-1)
+    rows_grad = tangent.index_select(0, index)
+    grad_w = rows_grad.t().mm(x.index_select(0, index)) + other  # the zero product is dropped
+    grad_x = x.new_zeros(x.shape).index_copy(0, index, rows_grad.mm(w))  # a scatter reads it
+    return grad_w, grad_x
+
+
+def test_zeros_of_a_data_dependent_size_are_skipped_or_computed_from_zeros() -> None:
+    keep = torch.tensor([True, False, True, True, False, True])
+    real = (torch.randn(6, 5), torch.randn(6, 4), keep, torch.randn(5, 4), torch.randn(5, 4))
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    fakes = [fake_mode.from_tensor(t, static_shapes=True) for t in real]
+    region = without_inputs(make_fx(_sparse_head_backward, tracing_mode="symbolic")(*fakes), {0})
+    assert region is not None
+    # The weight gradient's product is not computed; the one the scatter reads is, from zeros.
+    assert sum(n.target is aten.mm.default for n in region.graph.nodes) == 1
+    grad_w, grad_x = region(*real[1:])
+    torch.testing.assert_close(grad_w, real[4])
+    assert torch.count_nonzero(grad_x) == 0
