@@ -45,6 +45,9 @@ def exported_graph_to_bytes(exported: ExportedGraph) -> bytes:
             {f.name: _encode(getattr(o, f.name)) for f in fields(OutputSource)} for o in exported.outputs
         ],
         "symbol_sources": [[sympy.srepr(s), p, d] for s, (p, d) in exported.symbol_sources.items()],
+        "output_symbol_sources": [
+            [sympy.srepr(s), i, d] for s, (i, d) in exported.output_symbol_sources.items()
+        ],
     }
     text = json.dumps(description).encode()
     return len(text).to_bytes(8, "big") + text + exported.model.SerializeToString()
@@ -57,4 +60,5 @@ def exported_graph_from_bytes(data: bytes) -> ExportedGraph:
     model.ParseFromString(data[8 + length :])
     outputs = [OutputSource(**{k: _decode(v) for k, v in o.items()}) for o in description["outputs"]]
     sources = {sympy.sympify(s): (p, d) for s, p, d in description["symbol_sources"]}
-    return ExportedGraph(model, list(description["input_positions"]), outputs, sources)
+    from_outputs = {sympy.sympify(s): (i, d) for s, i, d in description["output_symbol_sources"]}
+    return ExportedGraph(model, list(description["input_positions"]), outputs, sources, from_outputs)

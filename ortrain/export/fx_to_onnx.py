@@ -52,7 +52,8 @@ class OutputSource:
 
     kind: Literal["onnx", "input", "same", "none", "size", "view", "output_size"]
     index: int = -1  # onnx output / graph input / earlier output, by kind
-    expr: sympy.Expr | None = None  # for "size": a formula over input sizes
+    # For "size": a formula over input sizes and data-dependent sizes (``output_symbol_sources``).
+    expr: sympy.Expr | None = None
     # For "view": a reshape of an ONNX output (from_input=False) or of a graph input, to ``shape``.
     from_input: bool = False
     shape: tuple[sympy.Expr, ...] = ()
@@ -83,6 +84,8 @@ class ExportedGraph:
     outputs: list[OutputSource]
     # Each size symbol, and one (argument, dim) where it can be read at run time.
     symbol_sources: dict[sympy.Symbol, tuple[int, int]] = field(default_factory=dict)
+    # Data-dependent size symbols a "size" output's formula reads: (onnx output, dim) of each.
+    output_symbol_sources: dict[sympy.Symbol, tuple[int, int]] = field(default_factory=dict)
 
 
 class ExportError(RuntimeError):
@@ -229,6 +232,7 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
     onnx_nodes: list[torch.fx.Node] = []
     onnx_index: dict[torch.fx.Node, int] = {}
     first_seen: dict[torch.fx.Node, int] = {}
+    output_symbols: dict[sympy.Symbol, tuple[int, int]] = {}
 
     def onnx_output(node: torch.fx.Node) -> int:
         if node not in onnx_index:
@@ -245,10 +249,20 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
         if isinstance(out.meta.get("val"), torch.SymInt):
             size = _expr(out.meta["val"])
             carrier = None if size.free_symbols <= sources.keys() else _tensor_with_size(raw_outputs, size)
-            if carrier is None:
-                outputs.append(OutputSource("size", expr=size))
-            else:
+            if carrier is not None:
                 outputs.append(OutputSource("output_size", index=onnx_output(carrier[0]), dim=carrier[1]))
+                continue
+            # A formula over data-dependent sizes (``128 - u2``, saved for a backward): each such
+            # symbol is read off an output tensor that has it as a dim.
+            for symbol in sorted(size.free_symbols - sources.keys() - output_symbols.keys(), key=str):
+                carrier = _tensor_with_size(raw_outputs, symbol)
+                if carrier is None:
+                    raise ExportError(
+                        f"graph output {position} is the size {size}, and no input or output tensor "
+                        f"has {symbol} as a dim"
+                    )
+                output_symbols[symbol] = (onnx_output(carrier[0]), carrier[1])
+            outputs.append(OutputSource("size", expr=size))
             continue
         if out in first_seen:
             outputs.append(OutputSource("same", index=first_seen[out]))
@@ -296,7 +310,7 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
     else:
         missing = next(name for name in onnx_names if name not in name_to_position)
         raise ExportError(f"exported graph has an input {missing!r} that matches no FX placeholder")
-    return ExportedGraph(model, input_positions, outputs, sources)
+    return ExportedGraph(model, input_positions, outputs, sources, output_symbols)
 
 
 def _translate(

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import onnx
+import pytest
 import torch
 from torch import nn
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from ortrain.capture.aot_capture import capture
-from ortrain.export.fx_to_onnx import export_graph
+from ortrain.export.fx_to_onnx import ExportError, export_graph
 from ortrain.runtime.executors.ort import OrtSessionRunner
 
 
@@ -153,3 +155,34 @@ def test_matrix_vector_products_train_like_eager() -> None:
     ((a * w1).sum() + (b * w2).sum()).backward()
     for name in ("matrix", "vector", "bias"):
         torch.testing.assert_close(getattr(module, name).grad, getattr(eager, name).grad)
+
+
+def _rows_and_pads(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Outputs what a padding-elimination forward saves: the kept rows (a data-dependent count),
+    and a size computed from that count (``s0 - u0``, as a backward's slice bound)."""
+    rows = x.index_select(0, keep.nonzero().view(-1))
+    return rows * 2, rows.sum(), x.size(0) - rows.size(0)
+
+
+def test_a_size_computed_from_a_data_dependent_size_is_read_off_an_output() -> None:
+    x, keep = torch.randn(6, 3), torch.tensor([True, False, True, True, False, True])
+    gm = make_fx(_rows_and_pads, tracing_mode="symbolic")(x, keep)
+    exported = export_graph(gm, opset_version=18)
+    assert exported.outputs[-1].kind == "size" and exported.output_symbol_sources
+    runner = OrtSessionRunner(exported, device=torch.device("cpu"))
+    for n, kept in ((6, 4), (9, 1), (5, 5)):
+        x, keep = torch.randn(n, 3), torch.randperm(n) < kept
+        rows, total, pads = runner([x, keep])
+        torch.testing.assert_close(rows, x[keep] * 2)
+        torch.testing.assert_close(total, x[keep].sum())
+        assert pads == n - kept
+
+
+def test_a_data_dependent_size_that_no_tensor_carries_is_an_export_error() -> None:
+    def sums_only(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, int]:
+        _, total, pads = _rows_and_pads(x, keep)
+        return total, pads
+
+    gm = make_fx(sums_only, tracing_mode="symbolic")(torch.randn(6, 3), torch.randperm(6) < 3)
+    with pytest.raises(ExportError, match="no input or output tensor has u0 as a dim"):
+        export_graph(gm, opset_version=18)

@@ -165,16 +165,19 @@ class OrtSessionRunner:
         if not any(e.free_symbols for e in exprs):
             constant = [int(e) for e in exprs]
             return lambda _values: constant
-        formula = sympy.lambdify(list(self.exported.symbol_sources), list(exprs), modules="math")
+        symbols = [*self.exported.symbol_sources, *self.exported.output_symbol_sources]
+        formula = sympy.lambdify(symbols, list(exprs), modules="math")
         return lambda values: [int(v) for v in formula(*values)]
 
-    def _symbol_values(self, args: list[Any]) -> list[int]:
-        return [args[p].shape[d] for p, d in self.exported.symbol_sources.values()]
+    def _symbol_values(self, args: list[Any], produced: list[torch.Tensor]) -> list[int]:
+        return [args[p].shape[d] for p, d in self.exported.symbol_sources.values()] + [
+            produced[i].shape[d] for i, d in self.exported.output_symbol_sources.values()
+        ]
 
     def __call__(self, args: list[Any]) -> list[Any]:
         produced = self._run_session(args) if self.session is not None else []
         results: list[Any] = []
-        values = self._symbol_values(args) if self._needs_sizes else []
+        values = self._symbol_values(args, produced) if self._needs_sizes else []
         for source, sizes in zip(self.exported.outputs, self._sizes, strict=True):
             if source.kind == "onnx":
                 results.append(produced[source.index])
