@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ortrain.runtime.executors.base import Runner
+from ortrain.runtime.inplace_scatter import scatter_in_place
 
 _VIEWS = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default})
 
@@ -23,6 +24,7 @@ class TorchExecutor:
         return None
 
     def build(self, region: torch.fx.GraphModule, *, what: str, whole: bool) -> Runner:
+        region = scatter_in_place(region)
         if not whole:
             # Values from other executors are contiguous where the capture may have seen strides
             # (ONNX Runtime returns a transpose as a copy): a view must become a reshape, which
