@@ -84,7 +84,7 @@ class Capture:
     def __call__(self, state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Any:
         outputs = self.fn(*state, *inputs)
         if self.backward is not None:  # no zeros gradient for an unused output (unused_tangents.py)
-            leave_unused_tangents_none(outputs, self.backward.graph)
+            leave_unused_tangents_none(outputs)
         return outputs
 
 

@@ -6,19 +6,18 @@ fills each undefined gradient of a Function's outputs with zeros): (batch x seq)
 that the backward graph then adds to the logits' real gradient, and that eager PyTorch never
 makes. After each forward the Function's node is told not to materialize them, so the backward
 graph gets ``None`` for such a tangent; the plan runner (:mod:`ortrain.runtime.graph_executor`)
-then runs the region that reads it as a variant where the tangent is a zeros constant
-(:func:`without_inputs`), which ONNX Runtime creates inside the run and can scatter into in place,
-or else feeds it zeros of the captured size.
-
-Only for backward graphs whose tangents all have fixed sizes: a zeros tensor of a symbolic size
-would need the sizes of this step, which the Function materializes as before.
+then runs the region that reads it as a variant that computes nothing the missing gradient makes
+zero (:func:`without_inputs`), with zeros made only where something else reads them. Where no
+variant can be built it feeds zeros of this call's size: a symbolic (dynamic) size takes its value
+from the graph's other inputs.
 """
 
 from __future__ import annotations
 
-import weakref
+from collections.abc import Sequence
 from typing import Any
 
+import sympy
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
@@ -74,27 +73,14 @@ _ZERO_IN_ZERO_OUT: dict[Any, tuple[int, ...]] = {
     ),
 }
 
-_static_tangents: weakref.WeakKeyDictionary[torch.fx.Graph, bool] = weakref.WeakKeyDictionary()
-
 
 def is_tangent(placeholder: torch.fx.Node) -> bool:
     """AOTAutograd names the backward graph's inputs for output gradients ``tangents_<n>``."""
     return placeholder.op == "placeholder" and placeholder.name.startswith("tangents")
 
 
-def _has_static_tangents(graph: torch.fx.Graph) -> bool:
-    if graph not in _static_tangents:
-        values = [n.meta.get("val") for n in graph.nodes if is_tangent(n)]
-        _static_tangents[graph] = all(
-            isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in v.shape) for v in values
-        )
-    return _static_tangents[graph]
-
-
-def leave_unused_tangents_none(outputs: Any, backward: torch.fx.GraphModule) -> None:
+def leave_unused_tangents_none(outputs: Any) -> None:
     """Ask the Function behind ``outputs`` for ``None`` where an output gets no gradient."""
-    if not _has_static_tangents(backward.graph):
-        return
     for output in outputs if isinstance(outputs, list | tuple) else (outputs,):
         node = getattr(output, "grad_fn", None)
         if node is not None and type(node).__name__ == _FUNCTION_NODE:
@@ -102,9 +88,33 @@ def leave_unused_tangents_none(outputs: Any, backward: torch.fx.GraphModule) -> 
             return
 
 
-def zeros_like_value(value: torch.Tensor) -> torch.Tensor:
-    """Zeros of a captured (fixed-size) fake value."""
-    return torch.zeros(tuple(value.shape), dtype=value.dtype, device=value.device)
+def size_symbols(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> dict[sympy.Symbol, int]:
+    """This call's value of each size symbol that a graph input has as a dim (or is)."""
+    symbols: dict[sympy.Symbol, int] = {}
+    for placeholder, arg in zip(placeholders, args, strict=True):
+        value = placeholder.meta.get("val")
+        if isinstance(value, torch.SymInt) and isinstance(arg, int):
+            symbols.setdefault(value.node.expr, arg)
+        elif isinstance(value, torch.Tensor) and isinstance(arg, torch.Tensor):
+            for size, actual in zip(value.shape, arg.shape, strict=True):
+                if isinstance(size, torch.SymInt):
+                    symbols.setdefault(size.node.expr, actual)
+    return symbols
+
+
+def zeros_like_value(value: torch.Tensor, symbols: dict[sympy.Symbol, int] | None = None) -> torch.Tensor:
+    """Zeros of a captured fake value; its symbolic sizes take this call's ``symbols``."""
+    sizes = []
+    for size in value.shape:
+        if isinstance(size, torch.SymInt):
+            resolved = sympy.sympify(sympy.sympify(size.node.expr).xreplace(symbols or {}))
+            if not resolved.is_Integer:
+                raise RuntimeError(
+                    f"no size for a zero gradient of shape {tuple(value.shape)}: {resolved} unknown"
+                )
+            size = int(resolved)
+        sizes.append(size)
+    return torch.zeros(sizes, dtype=value.dtype, device=value.device)
 
 
 def without_inputs(region: torch.fx.GraphModule, positions: set[int]) -> torch.fx.GraphModule | None:
@@ -122,8 +132,6 @@ def without_inputs(region: torch.fx.GraphModule, positions: set[int]) -> torch.f
     graph.output(mapping)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     zeros = {placeholders[p] for p in positions}
-    if not all(_fixed(p.meta.get("val")) for p in zeros):
-        return None
     equal_to = _zero_propagation(graph, zeros)
     # Zeros that something other than a zero or a dropped addition reads must exist.
     needed: set[torch.fx.Node] = set()
@@ -137,6 +145,8 @@ def without_inputs(region: torch.fx.GraphModule, positions: set[int]) -> torch.f
         needed.add(node)
         if not _fixed(node.meta.get("val")):  # computed as captured: its zero arguments must exist
             pending += [a for a in node.all_input_nodes if a in zeros]
+    if any(n.op == "placeholder" and not _fixed(n.meta.get("val")) for n in needed):
+        return None  # a zero whose size only this call knows must exist: the caller feeds it
     for node in sorted(needed, key=lambda n: n.op != "placeholder"):
         if _fixed(node.meta.get("val")):
             with (
@@ -222,7 +232,8 @@ def _zeros_node(graph: torch.fx.Graph, value: torch.Tensor) -> torch.fx.Node:
 def with_zero_tangents(graph: torch.fx.GraphModule, args: list[Any]) -> list[Any]:
     """``args`` with zeros where a tangent of ``graph`` is None (a graph run as it was captured)."""
     placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    symbols = size_symbols(placeholders, args)
     return [
-        zeros_like_value(p.meta["val"]) if a is None and is_tangent(p) else a
+        zeros_like_value(p.meta["val"], symbols) if a is None and is_tangent(p) else a
         for p, a in zip(placeholders, args, strict=True)
     ]

@@ -24,11 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import sympy
 import torch
 from torch.fx.node import map_aggregate
 
 from ortrain.capture.compile_lock import COMPILE_LOCK
-from ortrain.capture.unused_tangents import is_tangent, without_inputs, zeros_like_value
+from ortrain.capture.unused_tangents import is_tangent, size_symbols, without_inputs, zeros_like_value
 from ortrain.errors import FallbackPolicy, ORTModuleDeviceException, ORTModuleONNXModelException
 from ortrain.export.python_op_view import PythonOpNode, TorchRegionNode, ViewSegment, python_op_view
 from ortrain.passes.pipeline import Pass, StageSaver
@@ -316,6 +317,11 @@ class PlanRunner:
         self.profile: dict[str, float] | None = None
         # Graph inputs that are output gradients (None when the loss does not use the output).
         self._tangents = {i for i, p in enumerate(plan.placeholders) if is_tangent(p)}
+        self._symbolic = any(
+            isinstance(v, torch.SymInt)
+            or (isinstance(v, torch.Tensor) and not all(isinstance(d, int) for d in v.shape))
+            for v in (p.meta.get("val") for p in plan.placeholders)
+        )
         # Slots a variant left None because they are zeros made of unused gradients.
         self._zero_slots: set[int] = set()
         # (step, positions of its None tangents) -> the step's runner without them (None: zeros fed)
@@ -325,6 +331,10 @@ class PlanRunner:
         plan = self.plan
         env: list[Any] = [None] * plan.num_slots
         env[: plan.num_inputs] = args
+        # Zeros for missing gradients take dynamic sizes from this call's inputs.
+        symbols = (
+            size_symbols(plan.placeholders, args) if self._symbolic and any(a is None for a in args) else {}
+        )
         # Boxed calling convention (AOTAutograd's backward hands over its only list of saved
         # tensors): from here the plan owns the inputs and drops each after its last reader.
         args.clear()
@@ -334,7 +344,7 @@ class PlanRunner:
         for index, (runner, inputs, outputs, frees, executor) in enumerate(self._schedule):
             values = [env[s] for s in inputs]
             if (self._tangents or self._zero_slots) and any(v is None for v in values):
-                runner, values = self._without_unused_tangents(index, runner, values)
+                runner, values = self._without_unused_tangents(index, runner, values, symbols)
             if profile is not None:
                 start = time.perf_counter()
                 produced = runner(values)
@@ -348,17 +358,17 @@ class PlanRunner:
                 self._zero_slots.update(outputs[p] for p in runner.zero_outputs)
             for slot in frees:
                 env[slot] = None
-        return list(map_aggregate(plan.outputs, lambda v: self._result(env, v)))
+        return list(map_aggregate(plan.outputs, lambda v: self._result(env, v, symbols)))
 
-    def _result(self, env: list[Any], value: Any) -> Any:
+    def _result(self, env: list[Any], value: Any, symbols: dict[sympy.Symbol, int]) -> Any:
         if not isinstance(value, Slot):
             return value
         if env[value.index] is None and value.index in self._zero_slots:
-            return zeros_like_value(self.plan.values[value.index])  # a gradient of the graph
+            return zeros_like_value(self.plan.values[value.index], symbols)  # a gradient of the graph
         return env[value.index]
 
     def _without_unused_tangents(
-        self, index: int, runner: Runner, values: list[Any]
+        self, index: int, runner: Runner, values: list[Any], symbols: dict[sympy.Symbol, int]
     ) -> tuple[Runner, list[Any]]:
         """Step ``index`` where some output gradients are None (see ortrain.capture.unused_tangents):
         a region of a cut graph runs as a variant that makes its zeros inside (built once, a region's
@@ -378,7 +388,7 @@ class PlanRunner:
         if variant is not None:
             return variant, [v for p, v in enumerate(values) if p not in missing]
         return runner, [
-            zeros_like_value(self.plan.values[s]) if p in missing else v
+            zeros_like_value(self.plan.values[s], symbols) if p in missing else v
             for p, (s, v) in enumerate(zip(step.inputs, values, strict=True))
         ]
 

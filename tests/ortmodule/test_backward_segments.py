@@ -223,3 +223,27 @@ def test_dynamic_sizes_cross_the_cuts() -> None:
     assert_same_state(wrapped, eager)
     dynamic = [e for group in wrapped._ortrain_graphs.values() for e in group if e.capture.dynamic_dims]
     assert len(dynamic) == 1 and len(dynamic[0].capture.backward.runner.plan.steps) > 1
+
+
+@pytest.mark.parametrize("segments", [1, 4])
+def test_unused_logits_of_a_dynamic_capture_get_no_zeros_gradient(
+    monkeypatch: pytest.MonkeyPatch, segments: int
+) -> None:
+    """With dynamic sizes the logits' missing gradient is None too: the regions reading it run
+    without it (cut graphs) or are fed zeros of this step's sizes (one session); training matches
+    eager's."""
+    monkeypatch.setenv("ORTMODULE_BACKWARD_SEGMENTS", str(segments))
+    torch.manual_seed(5)
+    shapes = ((BATCH, SEQ), (24, 48), (32, 56), (16, 40), (24, 48))
+    batches = [torch.randint(0, VOCAB, shape) for shape in shapes]
+    for i, batch in enumerate(batches):
+        batch[0, 0] = i + 1  # odd: the loss alone; even: the logits too (_logits_loss_or_both)
+    losses_ort, losses_eager, eager, wrapped = train_side_by_side(_gpt(), batches, _logits_loss_or_both)
+    torch.testing.assert_close(losses_ort, losses_eager, rtol=1e-5, atol=1e-5)
+    assert_same_state(wrapped, eager)
+    (dynamic,) = [e for group in wrapped._ortrain_graphs.values() for e in group if e.capture.dynamic_dims]
+    variants = dynamic.capture.backward.runner._variants
+    if segments == 1:
+        assert list(variants.values()) == [None]  # one session: zeros fed, of each step's size
+    else:
+        assert variants and all(v is not None for v in variants.values())
