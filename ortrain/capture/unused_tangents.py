@@ -147,13 +147,11 @@ def without_inputs(region: torch.fx.GraphModule, positions: set[int]) -> torch.f
             pending += [a for a in node.all_input_nodes if a in zeros]
     if any(n.op == "placeholder" and not _fixed(n.meta.get("val")) for n in needed):
         return None  # a zero whose size only this call knows must exist: the caller feeds it
+    # Placeholders first: their zeros go before the first computation, which may be replaced later.
+    first_computation = next(n for n in graph.nodes if n.op != "placeholder")
     for node in sorted(needed, key=lambda n: n.op != "placeholder"):
         if _fixed(node.meta.get("val")):
-            with (
-                graph.inserting_after(placeholders[-1])
-                if node.op == "placeholder"
-                else graph.inserting_before(node)
-            ):
+            with graph.inserting_before(first_computation if node.op == "placeholder" else node):
                 made = _zeros_node(graph, node.meta["val"])
             node.replace_all_uses_with(made)
             graph.erase_node(node)

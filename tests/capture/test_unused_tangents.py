@@ -83,3 +83,27 @@ def test_zeros_of_a_data_dependent_size_are_skipped_or_computed_from_zeros() -> 
     grad_w, grad_x = region(*real[1:])
     torch.testing.assert_close(grad_w, real[4])
     assert torch.count_nonzero(grad_x) == 0
+
+
+def test_several_missing_gradients_that_must_exist_become_zeros() -> None:
+    """Two missing inputs, each read by something that is not zero (a scatter, an output with
+    something else): both are made as zeros, whichever order they come in."""
+    graph = torch.fx.Graph()
+    # AOTAutograd puts the tangents last.
+    x, index, first, second = (graph.placeholder(n) for n in ("x", "index", "tangents_1", "tangents_2"))
+    for node in (first, second, x):
+        node.meta["val"] = torch.empty(4, 3)
+    index.meta["val"] = torch.empty(4, dtype=torch.long)
+    scattered = graph.call_function(aten.index_copy.default, (x, 0, index, first))
+    scattered.meta["val"] = torch.empty(4, 3)
+    summed = graph.call_function(aten.add.Tensor, (second, 1.0))
+    summed.meta["val"] = torch.empty(4, 3)
+    graph.output((scattered, summed))
+    for positions in ({2, 3}, {3, 2}):
+        region = without_inputs(torch.fx.GraphModule(torch.nn.Module(), graph), positions)
+        assert region is not None
+        x_value = torch.randn(4, 3)
+        scattered_value, summed_value = region(x_value, torch.tensor([2, 0, 3, 1]))
+        want = torch.zeros(4, 3)  # every row scattered from the zero gradient
+        torch.testing.assert_close(scattered_value, want)
+        torch.testing.assert_close(summed_value, torch.ones(4, 3))
