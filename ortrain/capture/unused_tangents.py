@@ -19,7 +19,7 @@ from typing import Any
 
 import sympy
 import torch
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 
 aten = torch.ops.aten
 
@@ -135,9 +135,12 @@ def without_inputs(region: torch.fx.GraphModule, positions: set[int]) -> torch.f
     equal_to = _zero_propagation(graph, zeros)
     # Zeros that something other than a zero or a dropped addition reads must exist.
     needed: set[torch.fx.Node] = set()
+    # A zero output leaves as None, and whoever reads it may have to make it: not one of a
+    # data-dependent size, which nothing outside this graph can know. Those are computed.
+    returned = list(graph.output_node().args[0])  # type: ignore[arg-type]
     pending = [
         z for z in zeros if any(u not in zeros and u not in equal_to and u.op != "output" for u in z.users)
-    ]
+    ] + [r for r in returned if r in zeros and _data_dependent(r.meta.get("val"))]
     while pending:
         node = pending.pop()
         if node in needed:
@@ -155,6 +158,7 @@ def without_inputs(region: torch.fx.GraphModule, positions: set[int]) -> torch.f
                 made = _zeros_node(graph, node.meta["val"])
             node.replace_all_uses_with(made)
             graph.erase_node(node)
+            zeros.add(made)  # returned too, it still leaves as None
     for addition, kept in equal_to.items():
         addition.replace_all_uses_with(kept)
     # Outputs that are zeros leave the region as None (positions in ``meta["zero_outputs"]``): the
@@ -162,7 +166,7 @@ def without_inputs(region: torch.fx.GraphModule, positions: set[int]) -> torch.f
     # materialized and multiplied there either.
     output = graph.output_node()
     returned = list(output.args[0])  # type: ignore[arg-type]
-    zero_outputs = frozenset(i for i, r in enumerate(returned) if r in zeros)
+    zero_outputs = frozenset(i for i, r in enumerate(returned) if r in zeros and r not in needed)
     if zero_outputs:
         output.args = (tuple(r for i, r in enumerate(returned) if i not in zero_outputs),)
     graph.eliminate_dead_code()
@@ -191,6 +195,10 @@ def _zero_propagation(graph: torch.fx.Graph, zeros: set[torch.fx.Node]) -> dict[
                 else:
                     equal_to[node] = kept
     return equal_to
+
+
+def _data_dependent(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and bool(free_unbacked_symbols(value))
 
 
 def _fixed(value: Any) -> bool:

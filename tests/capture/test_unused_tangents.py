@@ -107,3 +107,20 @@ def test_several_missing_gradients_that_must_exist_become_zeros() -> None:
         want = torch.zeros(4, 3)  # every row scattered from the zero gradient
         torch.testing.assert_close(scattered_value, want)
         torch.testing.assert_close(summed_value, torch.ones(4, 3))
+
+
+def _kept_rows_gradient(tangent: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    rows_grad = tangent.index_select(0, keep.nonzero().view(-1))  # as many rows as are kept
+    return rows_grad, tangent.sum(0)
+
+
+def test_a_zero_of_a_data_dependent_size_does_not_leave_as_none() -> None:
+    """A region's zero output leaves as None and its reader may have to make it; one whose size
+    only this region's data gives is computed (as zeros) instead."""
+    keep = torch.tensor([True, False, True, True, False, True])
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    fakes = [fake_mode.from_tensor(t, static_shapes=True) for t in (torch.randn(6, 5), keep)]
+    region = without_inputs(make_fx(_kept_rows_gradient, tracing_mode="symbolic")(*fakes), {0})
+    assert region is not None and region.meta["zero_outputs"] == frozenset({1})
+    (rows_grad,) = region(keep)
+    torch.testing.assert_close(rows_grad, torch.zeros(4, 5))
