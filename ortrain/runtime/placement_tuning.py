@@ -23,8 +23,11 @@ How a graph is tuned (online, no work is repeated):
    ``SAMPLES`` timings. One that measures ``PRUNE_RATIO`` times slower than the best so far is
    dropped after one timing.
 3. The fastest median wins if it beats the default's by ``MIN_GAIN``; otherwise the default
-   stays (fewer crossings, fewer sessions). The others are freed, one INFO line says what was
-   chosen and the measured gain, and ``ORTMODULE_TUNING_RESULTS_PATH`` records the choice.
+   stays (fewer crossings, fewer sessions). A dynamic graph's calls come at other sizes: each
+   timing is scaled to the first call's size (the product of the size symbols), so that a
+   candidate that drew the long batches is not taken for a slow one. The others are freed, one
+   INFO line says what was chosen and the measured gain, and ``ORTMODULE_TUNING_RESULTS_PATH``
+   records the choice.
 
 The time spent (building candidates, and the time their calls take beyond the default's) is
 bounded by ``ORTMODULE_MAX_TUNING_DURATION_MS``: at the bound, the best measured so far wins.
@@ -34,6 +37,7 @@ All placements compute the same function, so training proceeds correctly during 
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -41,9 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sympy
 import torch
 
 from ortrain.capture.compile_lock import COMPILE_LOCK
+from ortrain.capture.unused_tangents import size_symbols
 from ortrain.errors import FallbackPolicy
 from ortrain.runtime import tuning_results
 from ortrain.runtime.graph_executor import PlanRunner, announce_plan, build_graph_executor
@@ -80,6 +86,13 @@ class TuningSettings:
     @property
     def bound_s(self) -> float:
         return (self.max_duration_ms or DEFAULT_MAX_TUNING_MS) / 1000
+
+
+def _symbolic(placeholder: torch.fx.Node) -> bool:
+    value = placeholder.meta.get("val")
+    if isinstance(value, torch.SymInt):
+        return True
+    return isinstance(value, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in value.shape)
 
 
 @dataclass
@@ -138,6 +151,7 @@ def build_tuned_graph_executor(
         key=key,
         openmp_passive=build_options.get("openmp_passive", True),
         lazy_default=lazy,
+        inputs=graph.graph.find_nodes(op="placeholder"),
     )
 
 
@@ -192,7 +206,11 @@ class TunedRunner:
         openmp_passive: bool = True,
         clock: Callable[[], float] = time.perf_counter,
         lazy_default: bool = False,
+        inputs: list[torch.fx.Node] | None = None,
     ) -> None:
+        """``inputs``: the graph's placeholders. Where they have symbolic sizes, calls come at other
+        sizes (a dynamic capture), and each timing is scaled to the first call's size (the product
+        of the size symbols) before the candidates' medians are compared."""
         assert found[0] == DEFAULT
         self.name = name
         self._build = build
@@ -214,6 +232,8 @@ class TunedRunner:
         else:
             self._candidates[0].runner = default()  # type: ignore[operator]
         self._turn = 0
+        self._sized_inputs = inputs if inputs and any(_symbolic(p) for p in inputs) else None
+        self._first_size: int | None = None
         self._spent = 0.0  # seconds of tuning: builds, and candidate calls beyond the default's
         self._profile: dict[str, float] | None = None
         self.chosen: PlanRunner | None = None
@@ -272,10 +292,11 @@ class TunedRunner:
                 candidate = self._candidates[0]
             finally:
                 self._spent += self._clock() - start
+        scale = self._scale(args)  # before the call: the runner empties ``args``
         start = self._clock()
         outputs = candidate.runner(args)  # type: ignore[misc]
         elapsed = self._clock() - start
-        self._record(candidate, elapsed)
+        self._record(candidate, elapsed, scale)
         if self._finished():
             self._choose()
         return outputs
@@ -299,13 +320,24 @@ class TunedRunner:
         self._turn = (self._turn + 1) % len(live)
         return live[self._turn]
 
-    def _record(self, candidate: _Candidate, elapsed: float) -> None:
+    def _scale(self, args: list[Any]) -> float:
+        """This call's size against the first call's (1 for a graph of fixed sizes)."""
+        if self._sized_inputs is None:
+            return 1.0
+        symbols = size_symbols(self._sized_inputs, args)
+        size = math.prod(value for symbol, value in symbols.items() if isinstance(symbol, sympy.Symbol))
+        if self._first_size is None:
+            self._first_size = max(size, 1)
+        return max(size, 1) / self._first_size
+
+    def _record(self, candidate: _Candidate, elapsed: float, scale: float = 1.0) -> None:
         default = self._candidates[0]
         if candidate is not default and default.samples:
-            self._spent += max(0.0, elapsed - default.median)
+            self._spent += max(0.0, elapsed - default.median * scale)
         if not candidate.warmed:
             candidate.warmed = True
             return
+        elapsed /= scale  # what the call would have taken at the first call's size
         candidate.samples.append(elapsed)
         best = min(c.median for c in self._candidates if c.samples)
         if candidate is not default and len(candidate.samples) == 1 and elapsed > PRUNE_RATIO * best:

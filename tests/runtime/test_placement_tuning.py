@@ -4,10 +4,12 @@ bound, the results file. With ORTModule: tests/ortmodule/test_op_tuning.py."""
 from __future__ import annotations
 
 import logging
+import statistics
 from typing import Any
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from ortrain.runtime import placement_tuning
 from ortrain.runtime.executors.ort import OnnxRuntimeExecutor
@@ -254,3 +256,48 @@ def test_a_graph_is_described_once_and_its_choice_found_again(
     again = placement_tuning.build_tuned_graph_executor(graph, name="forward", settings=settings, **options)
     assert len(described) == 2
     assert not isinstance(again, TunedRunner)  # the recorded choice, built at once
+
+
+class _SizedFakeRunner(_FakeRunner):
+    """Takes its time per row of its input; records the row counts it saw."""
+
+    def __init__(self, clock: _Clock, seconds: float) -> None:
+        super().__init__(clock, seconds)
+        self.rows: list[int] = []
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        self.rows.append(args[0].shape[0])
+        self.clock.now += self.seconds * args[0].shape[0]
+        self.calls += 1
+        return [a * 2 for a in args]
+
+
+def test_a_dynamic_graph_compares_placements_at_one_size() -> None:
+    """Calls of a dynamic graph come at other sizes: each timing is scaled to the first call's size,
+    so a placement that happened to get the large batches is not taken for the slower one."""
+    traced = make_fx(lambda x: x * 2, tracing_mode="symbolic")(torch.randn(4, 3))
+    inputs = traced.graph.find_nodes(op="placeholder")
+    clock = _Clock()
+    default = _SizedFakeRunner(clock, 0.010)  # ONNX Runtime: 10 ms a row
+    built: dict[str, _SizedFakeRunner] = {}
+
+    def build(placement: Placement) -> Any:
+        built[placement.name] = _SizedFakeRunner(clock, 0.008)  # PyTorch: 8 ms a row
+        return built[placement.name]
+
+    found = [Placement.from_name(n) for n in ("onnxruntime", "all-torch")]
+    runner = TunedRunner(
+        "forward", default, found, build, settings=TuningSettings(enabled=True), key="k",
+        clock=clock, inputs=inputs,  # type: ignore[arg-type]
+    )  # fmt: skip
+    for call in range(12):
+        runner([torch.ones(10 if call % 2 == 0 else 1, 3)])
+    # Each gave a warm-up and three timings; PyTorch's fell on larger batches, so its raw median
+    # (what the race compared before the scaling) is the slower one.
+    raw = {
+        "onnxruntime": statistics.median(default.rows[1:4]) * 0.010,
+        "all-torch": statistics.median(built["all-torch"].rows[1:4]) * 0.008,
+    }
+    assert raw["all-torch"] > raw["onnxruntime"]
+    assert runner.chosen_placement == Placement(all_torch=True)
+    assert runner.report["all-torch"] == pytest.approx(0.8 * runner.report["onnxruntime"])
