@@ -88,6 +88,17 @@ def leave_unused_tangents_none(outputs: Any) -> None:
             return
 
 
+def has_size_symbols(placeholders: list[torch.fx.Node]) -> bool:
+    """Whether a graph input has a symbolic size (or is one): a dynamic capture's graphs."""
+    for placeholder in placeholders:
+        value = placeholder.meta.get("val")
+        if isinstance(value, torch.SymInt) or (
+            isinstance(value, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in value.shape)
+        ):
+            return True
+    return False
+
+
 def size_symbols(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> dict[sympy.Symbol, int]:
     """This call's value of each size symbol that a graph input has as a dim (or is)."""
     symbols: dict[sympy.Symbol, int] = {}

@@ -29,7 +29,13 @@ import torch
 from torch.fx.node import map_aggregate
 
 from ortrain.capture.compile_lock import COMPILE_LOCK
-from ortrain.capture.unused_tangents import is_tangent, size_symbols, without_inputs, zeros_like_value
+from ortrain.capture.unused_tangents import (
+    has_size_symbols,
+    is_tangent,
+    size_symbols,
+    without_inputs,
+    zeros_like_value,
+)
 from ortrain.errors import FallbackPolicy, ORTModuleDeviceException, ORTModuleONNXModelException
 from ortrain.export.python_op_view import PythonOpNode, TorchRegionNode, ViewSegment, python_op_view
 from ortrain.passes.pipeline import Pass, StageSaver
@@ -317,11 +323,7 @@ class PlanRunner:
         self.profile: dict[str, float] | None = None
         # Graph inputs that are output gradients (None when the loss does not use the output).
         self._tangents = {i for i, p in enumerate(plan.placeholders) if is_tangent(p)}
-        self._symbolic = any(
-            isinstance(v, torch.SymInt)
-            or (isinstance(v, torch.Tensor) and not all(isinstance(d, int) for d in v.shape))
-            for v in (p.meta.get("val") for p in plan.placeholders)
-        )
+        self._symbolic = has_size_symbols(plan.placeholders)
         # Slots a variant left None because they are zeros made of unused gradients.
         self._zero_slots: set[int] = set()
         # (step, positions of its None tangents) -> the step's runner without them (None: zeros fed)

@@ -49,7 +49,7 @@ import sympy
 import torch
 
 from ortrain.capture.compile_lock import COMPILE_LOCK
-from ortrain.capture.unused_tangents import size_symbols
+from ortrain.capture.unused_tangents import has_size_symbols, size_symbols
 from ortrain.errors import FallbackPolicy
 from ortrain.runtime import tuning_results
 from ortrain.runtime.graph_executor import PlanRunner, announce_plan, build_graph_executor
@@ -86,13 +86,6 @@ class TuningSettings:
     @property
     def bound_s(self) -> float:
         return (self.max_duration_ms or DEFAULT_MAX_TUNING_MS) / 1000
-
-
-def _symbolic(placeholder: torch.fx.Node) -> bool:
-    value = placeholder.meta.get("val")
-    if isinstance(value, torch.SymInt):
-        return True
-    return isinstance(value, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in value.shape)
 
 
 @dataclass
@@ -232,7 +225,7 @@ class TunedRunner:
         else:
             self._candidates[0].runner = default()  # type: ignore[operator]
         self._turn = 0
-        self._sized_inputs = inputs if inputs and any(_symbolic(p) for p in inputs) else None
+        self._sized_inputs = inputs if inputs and has_size_symbols(inputs) else None
         self._first_size: int | None = None
         self._spent = 0.0  # seconds of tuning: builds, and candidate calls beyond the default's
         self._profile: dict[str, float] | None = None
