@@ -90,13 +90,8 @@ def leave_unused_tangents_none(outputs: Any) -> None:
 
 def has_size_symbols(placeholders: list[torch.fx.Node]) -> bool:
     """Whether a graph input has a symbolic size (or is one): a dynamic capture's graphs."""
-    for placeholder in placeholders:
-        value = placeholder.meta.get("val")
-        if isinstance(value, torch.SymInt) or (
-            isinstance(value, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in value.shape)
-        ):
-            return True
-    return False
+    values = [p.meta.get("val") for p in placeholders]
+    return any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and not _fixed(v)) for v in values)
 
 
 def size_symbols(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> dict[sympy.Symbol, int]:
@@ -115,10 +110,11 @@ def size_symbols(placeholders: list[torch.fx.Node], args: Sequence[Any]) -> dict
 
 def zeros_like_value(value: torch.Tensor, symbols: dict[sympy.Symbol, int] | None = None) -> torch.Tensor:
     """Zeros of a captured fake value; its symbolic sizes take this call's ``symbols``."""
+    known = {symbol: sympy.Integer(size) for symbol, size in (symbols or {}).items()}
     sizes = []
     for size in value.shape:
         if isinstance(size, torch.SymInt):
-            resolved = sympy.sympify(sympy.sympify(size.node.expr).xreplace(symbols or {}))
+            resolved = sympy.sympify(size.node.expr).xreplace(known)
             if not resolved.is_Integer:
                 raise RuntimeError(
                     f"no size for a zero gradient of shape {tuple(value.shape)}: {resolved} unknown"
@@ -129,10 +125,10 @@ def zeros_like_value(value: torch.Tensor, symbols: dict[sympy.Symbol, int] | Non
 
 
 def without_inputs(region: torch.fx.GraphModule, positions: set[int]) -> torch.fx.GraphModule | None:
-    """``region`` with its placeholders at ``positions`` replaced by zeros of their fixed size, what
-    they make zero not computed and additions of zeros dropped; None when such a placeholder's size
-    is not fixed. Outputs that come out zero are removed; their positions are in
-    ``meta["zero_outputs"]``.
+    """``region`` without its placeholders at ``positions`` (zero): what they make zero is not
+    computed and additions of zeros are dropped; None when one of them must exist (something that
+    is not zero reads it) and its size is not fixed. Outputs that come out zero are removed; their
+    positions are in ``meta["zero_outputs"]``.
 
     A zero value is made (as a zeros constant) only where something that is not itself zero reads
     it. Values of a data-dependent size (the rows a sparsity pass gathered) cannot be made that
@@ -181,7 +177,7 @@ def without_inputs(region: torch.fx.GraphModule, positions: set[int]) -> torch.f
     if zero_outputs:
         output.args = (tuple(r for i, r in enumerate(returned) if i not in zero_outputs),)
     graph.eliminate_dead_code()
-    for placeholder in zeros & set(placeholders) - needed:  # read only by what is gone now
+    for placeholder in zeros & (set(placeholders) - needed):  # read only by what is gone now
         graph.erase_node(placeholder)
     made = torch.fx.GraphModule(region, graph)
     made.meta["zero_outputs"] = zero_outputs
