@@ -18,6 +18,7 @@ Not watched: state inside objects that are not modules, tensors or plain values 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +26,11 @@ import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-from ortrain.capture.tensor_attributes import tensor_attributes
+from ortrain.capture.tensor_attributes import is_tensor_attribute, tensor_attributes
 
-_PLAIN = (bool, int, float, str, type(None))
+_PLAIN = frozenset({bool, int, float, str, type(None)})
+# Most of a module's attributes are its own tables (parameters, hooks, ...): never tensors.
+_CONTAINERS = frozenset({dict, OrderedDict, set, list, tuple})
 
 # Per tensor: dtype, device, shape, requires_grad; or, for a second name of the same tensor, the
 # position of its first name.
@@ -75,11 +78,20 @@ def read_state(root: nn.Module) -> ModelState:
     while stack:
         m = stack.pop()
         attributes = m.__dict__
-        plain = tuple((k, v) for k, v in attributes.items() if type(v) in _PLAIN and not k.startswith("_"))
+        # One pass over the attributes for the plain values and the tensor attributes (the
+        # guard's cost is this walk: ≈ 5 µs a module).
+        plain: list[tuple[str, Any]] = []
+        tensor_attrs: list[tuple[str, torch.Tensor]] = []
+        for k, v in attributes.items():
+            if type(v) in _PLAIN:
+                if not k.startswith("_"):
+                    plain.append((k, v))
+            elif type(v) not in _CONTAINERS and is_tensor_attribute(v):
+                tensor_attrs.append((k, v))
         params = tuple(tensor_key(n, p) for n, p in attributes["_parameters"].items())
         buffers = tuple(tensor_key(n, b) for n, b in attributes["_buffers"].items())
-        others = tuple(tensor_key(n, t) for n, t in tensor_attributes(m))
-        modules.append((id(m), plain, _hook_ids(m), params, buffers, others))
+        others = tuple(tensor_key(n, t) for n, t in tensor_attrs)
+        modules.append((id(m), tuple(plain), _hook_ids(m), params, buffers, others))
         children = [c for c in attributes["_modules"].values() if c is not None]
         stack.extend(reversed(children))
     return ModelState(tensors, (tuple(modules), _global_hook_ids()))

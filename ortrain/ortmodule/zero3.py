@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,6 +37,8 @@ logger = logging.getLogger("ortrain.ortmodule")
 
 def zero3_parameters(module: nn.Module) -> list[nn.Parameter]:
     """The parameters DeepSpeed ZeRO-3 partitioned (they carry ``ds_status``); usually none."""
+    if "deepspeed" not in sys.modules:  # asked at every forward: no DeepSpeed, no walk
+        return []
     return [p for p in module.parameters() if hasattr(p, "ds_status")]
 
 
