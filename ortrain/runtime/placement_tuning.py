@@ -13,15 +13,15 @@ How a graph is tuned (online, no work is repeated):
    call, as without tuning, and warmed up and timed on the next (its first call is a warm-up: ONNX
    Runtime sizes its arena then). So the first step pays capture alone. (Under a fallback policy
    that forbids PyTorch for what ONNX Runtime cannot run, the default is built at capture and
-   leads, so that such a graph fails at once.) In the automatic mode a graph whose call takes
-   under ``AUTO_MIN_CALL_MS`` stops there and keeps the default, and only placements that need no
-   new export (all-torch) race the default; the mixed ones
+   leads, so that such a graph fails at once.) In the automatic mode only placements that need
+   no new export (all-torch) race the default; the mixed ones
    (matrix products or fused ops in PyTorch, the rest in ONNX Runtime) need
    ``ORTMODULE_ENABLE_TUNING=1``, as their exports cost seconds to a minute a graph.
 2. Every further call runs the next candidate in turn (interleaved, so drift in the machine's
    load hits all alike): a candidate is built on its first turn, warms up, then gives
-   ``SAMPLES`` timings. One that measures ``PRUNE_RATIO`` times slower than the best so far is
-   dropped after one timing.
+   ``SAMPLES`` timings (``QUICK_CALL_SAMPLES`` for a graph whose call takes under
+   ``QUICK_CALL_MS``: such timings are noisy, and cheap to repeat). One that measures
+   ``PRUNE_RATIO`` times slower than the best so far is dropped after one timing.
 3. The fastest median wins if it beats the default's by ``MIN_GAIN``; otherwise the default
    stays (fewer crossings, fewer sessions). A dynamic graph's calls come at other sizes: each
    timing is scaled to the first call's size (the product of the size symbols), so that a
@@ -57,11 +57,13 @@ from ortrain.runtime.placement import DEFAULT, Placement, candidates
 
 logger = logging.getLogger("ortrain.runtime")
 
-# Below this a call is mostly fixed per-call overhead that no placement removes, and timings of
-# a few calls are noise: the automatic mode keeps the default.
-AUTO_MIN_CALL_MS = 2.0
 DEFAULT_MAX_TUNING_MS = 30_000
 SAMPLES = 3
+# A call under this is mostly fixed per-call cost (binding ONNX Runtime's inputs and outputs
+# against running FX nodes), which differs between placements as much as the kernels do: small
+# graphs are raced too, with more of their cheap, noisy timings.
+QUICK_CALL_MS = 2.0
+QUICK_CALL_SAMPLES = 9
 PRUNE_RATIO = 1.3
 MIN_GAIN = 0.03
 
@@ -307,7 +309,7 @@ class TunedRunner:
             return lead  # the lead's warm-up and first timing come first
         if not default.warmed or not default.samples:
             return default  # then the default's
-        live = [c for c in self._candidates if c.dropped is None and len(c.samples) < SAMPLES]
+        live = [c for c in self._candidates if c.dropped is None and len(c.samples) < self._samples]
         if not live:
             return default
         self._turn = (self._turn + 1) % len(live)
@@ -340,29 +342,20 @@ class TunedRunner:
         default = self._candidates[0]
         if not self._lead.samples:
             return False
-        if self._settings.enabled is None and self._lead.median * 1e3 < AUTO_MIN_CALL_MS:
-            return True
         if not default.samples:
             return False
         if self._spent >= self._settings.bound_s:
             return True
-        return all(c.dropped is not None or len(c.samples) >= SAMPLES for c in self._candidates)
+        return all(c.dropped is not None or len(c.samples) >= self._samples for c in self._candidates)
+
+    @property
+    def _samples(self) -> int:
+        """Timings each candidate gives: more for a quick graph (read off the lead's first)."""
+        quick = bool(self._lead.samples) and self._lead.samples[0] * 1e3 < QUICK_CALL_MS
+        return QUICK_CALL_SAMPLES if quick else SAMPLES
 
     def _choose(self) -> None:
         default = self._candidates[0]
-        if self._settings.enabled is None and self._lead.median * 1e3 < AUTO_MIN_CALL_MS:
-            logger.info(
-                "%s graph: not tuned: %.1f ms a call is under the %.0f ms that automatic tuning "
-                "needs to repay its exports (ORTMODULE_ENABLE_TUNING=1 tunes it anyway)",
-                self.name,
-                self._lead.median * 1e3,
-                AUTO_MIN_CALL_MS,
-            )
-            if default.runner is None:
-                default.runner = self._default_runner()
-            self.chosen, self.chosen_placement = default.runner, default.placement
-            self._candidates = [default]
-            return
         measured = [c for c in self._candidates if c.samples and c.dropped is None]
         best = min(measured, key=lambda c: c.median)
         if best is not default and best.median > (1 - MIN_GAIN) * default.median:

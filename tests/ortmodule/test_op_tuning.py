@@ -58,7 +58,7 @@ def test_tuned_training_matches_eager_and_untuned_and_its_choices_round_trip(
     monkeypatch.setenv("ORTMODULE_TUNING_RESULTS_PATH", str(tmp_path))  # a directory: the file goes in it
     model = _mlp()
     untuned_model = copy.deepcopy(model)
-    losses_ort, losses_eager, eager, wrapped = train_side_by_side(model, _batches(30), _mse)
+    losses_ort, losses_eager, eager, wrapped = train_side_by_side(model, _batches(60), _mse)
     torch.testing.assert_close(losses_ort, losses_eager, rtol=1e-4, atol=1e-5)
     assert_same_state(wrapped, eager)
     runners = _graphs(wrapped)
@@ -87,7 +87,7 @@ def test_tuned_training_matches_eager_and_untuned_and_its_choices_round_trip(
 
     # Untuned (no results file either), the same model trains to the same losses.
     monkeypatch.delenv("ORTMODULE_TUNING_RESULTS_PATH")
-    losses_untuned, _, _, third = train_side_by_side(untuned_model, _batches(30), _mse)
+    losses_untuned, _, _, third = train_side_by_side(untuned_model, _batches(60), _mse)
     assert not any(isinstance(r, TunedRunner) for r in _graphs(third))
     torch.testing.assert_close(losses_ort, losses_untuned, rtol=1e-4, atol=1e-5)
 
@@ -111,7 +111,7 @@ def test_the_cache_directory_keeps_the_choices_unless_tuning_is_off(
 
     monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "1")
     monkeypatch.setenv("ORTMODULE_MAX_TUNING_DURATION_MS", _NO_BOUND_MS)
-    _, _, _, first = train_side_by_side(_mlp(), _batches(30), _mse)
+    _, _, _, first = train_side_by_side(_mlp(), _batches(60), _mse)
     chosen = {r.chosen_placement.name for r in _graphs(first)}
     entries = json.loads((cache / tuning_results.FILE_NAME).read_text())["entries"]
     assert {e["placement"] for e in entries.values()} == chosen
@@ -222,8 +222,8 @@ def test_a_model_changed_mid_training_is_tuned_again_or_takes_its_recorded_choic
                 break
         return wrapped.op_tuning()
 
-    batches = iter(_batches(40))
-    first = train_until_tuned([next(batches) for _ in range(15)])
+    batches = iter(_batches(100))
+    first = train_until_tuned([next(batches) for _ in range(45)])
     assert [g["graph"] for g in first] == ["forward", "backward"]
     assert all(not g["tuning"] and g["placement"] for g in first)
 
@@ -231,7 +231,7 @@ def test_a_model_changed_mid_training_is_tuned_again_or_takes_its_recorded_choic
     # first capture's choices left as they were.
     for module in (wrapped, eager):
         module.encoder[0].requires_grad_(True)
-    tuned = train_until_tuned([next(batches) for _ in range(15)])
+    tuned = train_until_tuned([next(batches) for _ in range(45)])
     assert len(tuned) == 4 and tuned[:2] == first
     assert all(not g["tuning"] and g["placement"] for g in tuned[2:])
     assert {"onnxruntime", "all-torch"} <= set(tuned[3]["measured_ms"])  # really raced again
