@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
-from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
 from torch._dynamo.exc import BackendCompilerFailed
 
 from ortrain.capture.aot_capture import GraphRunner
@@ -117,10 +117,17 @@ def _in_fresh_thread(build: Callable[[], GraphRunner]) -> GraphRunner:
 
 
 def register(name: str, backend: Callable[..., Any]) -> None:
-    """Make ``torch.compile(backend=name)`` resolve to ``backend`` (once per process)."""
-    if _COMPILER_FNS.get(name) is not backend:
-        _COMPILER_FNS.pop(name, None)
-        register_backend(backend, name=name)
+    """Make ``torch.compile(backend=name)`` resolve to ``backend`` (once per process).
+
+    Where TorchDynamo already knows ``name`` from the package's entry point and has not loaded it,
+    its own lookup imports this module and registers what it loaded: registering here as well,
+    in the middle of that import, would trip its duplicate-name check."""
+    if _COMPILER_FNS.get(name) is backend:
+        return
+    if _BACKENDS.get(name) is not None and name not in _COMPILER_FNS:
+        return
+    _COMPILER_FNS.pop(name, None)
+    register_backend(backend, name=name)
 
 
 def backend_failure(error: BaseException) -> BaseException | None:

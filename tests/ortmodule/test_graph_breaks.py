@@ -163,6 +163,19 @@ def test_backend_name_resolves_after_import() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
 
+@pytest.mark.parametrize("imports", ["", "import ortrain", "from ortrain import ORTModule"])
+def test_compile_by_name_trains_whatever_was_imported(imports: str) -> None:
+    """``torch.compile(backend="ortrain")`` in a fresh interpreter, with ortrain imported or not:
+    TorchDynamo finds the backend through the entry point. It raised "duplicate name: ortrain"
+    when the import it made registered the backend before TorchDynamo's own registration."""
+    code = (
+        f"import torch\n{imports}\nlinear = torch.nn.Linear(2, 2)\n"
+        "compiled = torch.compile(linear, backend='ortrain')\n"
+        "compiled(torch.ones(3, 2)).sum().backward()\nassert linear.weight.grad is not None\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
 def test_entry_point_names_the_backend() -> None:
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     target = pyproject["project"]["entry-points"]["torch_dynamo_backends"]["ortrain"]
