@@ -79,13 +79,15 @@ def is_tangent(placeholder: torch.fx.Node) -> bool:
     return placeholder.op == "placeholder" and placeholder.name.startswith("tangents")
 
 
-def leave_unused_tangents_none(outputs: Any) -> None:
-    """Ask the Function behind ``outputs`` for ``None`` where an output gets no gradient."""
+def leave_unused_tangents_none(outputs: Any) -> type | None:
+    """Ask the Function behind ``outputs`` for ``None`` where an output gets no gradient; returns
+    that ``autograd.Function`` class (None when no output has one)."""
     for output in outputs if isinstance(outputs, list | tuple) else (outputs,):
         node = getattr(output, "grad_fn", None)
         if node is not None and type(node).__name__ == _FUNCTION_NODE:
             node.set_materialize_grads(False)
-            return
+            return node._forward_cls
+    return None
 
 
 def has_size_symbols(placeholders: list[torch.fx.Node]) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import weakref
 from typing import Any
@@ -252,3 +253,33 @@ def test_unused_logits_of_a_dynamic_capture_get_no_zeros_gradient(
         assert list(variants.values()) == [None]  # one session: zeros fed, of each step's size
     else:
         assert variants and all(v is not None for v in variants.values())
+
+
+def test_a_retained_graph_runs_its_backward_twice_as_eager() -> None:
+    """``backward(retain_graph=True)`` then ``backward()``: the gradients accumulate twice, as in
+    eager mode, though the segments drop their references to the saved tensors (autograd keeps
+    them for the second run). AOTAutograd refused it ("donated buffers") until wave 12."""
+    torch.manual_seed(2)
+    model = _gpt()
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    batch = _batch()
+    for module in (wrapped, eager):
+        loss = _loss(module, batch)
+        loss.backward(retain_graph=True)
+        loss.backward()
+    ((entry,),) = wrapped._ortrain_graphs.values()
+    assert len(entry.capture.backward.runner.plan.steps) >= 2
+    assert_same_state(wrapped, eager)
+    assert all(p.grad is not None for p in wrapped.parameters())
+
+
+def test_a_second_order_gradient_is_refused_not_wrong() -> None:
+    """Double backward (``create_graph=True``, then differentiating a gradient) has no graph: it
+    raises, where a silent first-order answer would be a wrong gradient."""
+    wrapped = ORTModule(_gpt())
+    loss = _loss(wrapped, _batch())
+    params = [p for p in wrapped.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, params, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        sum(g.pow(2).sum() for g in grads).backward()
