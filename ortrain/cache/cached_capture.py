@@ -15,6 +15,7 @@ from ortrain.cache.store import CacheStore
 from ortrain.capture.aot_capture import Capture
 from ortrain.capture.capture_package import load_package, package_bytes
 from ortrain.capture.memory_optimizer import MemoryReport
+from ortrain.capture.size_guards import SizeGuards
 from ortrain.runtime.startup_timings import timed
 
 logger = logging.getLogger("ortrain.cache")
@@ -42,6 +43,7 @@ class _Stored:
     state_names: list[str]
     output_spec: Any
     memory_report: Any
+    size_guards: SizeGuards
 
 
 def load_capture(
@@ -75,6 +77,7 @@ def load_capture(
         training=training,
         dynamic_dims=dynamic_dims,
         memory_report=stored.memory_report,
+        size_guards=stored.size_guards,
     )
     return captured, stored.output_spec
 
@@ -97,6 +100,7 @@ def save_capture(cache_dir: Path, key: str, captured: Capture, output_spec: Any,
                 captured.state_names,
                 output_spec,
                 _without_graph_nodes(captured.memory_report),
+                captured.size_guards,
             )
             payload = pickle.dumps(stored)
     except Exception as error:

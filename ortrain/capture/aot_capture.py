@@ -33,6 +33,7 @@ from ortrain.capture.memory_optimizer import MemoryOptimizerConfig, MemoryReport
 from ortrain.capture.module_paths import annotate_module_paths
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import python_op, python_op_grad, release_calls
+from ortrain.capture.size_guards import SizeGuards
 from ortrain.capture.tensor_attributes import tensor_attributes_as_buffers
 from ortrain.capture.tracing_context import tracing_context
 from ortrain.capture.unused_tangents import leave_unused_tangents_none
@@ -80,6 +81,8 @@ class Capture:
     # AOTAutograd's cache entry for this capture (``package=True``; None where the graphs call
     # Python objects of this process): see ortrain.capture.capture_package.
     package_entry: Any = None
+    # What tracing assumed about symbolic sizes: the graphs hold only for inputs that pass.
+    size_guards: SizeGuards = field(default_factory=lambda: SizeGuards(None))
 
     def __call__(self, state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Any:
         outputs = self.fn(*state, *inputs)
@@ -245,6 +248,7 @@ def capture(
         memory_report=reports[0] if reports else None,
         forward_trace=trace,
         package_entry=entries[0] if entries and not call_ids and not _calls_python(slots) else None,
+        size_guards=SizeGuards.of(example) if dynamic_dims else SizeGuards(None),
     )
     # The python ops' records live as long as the graphs that name them.
     weakref.finalize(captured, release_calls, call_ids)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ortrain.capture.aot_capture import GraphSlot
 
 # Bump when what a package holds changes shape: an old entry then fails to load and is rebuilt.
-FORMAT = 1
+FORMAT = 2  # 2: entries carry their size guards (ortrain.capture.size_guards)
 _KEPT_METADATA = frozenset({"val"})
 
 

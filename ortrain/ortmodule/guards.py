@@ -29,6 +29,7 @@ from torch.nn.modules import module as torch_module
 from ortrain.capture.tensor_attributes import is_tensor_attribute, tensor_attributes
 
 _PLAIN = frozenset({bool, int, float, str, type(None)})
+_UNINITIALIZED = frozenset({nn.UninitializedParameter, nn.UninitializedBuffer})
 # Most of a module's attributes are its own tables (parameters, hooks, ...): never tensors.
 _CONTAINERS = frozenset({dict, OrderedDict, set, list, tuple})
 
@@ -48,6 +49,8 @@ class ModelState:
 
     tensors: list[torch.Tensor]
     key: tuple[Any, ...]
+    # Lazy modules (``nn.LazyLinear``, ...) whose parameters their first forward has yet to make.
+    uninitialized: bool = False
 
 
 def _hook_ids(m: nn.Module) -> tuple[int, ...]:
@@ -62,6 +65,7 @@ def read_state(root: nn.Module) -> ModelState:
     tensors: list[torch.Tensor] = []
     first_position: dict[int, int] = {}
     modules: list[ModuleKey] = []
+    uninitialized: list[str] = []
 
     def tensor_key(name: str, tensor: torch.Tensor | None) -> TensorKey:
         if tensor is None:
@@ -72,6 +76,9 @@ def read_state(root: nn.Module) -> ModelState:
             return (name, "alias", seen)
         first_position[id(tensor)] = len(tensors)
         tensors.append(tensor)
+        if type(tensor) in _UNINITIALIZED:  # it has no shape yet
+            uninitialized.append(name)
+            return (name, "uninitialized")
         return (name, tensor.dtype, tensor.device, tensor.shape, tensor.requires_grad)
 
     stack: list[nn.Module] = [root]
@@ -94,7 +101,7 @@ def read_state(root: nn.Module) -> ModelState:
         modules.append((id(m), tuple(plain), _hook_ids(m), params, buffers, others))
         children = [c for c in attributes["_modules"].values() if c is not None]
         stack.extend(reversed(children))
-    return ModelState(tensors, (tuple(modules), _global_hook_ids()))
+    return ModelState(tensors, (tuple(modules), _global_hook_ids()), bool(uninitialized))
 
 
 def _global_hook_ids() -> tuple[int, ...]:

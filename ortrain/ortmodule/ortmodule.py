@@ -36,6 +36,7 @@ from ortrain.ortmodule.graph_breaks import GraphBreakPath, is_data_dependent
 from ortrain.ortmodule.graph_cache import GraphCache
 from ortrain.ortmodule.guards import ModelState, binding_order, describe_change, read_state
 from ortrain.ortmodule.inactive_options import announce_inactive_options
+from ortrain.ortmodule.module_snapshot import ModuleSnapshot
 from ortrain.ortmodule.options import (
     DebugOptions,
     RuntimeOptions,
@@ -72,6 +73,7 @@ _OWN_ATTRIBUTES = frozenset(
         "_ortrain_fallback",
         "_ortrain_scalars",
         "_ortrain_graph_breaks",
+        "_ortrain_changed_by_capture",
         "_ortrain_inspector",
         "training",
     }
@@ -139,7 +141,7 @@ class _CompiledEntry:
             for size, fixed in zip(tensor.shape, pattern, strict=True):
                 if fixed is not None and size != fixed:
                     return False
-        return True
+        return self.capture.size_guards(inputs)
 
 
 def _autocast_state() -> tuple[Any, ...]:
@@ -191,6 +193,7 @@ class ORTModule(nn.Module):
         object.__setattr__(self, "_ortrain_fallback", FallbackManager(options.fallback_policy))
         object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
         object.__setattr__(self, "_ortrain_graph_breaks", None)
+        object.__setattr__(self, "_ortrain_changed_by_capture", False)
         logging.getLogger("ortrain").setLevel(python_log_level(debug.log_level))
         register_hf_cache_types()
         self.training = module.training
@@ -354,6 +357,9 @@ class ORTModule(nn.Module):
         if self._ortrain_graph_breaks is not None:
             return self._ortrain_graph_breaks(args, kwargs)
         call, state, key = self._guard(args, kwargs)
+        if state.uninitialized:
+            logger.info("lazy modules have no parameters yet: this step runs in PyTorch, which makes them")
+            return self._ortrain_module(*args, **kwargs)
         cache: GraphCache[_CompiledEntry] = self._ortrain_graphs
         entry = cache.lookup(key, lambda e: e.matches(call.inputs))
         # A failure may be the user's (a wrong shape or dtype, or two sizes a dynamic graph saw
@@ -368,9 +374,16 @@ class ORTModule(nn.Module):
                 )
             reason = self._why_no_graph_fits(key)
             logger.info("capturing a graph: %s", reason)
+            snapshot = ModuleSnapshot(self._ortrain_module)
             try:
-                entry = self._compile(key, call.inputs, cache.group(key), state)
+                try:
+                    entry = self._compile(key, call.inputs, cache.group(key), state)
+                finally:
+                    changes = snapshot.restore()  # tracing must not leave fake values behind
             except Exception:
+                if changes:  # the traces saw each other's changes (fake values of another trace)
+                    logger.debug("the capture that changed the model failed", exc_info=True)
+                    return self._after_a_capture_changed_the_model(changes, args, kwargs)
                 if call.lifted:
                     # Perhaps the model needs a changing number as a Python number: bake it in.
                     self._ortrain_scalars.refuse(call)
@@ -379,6 +392,9 @@ class ORTModule(nn.Module):
                 if self._switch_to_graph_breaks():
                     return self._run_on_ort(args, kwargs)
                 raise
+            if changes:
+                return self._after_a_capture_changed_the_model(changes, args, kwargs)
+            object.__setattr__(self, "_ortrain_changed_by_capture", False)
             cache.add(key, entry, reason)
         state_tensors = [state.tensors[i] for i in entry.binding]
         if self._ortrain_inspector.enabled:
@@ -596,6 +612,31 @@ class ORTModule(nn.Module):
         return capture_key(
             self._ortrain_module, call, options=options, environment=environment_for_cache_key()
         )
+
+    def _after_a_capture_changed_the_model(
+        self, changes: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """The forward changed the model while it was traced (undone since): a cache filled on
+        first use runs this step in PyTorch, so that the change happens once with real tensors,
+        and the next step captures the changed model; a change at every call (the capture after
+        such a step changes it again) goes to TorchDynamo's graph breaks, which replay it."""
+        what = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3 else "")
+        if self._ortrain_changed_by_capture:
+            logger.warning(
+                "the model's forward changes the model at every call (%s): a captured graph cannot "
+                "repeat that, so this model trains through TorchDynamo's graph breaks, which do",
+                what,
+            )
+            path = GraphBreakPath(self._ortrain_module, self._ortrain_debug, self._ortrain_options)
+            object.__setattr__(self, "_ortrain_graph_breaks", path)
+            return self._run_on_ort(args, kwargs)
+        logger.info(
+            "capturing changed the model (%s); undone, and this step runs in PyTorch so that the "
+            "change happens once, with real tensors; the next step captures the changed model",
+            what,
+        )
+        object.__setattr__(self, "_ortrain_changed_by_capture", True)
+        return self._ortrain_module(*args, **kwargs)
 
     def _switch_to_graph_breaks(self) -> bool:
         """After a capture failed on data-dependent Python: train through TorchDynamo's graph breaks."""

@@ -120,3 +120,33 @@ def test_warm_cache_gpt_with_label_sparsity_is_bit_identical(
     assert runs[0][2] == ["export"] * 2 and runs[1][2] == ["export (cached)"] * 2
     assert runs[1][0] == runs[0][0]
     assert all(torch.equal(a, b) for a, b in zip(runs[1][1], runs[0][1], strict=True))
+
+
+class _Truncating(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] > 16:  # a branch a dynamic capture decides once: a size guard
+            x = x[:, :16]
+        return self.proj(x).square().mean()
+
+
+def test_a_dynamic_capture_from_the_cache_keeps_its_size_guards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path))
+    for warm in (False, True):
+        startup_timings.RECORDED.clear()
+        eager = _Truncating()
+        wrapped = ORTModule(copy.deepcopy(eager))
+        torch.manual_seed(1)
+        for length in (8, 12, 20):
+            x = torch.randn(2, length, 4)
+            losses = [module(x) for module in (wrapped, eager)]
+            torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6, msg=f"length {length}")
+        loaded = [t for t in startup_timings.RECORDED if t.stage == "capture (cached)"]
+        assert len(loaded) == (3 if warm else 0)
+        assert len(wrapped._ortrain_graphs) == 3

@@ -242,3 +242,38 @@ def test_batch_size_change_reuses_the_dynamic_graph() -> None:
     for rows in (4, 6, 9, 13):
         F.mse_loss(wrapped(torch.randn(rows, 8)), torch.zeros(rows, 4)).backward()
     assert ort_graph_count(wrapped) == 2
+
+
+class _Truncating(nn.Module):
+    """Keeps at most 16 positions: a branch on a size, which a capture decides once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] > 16:
+            x = x[:, :16]
+        return self.proj(x).square().mean()
+
+
+def test_a_dynamic_graph_runs_only_inputs_its_size_assumptions_hold_for() -> None:
+    """The dynamic graph captured at length 12 skipped the truncation; at length 20 it ran
+    anyway and averaged over 20 positions where eager averages over 16: a wrong loss and wrong
+    gradients, without an error. Its size guards now send length 20 to a capture of its own."""
+    eager = _Truncating()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    torch.manual_seed(1)
+    for length in (8, 12, 20, 10, 24, 16):
+        x = torch.randn(2, length, 4)
+        losses = []
+        for module in (wrapped, eager):
+            module.zero_grad(set_to_none=True)
+            loss = module(x)
+            loss.backward()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6, msg=f"length {length}")
+        for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=f"length {length}")
+    assert len(wrapped._ortrain_graphs) == 3  # length 8; 9-16 (dynamic); over 16 (dynamic)

@@ -1,0 +1,88 @@
+"""A capture must leave the model as it found it.
+
+Capturing runs the model's forward on fake tensors. A forward that changes the model (a cache it
+fills on first use, ``self.cos_cached = ...``; a call counter; a lazily initialized layer) then
+leaves fake tensors and traced values in the model's attributes, and every later step, captured
+or eager, fails on them ("Mixing fake modes", "Please convert all Tensors to FakeTensors"). And a
+captured graph never repeats Python side effects, so such a change would happen at capture only.
+
+:class:`ModuleSnapshot` records each submodule's attributes (and the contents of its tables:
+parameters, buffers, submodules, hooks) before a capture; :meth:`ModuleSnapshot.restore` puts
+them back and says what the capture had changed, in the model's names. What ORTModule does with a
+change is its business (``ortmodule.py``: that step runs in PyTorch, so the change happens once
+with real tensors; a model that changes at every call trains through TorchDynamo's graph breaks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+# Values that are tables of a module: their contents are recorded, not just the table object.
+_TABLES = (dict, set)
+
+
+@dataclass
+class _Recorded:
+    name: str  # the module's name in the model ("" for the model itself)
+    module: nn.Module
+    attributes: dict[str, Any]
+    tables: dict[str, Any]  # attribute name -> a shallow copy of the table's contents
+
+
+class ModuleSnapshot:
+    """Every submodule's attributes at one moment, to put back after a capture."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self._records: list[_Recorded] = []
+        for name, module in root.named_modules(remove_duplicate=True):
+            attributes = dict(module.__dict__)
+            tables = {k: _copy(v) for k, v in attributes.items() if isinstance(v, _TABLES)}
+            self._records.append(_Recorded(name, module, attributes, tables))
+
+    def restore(self) -> list[str]:
+        """Put every recorded module back as it was; returns what had changed (empty: nothing)."""
+        changes: list[str] = []
+        for record in self._records:
+            found = _changes(record)
+            if found:
+                current = record.module.__dict__
+                current.clear()
+                current.update(record.attributes)
+                for key, contents in record.tables.items():
+                    table = record.attributes[key]
+                    table.clear()
+                    table.update(contents)
+                changes += found
+        return changes
+
+
+_MISSING = object()
+
+
+def _changes(record: _Recorded) -> list[str]:
+    current = record.module.__dict__
+    where = repr(record.name) if record.name else "the model"
+    found = [f"attribute {key!r} of {where} was added" for key in current.keys() - record.attributes.keys()]
+    for key, before in record.attributes.items():
+        after = current.get(key, _MISSING)
+        if after is not before:
+            found.append(f"attribute {key!r} of {where} was {'removed' if after is _MISSING else 'changed'}")
+        elif key in record.tables and not _same_contents(after, record.tables[key]):
+            found.append(f"{key.strip('_')} of {where} changed")
+    return found
+
+
+def _copy(table: Any) -> Any:
+    return list(table.items()) if isinstance(table, dict) else list(table)
+
+
+def _same_contents(table: Any, recorded: list[Any]) -> bool:
+    now = _copy(table)
+    if len(now) != len(recorded):
+        return False
+    if isinstance(table, dict):
+        return all(k == k0 and v is v0 for (k, v), (k0, v0) in zip(now, recorded, strict=True))
+    return set(now) == set(recorded)
