@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import sys
@@ -18,6 +19,7 @@ from ortrain.cache.cached_export import exports_run
 from ortrain.cache.capture_key import capture_key
 from ortrain.capture.aot_capture import Capture, GraphSlot, capture
 from ortrain.capture.compile_lock import COMPILE_LOCK
+from ortrain.capture.functorch_transforms import functorch_transform_active
 from ortrain.capture.huggingface import register_hf_cache_types
 from ortrain.capture.lazy_recompile import graph_modules_compiled_on_first_call
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
@@ -341,6 +343,9 @@ class ORTModule(nn.Module):
         fallback: FallbackManager = self._ortrain_fallback
         if fallback.active:
             return self._ortrain_module(*args, **kwargs)
+        if functorch_transform_active():
+            _warn_once_under_transforms()
+            return self._ortrain_module(*args, **kwargs)
         try:
             zero3 = zero3_parameters(self._ortrain_module)
             if not zero3:
@@ -654,6 +659,14 @@ class ORTModule(nn.Module):
     def _raise_if_user_error(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """If eager PyTorch rejects these inputs too, raise PyTorch's own error: the user's to fix."""
         run_eagerly_leaving_no_trace(self._ortrain_module, args, kwargs)
+
+
+@functools.cache
+def _warn_once_under_transforms() -> None:
+    logger.warning(
+        "ORTModule runs the model in PyTorch under torch.func transforms (vmap, grad, jacrev, ...): "
+        "their wrapped tensors cannot enter a captured graph; calls outside them run on the graphs"
+    )
 
 
 def _describe_input_change(before: Spec, after: Spec) -> str:

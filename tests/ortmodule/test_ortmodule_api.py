@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from typing import NamedTuple
 
 import pytest
@@ -277,3 +278,32 @@ def test_a_dynamic_graph_runs_only_inputs_its_size_assumptions_hold_for() -> Non
         for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=f"length {length}")
     assert len(wrapped._ortrain_graphs) == 3  # length 8; 9-16 (dynamic); over 16 (dynamic)
+
+
+def test_torch_func_transforms_get_eager_answers_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """Per-sample gradients (``vmap(grad(...))``, as differential-privacy training computes them)
+    through the wrapper: functorch's wrapped tensors cannot enter a graph ("Cannot access storage
+    of TensorWrapper"), so the model runs in PyTorch inside the transform, after one warning."""
+    from ortrain.ortmodule import ortmodule
+
+    ortmodule._warn_once_under_transforms.cache_clear()
+    eager = _mlp().eval()
+    wrapped = ORTModule(copy.deepcopy(eager)).eval()
+    params = {k: v.detach() for k, v in eager.named_parameters()}
+    x = torch.randn(6, 8)
+
+    def per_sample(module: nn.Module) -> dict[str, torch.Tensor]:
+        def loss(p: dict[str, torch.Tensor], xi: torch.Tensor) -> torch.Tensor:
+            return torch.func.functional_call(module, p, (xi[None],)).square().sum()
+
+        return torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)
+
+    with caplog.at_level(logging.WARNING, logger="ortrain.ortmodule"):
+        expected, got, again = per_sample(eager), per_sample(wrapped), per_sample(wrapped)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(again[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert sum("torch.func transforms" in r.getMessage() for r in caplog.records) == 1
+    assert ort_graph_count(wrapped) == 0  # nothing was captured inside the transform
+    torch.testing.assert_close(wrapped(x), eager(x), rtol=1e-5, atol=1e-6)
+    assert ort_graph_count(wrapped) == 1
