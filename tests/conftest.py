@@ -1,6 +1,8 @@
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 
 @pytest.fixture(autouse=True)
@@ -24,3 +26,23 @@ def shared_export_cache(monkeypatch: pytest.MonkeyPatch, export_cache_dir: Path)
     time. Files that patch the exporter must not opt in. The cache's own behaviour is tested in
     tests/cache/. (The zoo gains nothing: Dynamo's graphs of its models differ from ORTModule's.)"""
     monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(export_cache_dir))
+
+
+class TruncatingModel(nn.Module):
+    """Keeps at most 16 positions: a branch on a size, which a capture with symbolic sizes decides
+    once (ortrain/capture/size_guards.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] > 16:
+            x = x[:, :16]
+        return self.proj(x).square().mean()
+
+
+@pytest.fixture
+def truncating_model() -> type[nn.Module]:
+    return TruncatingModel

@@ -122,25 +122,13 @@ def test_warm_cache_gpt_with_label_sparsity_is_bit_identical(
     assert all(torch.equal(a, b) for a, b in zip(runs[1][1], runs[0][1], strict=True))
 
 
-class _Truncating(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[1] > 16:  # a branch a dynamic capture decides once: a size guard
-            x = x[:, :16]
-        return self.proj(x).square().mean()
-
-
 def test_a_dynamic_capture_from_the_cache_keeps_its_size_guards(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, truncating_model: type[nn.Module]
 ) -> None:
     monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path))
     for warm in (False, True):
         startup_timings.RECORDED.clear()
-        eager = _Truncating()
+        eager = truncating_model()
         wrapped = ORTModule(copy.deepcopy(eager))
         torch.manual_seed(1)
         for length in (8, 12, 20):

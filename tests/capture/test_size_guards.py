@@ -11,22 +11,20 @@ from ortrain.capture.aot_capture import capture
 from ortrain.capture.size_guards import SizeGuards
 
 
-class _Truncating(nn.Module):
-    """Keeps at most 16 positions: a branch on a size, which tracing decides once."""
+class _Tupled(nn.Module):
+    """The model with the flat-tuple output that ``capture`` takes."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.proj = nn.Linear(4, 4)
+        self.model = model
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
-        if x.shape[1] > 16:
-            x = x[:, :16]
-        return (self.proj(x).mean(),)
+        return (self.model(x),)
 
 
-def test_a_branch_on_a_symbolic_size_becomes_a_guard() -> None:
-    captured = capture(_Truncating(), [torch.randn(2, 12, 4)], training=True, dynamic_dims={0: (1,)})
+def test_a_branch_on_a_symbolic_size_becomes_a_guard(truncating_model: type[nn.Module]) -> None:
+    model, example = _Tupled(truncating_model()), [torch.randn(2, 12, 4)]
+    captured = capture(model, example, training=True, dynamic_dims={0: (1,)})
     guards = captured.size_guards
     assert guards.code is not None and "16" in guards.code
     assert guards([torch.randn(2, 9, 4)]) and guards([torch.randn(3, 16, 4)])
@@ -34,10 +32,14 @@ def test_a_branch_on_a_symbolic_size_becomes_a_guard() -> None:
     assert not guards([torch.randn(2, 1, 4)])  # sizes 0 and 1 are specialized apart
 
 
-def test_static_captures_assume_nothing_and_guards_survive_pickling() -> None:
-    captured = capture(_Truncating(), [torch.randn(2, 12, 4)], training=True)
+def test_static_captures_assume_nothing_and_guards_survive_pickling(
+    truncating_model: type[nn.Module],
+) -> None:
+    captured = capture(_Tupled(truncating_model()), [torch.randn(2, 12, 4)], training=True)
     assert captured.size_guards.code is None and captured.size_guards([torch.randn(5, 30, 4)])
-    dynamic = capture(_Truncating(), [torch.randn(2, 12, 4)], training=True, dynamic_dims={0: (1,)})
+    dynamic = capture(
+        _Tupled(truncating_model()), [torch.randn(2, 12, 4)], training=True, dynamic_dims={0: (1,)}
+    )
     copy = pickle.loads(pickle.dumps(dynamic.size_guards))
     assert isinstance(copy, SizeGuards) and copy.code == dynamic.size_guards.code
     assert not copy([torch.randn(2, 20, 4)]) and copy([torch.randn(2, 10, 4)])

@@ -245,25 +245,13 @@ def test_batch_size_change_reuses_the_dynamic_graph() -> None:
     assert ort_graph_count(wrapped) == 2
 
 
-class _Truncating(nn.Module):
-    """Keeps at most 16 positions: a branch on a size, which a capture decides once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[1] > 16:
-            x = x[:, :16]
-        return self.proj(x).square().mean()
-
-
-def test_a_dynamic_graph_runs_only_inputs_its_size_assumptions_hold_for() -> None:
+def test_a_dynamic_graph_runs_only_inputs_its_size_assumptions_hold_for(
+    truncating_model: type[nn.Module],
+) -> None:
     """The dynamic graph captured at length 12 skipped the truncation; at length 20 it ran
     anyway and averaged over 20 positions where eager averages over 16: a wrong loss and wrong
     gradients, without an error. Its size guards now send length 20 to a capture of its own."""
-    eager = _Truncating()
+    eager = truncating_model()
     wrapped = ORTModule(copy.deepcopy(eager))
     torch.manual_seed(1)
     for length in (8, 12, 20, 10, 24, 16):
