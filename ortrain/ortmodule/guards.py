@@ -29,17 +29,30 @@ from torch.nn.modules import module as torch_module
 from ortrain.capture.tensor_attributes import is_tensor_attribute, tensor_attributes
 
 _PLAIN = frozenset({bool, int, float, str, type(None)})
+_SEQUENCES = frozenset({tuple, list})  # of plain values: a conv's ``padding``, a norm's shape
 _UNINITIALIZED = frozenset({nn.UninitializedParameter, nn.UninitializedBuffer})
-# Most of a module's attributes are its own tables (parameters, hooks, ...): never tensors.
-_CONTAINERS = frozenset({dict, OrderedDict, set, list, tuple})
+# What DeepSpeed ZeRO-3's hooks keep on the modules they hook (with ``ds_*``), some of it new at
+# every step: its state, not the model's.
+_HOOK_BOOKKEEPING = frozenset({"pre_bwd_fn", "post_bwd_fn"})
+# Most of a module's attributes are its own tables (parameters, hooks, ...): their contents are
+# watched where they matter (parameters, buffers, submodules, hook ids).
+_TABLES = frozenset({dict, OrderedDict, set})
 
 # Per tensor: dtype, device, shape, requires_grad; or, for a second name of the same tensor, the
 # position of its first name.
 TensorKey = tuple[Any, ...]
-# Per module: identity, plain attributes (``training`` among them), hook ids, parameters, buffers,
-# tensor attributes (tensors in ``__dict__`` that are neither: captured as inputs, like buffers).
+# Per module: identity, plain attributes (``training`` among them; tuples and lists of plain
+# values too), hook ids, parameters, buffers, tensor attributes (tensors in ``__dict__`` that are
+# neither: captured as inputs, like buffers), and the identity of every other attribute value (a
+# function the forward calls, a ``forward`` patched on the instance, a config object).
 ModuleKey = tuple[
-    int, tuple[tuple[str, Any], ...], tuple[int, ...], tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]
+    int,
+    tuple[tuple[str, Any], ...],
+    tuple[int, ...],
+    tuple[Any, ...],
+    tuple[Any, ...],
+    tuple[Any, ...],
+    tuple[tuple[str, int], ...],
 ]
 
 
@@ -89,16 +102,25 @@ def read_state(root: nn.Module) -> ModelState:
         # guard's cost is this walk: ≈ 5 µs a module).
         plain: list[tuple[str, Any]] = []
         tensor_attrs: list[tuple[str, torch.Tensor]] = []
+        objects: list[tuple[str, int]] = []
         for k, v in attributes.items():
-            if type(v) in _PLAIN:
+            kind = type(v)
+            if kind in _PLAIN:
                 if not k.startswith("_"):
                     plain.append((k, v))
-            elif type(v) not in _CONTAINERS and is_tensor_attribute(v):
+            elif kind in _TABLES:
+                continue
+            elif kind in _SEQUENCES and all(type(item) in _PLAIN for item in v):
+                if not k.startswith("_"):
+                    plain.append((k, tuple(v)))
+            elif is_tensor_attribute(v):
                 tensor_attrs.append((k, v))
+            elif not k.startswith("ds_") and k not in _HOOK_BOOKKEEPING:
+                objects.append((k, id(v)))
         params = tuple(tensor_key(n, p) for n, p in attributes["_parameters"].items())
         buffers = tuple(tensor_key(n, b) for n, b in attributes["_buffers"].items())
         others = tuple(tensor_key(n, t) for n, t in tensor_attrs)
-        modules.append((id(m), tuple(plain), _hook_ids(m), params, buffers, others))
+        modules.append((id(m), tuple(plain), _hook_ids(m), params, buffers, others, tuple(objects)))
         children = [c for c in attributes["_modules"].values() if c is not None]
         stack.extend(reversed(children))
     return ModelState(tensors, (tuple(modules), _global_hook_ids()), bool(uninitialized))
@@ -160,6 +182,9 @@ def describe_change(root: nn.Module, old: tuple[Any, ...], new: tuple[Any, ...])
             return _tensor_change(name, "buffer", before[4], after[4])
         if before[5] != after[5]:
             return _tensor_change(name, "tensor attribute", before[5], after[5])
+        if before[6] != after[6]:
+            replaced = sorted(set(before[6]) ^ set(after[6]))
+            return f"attribute {replaced[0][0]!r} of {name!r} was replaced"
     return "the model changed"
 
 

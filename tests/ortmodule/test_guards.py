@@ -136,6 +136,53 @@ def test_a_changed_plain_attribute_below_the_top_level() -> None:
     _train_through(Net(), {2: set_p})
 
 
+class _Holder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = torch.tanh  # a function kept as an attribute
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x)
+
+
+class _ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(1, 4, 3, padding=1)
+        self.holder = _Holder()
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        features = self.holder(self.conv(x[:, None, :])).mean(-1)
+        return F.cross_entropy(self.head(features), y)
+
+
+def test_a_patched_forward_a_swapped_function_and_a_changed_tuple_are_seen(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The guards compared plain numbers, strings and tensors: a ``forward`` patched on the
+    instance (as accelerate wraps one), a function kept as an attribute, or a conv's ``padding``
+    (a tuple) changed while the old graph went on running the old model."""
+    torch.manual_seed(0)
+
+    def patch_forward(m: nn.Module) -> None:
+        conv = m.conv
+        original = conv.forward
+        conv.forward = lambda x: original(x) * 2.0
+
+    def swap_function(m: nn.Module) -> None:
+        m.holder.act = torch.sigmoid
+
+    def change_padding(m: nn.Module) -> None:
+        m.conv.padding = (0,)
+
+    with caplog.at_level(logging.INFO, logger="ortrain.ortmodule"):
+        _train_through(_ConvNet(), {2: patch_forward, 3: swap_function, 4: change_padding}, steps=6)
+    assert "attribute 'forward' of 'conv' was replaced" in caplog.text
+    assert "attribute 'act' of 'holder' was replaced" in caplog.text
+    assert "conv.padding changed from (1,) to (0,)" in caplog.text
+
+
 def test_a_forward_hook_added_after_capture_runs() -> None:
     torch.manual_seed(0)
 
