@@ -41,12 +41,12 @@ _TABLES = frozenset({dict, OrderedDict, set})
 # Per tensor: dtype, device, shape, requires_grad; or, for a second name of the same tensor, the
 # position of its first name.
 TensorKey = tuple[Any, ...]
-# Per module: identity, plain attributes (``training`` among them; tuples and lists of plain
+# Per module: identity and class, plain attributes (``training`` among them; tuples and lists of plain
 # values too), hook ids, parameters, buffers, tensor attributes (tensors in ``__dict__`` that are
 # neither: captured as inputs, like buffers), and the identity of every other attribute value (a
 # function the forward calls, a ``forward`` patched on the instance, a config object).
 ModuleKey = tuple[
-    int,
+    tuple[int, type],
     tuple[tuple[str, Any], ...],
     tuple[int, ...],
     tuple[Any, ...],
@@ -120,7 +120,8 @@ def read_state(root: nn.Module) -> ModelState:
         params = tuple(tensor_key(n, p) for n, p in attributes["_parameters"].items())
         buffers = tuple(tensor_key(n, b) for n, b in attributes["_buffers"].items())
         others = tuple(tensor_key(n, t) for n, t in tensor_attrs)
-        modules.append((id(m), tuple(plain), _hook_ids(m), params, buffers, others, tuple(objects)))
+        identity = (id(m), type(m))  # the class too: ``m.__class__ = ...`` swaps its code
+        modules.append((identity, tuple(plain), _hook_ids(m), params, buffers, others, tuple(objects)))
         children = [c for c in attributes["_modules"].values() if c is not None]
         stack.extend(reversed(children))
     return ModelState(tensors, (tuple(modules), _global_hook_ids()), bool(uninitialized))
@@ -171,6 +172,8 @@ def describe_change(root: nn.Module, old: tuple[Any, ...], new: tuple[Any, ...])
         if before == after:
             continue
         if before[0] != after[0]:
+            if before[0][0] == after[0][0]:
+                return f"the class of submodule {name!r} changed to {after[0][1].__qualname__}"
             return f"submodule {name!r} was replaced"
         if before[1] != after[1]:
             return _attribute_change(name, dict(before[1]), dict(after[1]))

@@ -145,6 +145,11 @@ class _Holder(nn.Module):
         return self.act(x)
 
 
+class _DoublingHolder(_Holder):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * self.act(x)
+
+
 class _ConvNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -160,9 +165,9 @@ class _ConvNet(nn.Module):
 def test_a_patched_forward_a_swapped_function_and_a_changed_tuple_are_seen(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The guards compared plain numbers, strings and tensors: a ``forward`` patched on the
-    instance (as accelerate wraps one), a function kept as an attribute, or a conv's ``padding``
-    (a tuple) changed while the old graph went on running the old model."""
+    """The guards compared plain numbers, strings and tensors: a class swapped on an instance, a
+    ``forward`` patched on it (as accelerate wraps one), a function kept as an attribute, or a
+    conv's ``padding`` (a tuple) changed while the old graph went on running the old model."""
     torch.manual_seed(0)
 
     def patch_forward(m: nn.Module) -> None:
@@ -176,8 +181,13 @@ def test_a_patched_forward_a_swapped_function_and_a_changed_tuple_are_seen(
     def change_padding(m: nn.Module) -> None:
         m.conv.padding = (0,)
 
+    def swap_class(m: nn.Module) -> None:
+        m.holder.__class__ = _DoublingHolder
+
+    changes = {1: swap_class, 2: patch_forward, 3: swap_function, 4: change_padding}
     with caplog.at_level(logging.INFO, logger="ortrain.ortmodule"):
-        _train_through(_ConvNet(), {2: patch_forward, 3: swap_function, 4: change_padding}, steps=6)
+        _train_through(_ConvNet(), changes, steps=6)
+    assert "the class of submodule 'holder' changed to _DoublingHolder" in caplog.text
     assert "attribute 'forward' of 'conv' was replaced" in caplog.text
     assert "attribute 'act' of 'holder' was replaced" in caplog.text
     assert "conv.padding changed from (1,) to (0,)" in caplog.text
