@@ -30,6 +30,7 @@ from ortrain.capture.tensor_attributes import is_tensor_attribute, tensor_attrib
 
 _PLAIN = frozenset({bool, int, float, str, type(None)})
 _SEQUENCES = frozenset({tuple, list})  # of plain values: a conv's ``padding``, a norm's shape
+_SHORT = 64  # longer sequences (a vocabulary kept as a list) are watched by identity, not read
 _UNINITIALIZED = frozenset({nn.UninitializedParameter, nn.UninitializedBuffer})
 # What DeepSpeed ZeRO-3's hooks keep on the modules they hook (with ``ds_*``), some of it new at
 # every step: its state, not the model's.
@@ -110,7 +111,7 @@ def read_state(root: nn.Module) -> ModelState:
                     plain.append((k, v))
             elif kind in _TABLES:
                 continue
-            elif kind in _SEQUENCES and all(type(item) in _PLAIN for item in v):
+            elif kind in _SEQUENCES and len(v) <= _SHORT and all(type(i) in _PLAIN for i in v):
                 if not k.startswith("_"):
                     plain.append((k, tuple(v)))
             elif is_tensor_attribute(v):
