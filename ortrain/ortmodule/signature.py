@@ -26,6 +26,7 @@ from typing import Any
 
 from torch import nn
 
+from ortrain.ortmodule.container_access import container_methods
 from ortrain.ortmodule.unwrapping import teach_accelerate_to_unwrap
 
 
@@ -98,6 +99,7 @@ def _subclass_for(base: type, wrapped: type) -> type:
         "__doc__": base.__doc__,
         _WRAPPED_CLASS: wrapped,
         _BASE_CLASS: base,
+        **container_methods(wrapped),  # model[i], len(model), iteration
     }
     return type(f"{base.__name__}[{wrapped.__name__}]", (base,), namespace)
 

@@ -295,3 +295,29 @@ def test_torch_func_transforms_get_eager_answers_with_one_warning(caplog: pytest
     assert ort_graph_count(wrapped) == 0  # nothing was captured inside the transform
     torch.testing.assert_close(wrapped(x), eager(x), rtol=1e-5, atol=1e-6)
     assert ort_graph_count(wrapped) == 1
+
+
+def test_a_wrapped_container_indexes_iterates_and_takes_a_new_head() -> None:
+    """``model[-1]``, ``len(model)``, ``for layer in model``, ``"k" in model`` reach the wrapped
+    Sequential or ModuleDict (they raised "object is not subscriptable"); writing an item drops
+    the captured graphs and trains the new item."""
+    inner = _mlp()
+    eager = copy.deepcopy(inner)
+    wrapped = ORTModule(inner)
+    assert wrapped[0] is inner[0] and wrapped[-1] is inner[-1] and len(wrapped) == len(inner) == 4
+    assert list(wrapped) == list(inner) and list(reversed(wrapped)) == list(reversed(inner))
+    assert isinstance(wrapped[1:], nn.Sequential) and len(wrapped[1:]) == 3
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(wrapped(x), eager(x))
+    torch.manual_seed(3)
+    head = nn.Linear(16, 2)
+    wrapped[-1], eager[-1] = head, copy.deepcopy(head)
+    assert ort_graph_count(wrapped) == 0  # dropped with the old head
+    wrapped(x).sum().backward()
+    eager(x).sum().backward()
+    torch.testing.assert_close(wrapped[-1].weight.grad, eager[-1].weight.grad)
+
+    layers = ORTModule(nn.ModuleDict({"a": nn.Linear(2, 2)}))
+    assert "a" in layers and layers["a"] is layers.module["a"] and list(layers) == ["a"]
+    with pytest.raises(TypeError, match="not subscriptable"):
+        ORTModule(nn.Linear(2, 2))[0]  # a module that is no container stays none
