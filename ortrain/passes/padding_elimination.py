@@ -16,6 +16,12 @@ the model ignores pad positions (an attention mask hides pad keys, the loss igno
 pad rows then only ever meet a zero attention weight or an ignored label. Outputs at pad
 positions are 0 instead of whatever the dense model computed there. That condition is the
 user's to know, which is why the switch is off by default (as upstream).
+
+Two ways a model reads pads even so are made exact by keeping those positions among the real
+tokens: a ``select`` of one sequence position (BERT's pooler reads token 0, a pad in a
+left-padded row; a classifier on the last token of a right-padded one), and a row that is all
+padding, whose attention has no real key and averages over the pads (its every position is
+kept, so it runs as in the dense model). Both cost only the rows they keep.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ class _Eliminator:
         self.repadded: dict[torch.fx.Node, torch.fx.Node] = {}
         self.after_repad: set[torch.fx.Node] = set()
         self.index: torch.fx.Node | None = None
+        self.read_positions: list[int] = []  # sequence positions a select reads after re-padding
 
     # ---- shapes ----------------------------------------------------------------------------
     def has_rows(self, val: torch.Tensor) -> bool:
@@ -126,9 +133,7 @@ class _Eliminator:
         order = list(graph.nodes)
         following = order[order.index(self.embedding) + 1]
         with graph.inserting_before(following):
-            flat_ids = graph.call_function(aten.reshape.default, (self.ids, [-1]))
-            kept = graph.call_function(aten.ne.Scalar, (flat_ids, self.pad))
-            positions = graph.call_function(aten.nonzero.default, (kept,))
+            positions = graph.call_function(aten.nonzero.default, (self.ids,))  # its mask comes last
             self.index = graph.call_function(aten.view.default, (positions, [-1]))
             self.sparse[self.embedding] = self.gather(self.embedding)
         for node in order[order.index(self.embedding) + 1 :]:
@@ -137,8 +142,43 @@ class _Eliminator:
             with graph.inserting_before(node):
                 if node.op != "output" and self._make_sparse(node):
                     continue
+                self._note_read_position(node)
                 self._feed_dense(node)
+        with graph.inserting_before(positions):
+            positions.args = (self._kept_mask(),)
         return len(self.sparse) - 1
+
+    def _kept_mask(self) -> torch.fx.Node:
+        """The flat ``[batch * seq]`` mask of the tokens the sparse rows hold: the real ones, every
+        position of a row that is all padding, and the sequence positions a select reads."""
+        graph = self.graph
+        pads = graph.call_function(aten.eq.Scalar, (self.ids, self.pad))
+        some_real = graph.call_function(
+            aten.any.dim, (graph.call_function(aten.logical_not.default, (pads,)), 1, True)
+        )
+        kept = graph.call_function(
+            aten.logical_or.default,
+            (
+                graph.call_function(aten.logical_not.default, (pads,)),
+                graph.call_function(aten.logical_not.default, (some_real,)),
+            ),
+        )
+        for position in sorted(set(self.read_positions)):
+            column = graph.call_function(aten.select.int, (kept, 1, position))
+            every_row = graph.call_function(aten.ones_like.default, (column,))
+            kept = graph.call_function(aten.select_scatter.default, (kept, every_row, 1, position))
+        return graph.call_function(aten.reshape.default, (kept, [-1]))
+
+    def _note_read_position(self, node: torch.fx.Node) -> None:
+        """A select of one sequence position of a [batch, seq, features] tensor that is re-padded."""
+        if node.target is not aten.select.int or node.args[0] not in self.sparse:
+            return
+        val = value(node.args[0])
+        dim, position = node.args[1], node.args[2]
+        if val is None or val.dim() != 3 or not isinstance(dim, int) or not isinstance(position, int):
+            return
+        if dim % 3 == 1 and self.has_rows(val):
+            self.read_positions.append(position)
 
     def _make_sparse(self, node: torch.fx.Node) -> bool:
         positions = row_arguments(node, self.has_rows, leading_reshapes=True, broadcasts=self.broadcasts)
@@ -203,13 +243,17 @@ def eliminate_padding(gm: torch.fx.GraphModule) -> list[str]:
         assert isinstance(ids, torch.fx.Node)
         snapshot = _copy_graph(gm)
         try:
-            moved = _Eliminator(graph, node, ids, padding_idx).run()
+            eliminator = _Eliminator(graph, node, ids, padding_idx)
+            moved = eliminator.run()
         except _CannotExpress as error:
             gm.graph = snapshot
             logger.info("padding elimination skipped: size %s has no source among the indices' sizes", error)
             return []
         graph.eliminate_dead_code()
         change = f"padding elimination: {moved} token-wise ops after {node.name} run on real tokens only"
+        if eliminator.read_positions:
+            kept = ", ".join(str(p) for p in sorted(set(eliminator.read_positions)))
+            change += f" (position {kept} kept: a select reads it)"
         logger.info("%s", change)
         return [change]
     return []

@@ -211,6 +211,35 @@ def test_bert_sequence_classification(
     assert any(c.startswith("padding elimination") for c in changes) == embedding
 
 
+def _pads_read_batches(rows: int, length: int) -> list[dict[str, torch.Tensor]]:
+    """Batches whose pad positions a first-token classifier reads: left padding, a row all padding."""
+    generator = torch.Generator().manual_seed(3)
+    batches = []
+    for real_lengths in ((3, 10, 6), (0, 4, 10), (7, 0, 1)):
+        ids = torch.randint(1, 101, (rows, length), generator=generator)
+        mask = torch.zeros(rows, length, dtype=torch.long)
+        for row, real in enumerate(real_lengths):
+            mask[row, length - real :] = 1  # left padding; real == 0: the whole row is padding
+        ids[mask == 0] = 0
+        labels = torch.randint(0, 3, (rows,), generator=generator)
+        batches.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
+    return batches
+
+
+def test_padding_elimination_keeps_the_pad_positions_a_classifier_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """BERT's pooler reads token 0, which left padding makes a pad, and a row of padding only
+    attends over pads: those positions run through every layer as in eager, not as zeros."""
+    transformers = pytest.importorskip("transformers")
+    _set_switches(monkeypatch, sparse=True, compute=True, embedding=True)
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(_bert_config(num_labels=3))
+    wrapped = _train_and_compare(model, _pads_read_batches(3, 10), lambda m, b: m(**b).loss)
+    changes = _changes(wrapped)
+    assert any(c.startswith("padding elimination") and "position 0 kept" in c for c in changes), changes
+
+
 def test_model_without_sparsity_is_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     """No loss and no row selection inside the model: the captured graphs are those without passes."""
     torch.manual_seed(0)
