@@ -25,6 +25,7 @@ from ortrain.capture.lazy_recompile import graph_modules_compiled_on_first_call
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.inspector.runtime_inspector import RuntimeInspector
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
+from ortrain.ortmodule.create_graph import watch_for_create_graph
 from ortrain.ortmodule.eager_check import run_eagerly_leaving_no_trace
 from ortrain.ortmodule.fallback import (
     FallbackManager,
@@ -413,6 +414,7 @@ class ORTModule(nn.Module):
             raise ORTModuleONNXModelException(
                 f"ONNX Runtime failed to run the forward graph: {type(error).__name__}: {error}"
             ) from error
+        watch_for_create_graph(outputs)
         return unflatten(entry.output_spec, list(outputs))
 
     def _guard(
