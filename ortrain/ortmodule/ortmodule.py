@@ -18,6 +18,7 @@ from ortrain.cache.cached_capture import load_capture, save_capture
 from ortrain.cache.cached_export import exports_run
 from ortrain.cache.capture_key import capture_key
 from ortrain.capture.aot_capture import Capture, GraphSlot, capture
+from ortrain.capture.buffer_assignments import buffers_before, keep_assignments_as_updates
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.functorch_transforms import functorch_transform_active
 from ortrain.capture.huggingface import register_hf_cache_types
@@ -99,7 +100,9 @@ class _FlatCall(nn.Module):
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args, kwargs = unflatten(self.input_spec, list(tensors))
+        buffers = buffers_before(self.module)
         out = self.module(*args, **kwargs)
+        keep_assignments_as_updates(buffers)  # self.ema = ...: an update of the buffer, not lost
         flat, self.output_spec = flatten_outputs(out)
         return tuple(flat)
 

@@ -119,3 +119,57 @@ def test_a_lazy_layer_is_initialized_by_a_real_step() -> None:
     assert len(wrapped._ortrain_graphs) == 1  # steps 2 and 3 ran a captured graph
     assert not any(isinstance(p, FakeTensor) for p in model.parameters())
     assert_same_state(wrapped, eager)
+
+
+class _MovingAverage(nn.Module):
+    """Assigns its buffer a new tensor at each training step (an EMA, a VQ codebook), and keeps
+    the last activation in a plain attribute, as feature-logging code does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(4, 3)
+        self.register_buffer("average", torch.zeros(3))
+        self.last = torch.zeros(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        if self.training:
+            with torch.no_grad():
+                self.average = self.average * 0.9 + 0.1 * h.mean(0)
+            self.last = h.detach()
+        return (h - self.average).square().sum()
+
+
+def test_a_buffer_assigned_in_forward_is_updated_as_in_eager() -> None:
+    """The assignment landed in the dictionary a capture swaps in and was lost: the average never
+    moved, and the loss and gradients differed from the second step on. Now it is written back."""
+    eager = _MovingAverage()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    torch.manual_seed(1)
+    for _ in range(4):
+        x = torch.randn(5, 4)
+        assert _step(wrapped, x) == pytest.approx(_step(eager, x), rel=1e-5)
+        assert_same_state(wrapped, eager)  # the buffer, and the weights the loss moved
+        torch.testing.assert_close(wrapped._ortrain_module.last, eager.last)
+    assert wrapped._ortrain_module.average.abs().sum() > 0
+    assert len(wrapped._ortrain_graphs) == 1  # one captured graph updates it at every step
+    assert wrapped._ortrain_graph_breaks is None
+
+
+class _GrowingBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 3)
+        self.register_buffer("seen", torch.zeros(0, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        self.seen = torch.cat([self.seen, h.detach()])
+        return h.sum()
+
+
+def test_a_buffer_assigned_another_shape_is_refused_with_what_to_do() -> None:
+    wrapped = ORTModule(_GrowingBuffer())
+    with pytest.raises(RuntimeError, match=r"assigns its buffer 'seen'.*update it in\s+place"):
+        wrapped(torch.randn(5, 4))
