@@ -495,7 +495,10 @@ class ORTModule(nn.Module):
     def _compile_locked(
         self, key: GraphKey, inputs: list[torch.Tensor], entries: list[_CompiledEntry], state: ModelState
     ) -> _CompiledEntry:
-        training = key.training and key.grad_enabled
+        # Gradients follow grad mode, not train()/eval(), as in eager PyTorch: a model in eval()
+        # (frozen BatchNorm and dropout while fine-tuning, a saliency map of its input) still
+        # differentiates. Where nothing requires grad, AOTAutograd makes an inference graph anyway.
+        training = key.grad_enabled
         flat_module = _FlatCall(self._ortrain_module, key.spec)
         dynamic = self._dynamic_dims(inputs, entries)
         logger.info(

@@ -103,8 +103,15 @@ def test_train_and_eval_switch_graphs_and_no_grad_saves_nothing() -> None:
     wrapped.eval()
     eager.eval()
     assert not inner.training
+    wrapped.zero_grad()
+    eager.zero_grad()
     out = wrapped(x)
     torch.testing.assert_close(out, eager(x))  # running statistics, not batch statistics
+    # eval() does not turn gradients off: an eval-mode model fine-tunes with frozen statistics.
+    out.square().sum().backward()
+    eager(x).square().sum().backward()
+    for (name, a), b in zip(inner.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=name)
     with torch.no_grad():
         wrapped.train()
         eager.train()
@@ -112,15 +119,30 @@ def test_train_and_eval_switch_graphs_and_no_grad_saves_nothing() -> None:
     torch.testing.assert_close(inner[1].running_mean, eager[1].running_mean)
     graphs = wrapped._ortrain_graphs.items()
     modes = {(key.training, key.grad_enabled): group[0].capture for key, group in graphs}
-    assert modes[(True, True)].backward is not None
-    for mode in ((False, True), (True, False)):
-        capture = modes[mode]
-        assert capture.backward is None
-        # An inference graph returns the user outputs and buffer updates only: nothing saved.
-        outputs = capture.forward.runner.runners[0].exported.outputs
-        n_mutations = 3 if mode == (True, False) else 0
-        assert len(outputs) == 1 + n_mutations
+    assert modes[(True, True)].backward is not None and modes[(False, True)].backward is not None
+    capture = modes[(True, False)]
+    assert capture.backward is None
+    # An inference graph returns the user outputs and buffer updates only: nothing saved.
+    outputs = capture.forward.runner.runners[0].exported.outputs
+    assert len(outputs) == 1 + 3
     assert ort_graph_count(wrapped) == 3
+
+
+def test_an_eval_model_gives_gradients_to_whatever_requires_them() -> None:
+    """A frozen model in eval(): the gradient of its input (a saliency map, an adversarial step).
+    The graph captured for eval() used to be an inference graph: the output had no grad_fn."""
+    inner = _mlp().eval()
+    eager = copy.deepcopy(inner)
+    for p in (*inner.parameters(), *eager.parameters()):
+        p.requires_grad_(False)
+    wrapped = ORTModule(inner)
+    x = torch.randn(6, 8)
+    grads = []
+    for module in (wrapped, eager):
+        xi = x.clone().requires_grad_()
+        module(xi).square().sum().backward()
+        grads.append(xi.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-6)
 
 
 def test_gradient_accumulation_over_micro_batches() -> None:
