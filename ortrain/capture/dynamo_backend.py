@@ -182,6 +182,12 @@ def graph_breaks_reported(report: Callable[[str, int, str], None]) -> Iterator[N
             lg.propagate = propagate
 
 
+def hooks_guarded() -> contextlib.AbstractContextManager[None]:
+    """Dynamo guards on the modules' hooks meanwhile: by default it does not, and a forward hook
+    added or removed after compiling would be ignored (the graphs of the old hooks run on)."""
+    return torch._dynamo.config.patch(skip_nnmodule_hook_guards=False)
+
+
 def source_line(file: str, line: int) -> str:
     return linecache.getline(file, line).strip()
 

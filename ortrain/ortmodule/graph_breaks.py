@@ -18,6 +18,7 @@ from torch import nn
 from ortrain.capture.dynamo_backend import (
     backend_failure,
     graph_breaks_reported,
+    hooks_guarded,
     is_data_dependent,
     source_line,
 )
@@ -46,7 +47,7 @@ class GraphBreakPath:
         return self.backend.graphs_compiled
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        with graph_breaks_reported(self._report):
+        with graph_breaks_reported(self._report), hooks_guarded():
             try:
                 return self.compiled(*args, **kwargs)
             except Exception as error:

@@ -36,6 +36,7 @@ from ortrain.ortmodule.fallback import (
     ORTModuleONNXModelException,
     ORTModuleTorchModelException,
 )
+from ortrain.ortmodule.forward_hooks import user_forward_hooks
 from ortrain.ortmodule.graph_breaks import GraphBreakPath, is_data_dependent
 from ortrain.ortmodule.graph_cache import GraphCache
 from ortrain.ortmodule.guards import ModelState, binding_order, describe_change, read_state
@@ -381,6 +382,8 @@ class ORTModule(nn.Module):
                 raise ORTModuleDeviceException(
                     f"ortrain runs a graph on one device; got tensors on {devices}"
                 )
+            if self._hooks_need_graph_breaks():
+                return self._run_on_ort(args, kwargs)
             reason = self._why_no_graph_fits(key)
             logger.info("capturing a graph: %s", reason)
             snapshot = ModuleSnapshot(self._ortrain_module)
@@ -650,6 +653,20 @@ class ORTModule(nn.Module):
         )
         object.__setattr__(self, "_ortrain_changed_by_capture", True)
         return self._ortrain_module(*args, **kwargs)
+
+    def _hooks_need_graph_breaks(self) -> bool:
+        """A forward hook of the user's would run once, on traced values: use TorchDynamo's path."""
+        hooked = user_forward_hooks(self._ortrain_module)
+        if not hooked:
+            return False
+        logger.info(
+            "forward hooks on %s: a captured graph would run them once, on traced values, and never "
+            "at later steps; the model trains through TorchDynamo, which runs them at every step",
+            ", ".join(hooked[:5]) + (f" and {len(hooked) - 5} more" if len(hooked) > 5 else ""),
+        )
+        path = GraphBreakPath(self._ortrain_module, self._ortrain_debug, self._ortrain_options)
+        object.__setattr__(self, "_ortrain_graph_breaks", path)
+        return True
 
     def _switch_to_graph_breaks(self) -> bool:
         """After a capture failed on data-dependent Python: train through TorchDynamo's graph breaks."""

@@ -11,6 +11,7 @@ import torch
 from _parity import assert_same_state
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.nn.utils import prune
 
 from ortrain import ORTModule
 
@@ -173,3 +174,59 @@ def test_a_buffer_assigned_another_shape_is_refused_with_what_to_do() -> None:
     wrapped = ORTModule(_GrowingBuffer())
     with pytest.raises(RuntimeError, match=r"assigns its buffer 'seen'.*update it in\s+place"):
         wrapped(torch.randn(5, 4))
+
+
+class _SquareMean(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.square().mean()
+
+
+def _two_layers() -> nn.Module:
+    """A model whose output is its loss, for :func:`_step`."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2), _SquareMean())
+
+
+def test_a_hook_that_keeps_activations_sees_every_step(caplog: pytest.LogCaptureFixture) -> None:
+    """A captured graph ran the hook once, on traced values: the list held a FakeTensor and two
+    FunctionalTensors from the capture, and nothing of later steps. Now the model trains through
+    TorchDynamo, which runs the hook at every step; a hook added later, or removed, is seen too."""
+    eager, model = _two_layers(), _two_layers()
+    wrapped = ORTModule(model)
+    kept: dict[str, list[torch.Tensor]] = {"eager": [], "ortrain": []}
+    handles = {}
+    for name, module in (("eager", eager), ("ortrain", model)):
+        keep = kept[name].append
+        handles[name] = module[0].register_forward_hook(lambda m, i, out, keep=keep: keep(out.detach()))
+    torch.manual_seed(1)
+    with caplog.at_level(logging.INFO, logger="ortrain.ortmodule"):
+        for step in range(5):
+            if step == 2:  # a hook that changes the output, added after training began
+                for module in (eager, model):
+                    module[2].register_forward_hook(lambda m, i, out: out * 2)
+            if step == 4:
+                for handle in handles.values():
+                    handle.remove()
+            x = torch.randn(5, 4)
+            assert _step(wrapped, x) == pytest.approx(_step(eager, x), rel=1e-5)
+            assert_same_state(wrapped, eager)
+    assert len(kept["ortrain"]) == len(kept["eager"]) == 4
+    assert all(type(t) is torch.Tensor for t in kept["ortrain"])
+    for a, b in zip(kept["ortrain"], kept["eager"], strict=True):
+        torch.testing.assert_close(a, b)
+    assert "forward hooks on 0: a captured graph would run them once" in caplog.text
+
+
+def test_pruning_hooks_stay_in_the_captured_graph() -> None:
+    """PyTorch's own hooks (pruning recomputes the weight before each forward) are captured."""
+    eager, model = _two_layers(), _two_layers()
+    for module in (eager, model):
+        torch.manual_seed(2)
+        prune.random_unstructured(module[0], "weight", amount=0.5)
+    wrapped = ORTModule(model)
+    torch.manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(5, 4)
+        assert _step(wrapped, x) == pytest.approx(_step(eager, x), rel=1e-5)
+        assert_same_state(wrapped, eager)
+    assert wrapped._ortrain_graph_breaks is None and len(wrapped._ortrain_graphs) == 1

@@ -1,0 +1,42 @@
+"""Forward hooks of the user's own: run at every step, which a captured graph cannot do.
+
+A captured graph runs the hooks once, while it is traced, on fake tensors; what a hook keeps
+(an activation appended to a list for a distillation loss or for logging, a statistic in a
+dictionary) is then a traced value from the capture, and later steps add nothing. TorchDynamo's
+graph-break path runs hooks as Python between or around its graphs, at every step, so a model
+with such hooks trains there (:mod:`ortrain.ortmodule.graph_breaks`).
+
+Hooks of PyTorch and of the libraries ortrain works with are captured as before: pruning's,
+spectral and weight normalization's recompute a module's weight before its forward;
+Hugging Face's (``enable_input_require_grads``, the recorders of hidden states and attentions)
+act within the call; DeepSpeed ZeRO-3's are set aside while capturing
+(:mod:`ortrain.ortmodule.zero3`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.nn.modules import module as torch_module
+
+_LIBRARIES = ("torch.", "transformers.", "accelerate.", "peft.", "deepspeed.", "ortrain.")
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
+
+
+def _is_users(hook: Any) -> bool:
+    home = getattr(hook, "__module__", None) or getattr(type(hook), "__module__", "") or ""
+    return not home.startswith(_LIBRARIES)
+
+
+def user_forward_hooks(root: nn.Module) -> list[str]:
+    """Where the user's forward (pre-)hooks are: submodule paths, and 'every module' for global ones."""
+    places = []
+    if any(_is_users(h) for h in torch_module._global_forward_pre_hooks.values()) or any(
+        _is_users(h) for h in torch_module._global_forward_hooks.values()
+    ):
+        places.append("every module (a global hook)")
+    for name, module in root.named_modules():
+        if any(_is_users(h) for attr in _HOOK_DICTS for h in getattr(module, attr).values()):
+            places.append(name or type(root).__name__)
+    return places
