@@ -32,7 +32,7 @@ from torch.fx._graph_pickler import GraphPickler, Options
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from ortrain.capture.lazy_recompile import compiled_on_first_call
-from ortrain.capture.unused_tangents import with_zero_tangents
+from ortrain.capture.unused_tangents import UnreachedGradients, with_zero_tangents
 
 if TYPE_CHECKING:
     from ortrain.capture.aot_capture import GraphSlot
@@ -59,9 +59,20 @@ class GraphCode(OutputCode):
             # saved tensors (it cleared the autograd context's); emptied, each can be freed as soon
             # as the graph's runner drops it, as eager frees a saved tensor after its node.
             inputs.clear()
-        if self.slot.runner is None and any(a is None for a in args):
+        if not any(a is None for a in args):
+            return self.slot.run(args)
+        unreached = self._unreached()
+        missing = unreached.missing(args)
+        if self.slot.runner is None:
             args = with_zero_tangents(self.slot.graph, args)  # the FX graph needs real tensors
-        return self.slot.run(args)
+        return unreached.set_none(self.slot.run(args), missing)
+
+    def _unreached(self) -> UnreachedGradients:
+        assert self.slot is not None
+        known = getattr(self, "_unreached_gradients", None)  # absent on objects loaded from a cache
+        if known is None:
+            known = self._unreached_gradients = UnreachedGradients(self.slot.graph)
+        return known
 
     def prepare_for_serialization(self) -> None:
         # Called on a shallow copy of the live object (AOTAutograd's pre_save): the live one keeps

@@ -252,3 +252,47 @@ def with_zero_tangents(graph: torch.fx.GraphModule, args: list[Any]) -> list[Any
         zeros_like_value(p.meta["val"], symbols) if a is None and is_tangent(p) else a
         for p, a in zip(placeholders, args, strict=True)
     ]
+
+
+class UnreachedGradients:
+    """The gradients a backward graph returns that only unused outputs' gradients reach.
+
+    Eager PyTorch leaves ``.grad`` None on a parameter whose only path to the loss is an output
+    the loss does not use (an auxiliary head returned beside the main one): autograd never reaches
+    it. The captured backward returns a gradient for every input that requires grad, and with the
+    unused tangents None it made zeros there; a zero gradient is not None to an optimizer (AdamW
+    still decays the weight and moves it by its momentum). A backward graph is linear in its
+    tangents, so an output that depends on none but missing ones is zero, and None is eager's answer.
+    """
+
+    def __init__(self, graph: torch.fx.GraphModule) -> None:
+        placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+        self.tangents = frozenset(i for i, p in enumerate(placeholders) if is_tangent(p))
+        reached: dict[torch.fx.Node, frozenset[int]] = {
+            p: frozenset({i}) if i in self.tangents else frozenset() for i, p in enumerate(placeholders)
+        }
+        outputs: list[Any] = []
+        for node in graph.graph.nodes:
+            if node.op == "output":
+                outputs = list(node.args[0]) if isinstance(node.args[0], (tuple, list)) else [node.args[0]]
+            elif node.op != "placeholder":
+                reached[node] = frozenset().union(*(reached[a] for a in node.all_input_nodes))
+        # Per output, the tangents it depends on; empty where none (left as computed).
+        self.per_output = [
+            reached.get(o, frozenset()) if isinstance(o, torch.fx.Node) else frozenset() for o in outputs
+        ]
+
+    def missing(self, args: Sequence[Any]) -> frozenset[int]:
+        return frozenset(i for i in self.tangents if i < len(args) and args[i] is None)
+
+    def set_none(self, outputs: Any, missing: frozenset[int]) -> Any:
+        """``outputs`` with None for each gradient that only the ``missing`` tangents reach."""
+        if not missing or not isinstance(outputs, (list, tuple)) or len(outputs) != len(self.per_output):
+            return outputs
+        unreached = [j for j, needed in enumerate(self.per_output) if needed and needed <= missing]
+        if not unreached:
+            return outputs
+        result = list(outputs)
+        for j in unreached:
+            result[j] = None
+        return type(outputs)(result) if isinstance(outputs, tuple) else result

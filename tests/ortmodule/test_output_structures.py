@@ -146,3 +146,40 @@ def test_stable_sort_keeps_ties_in_order_in_onnxruntime() -> None:
     a, d = reference(x)
     (a.values[:, :2].sum() + d.values[:, 0].sum()).backward()
     torch.testing.assert_close(module.scale.grad, reference.scale.grad)
+
+
+class _TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Linear(8, 8)
+        self.main = nn.Linear(8, 3)
+        self.aux = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.body(x))
+        return self.main(h), self.aux(h)
+
+
+@pytest.mark.parametrize("tuning", ["0", "1"])
+def test_a_head_the_loss_does_not_use_gets_no_gradient(monkeypatch: pytest.MonkeyPatch, tuning: str) -> None:
+    """Eager leaves ``.grad`` None on an auxiliary head the loss does not use; the captured backward
+    made zeros, which AdamW's weight decay and momentum then moved. Steps that use it and steps
+    that do not alternate, under ONNX Runtime (tuning off) and PyTorch's first calls (tuning on)."""
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", tuning)
+    eager, model = _TwoHeads(), _TwoHeads()
+    wrapped = ORTModule(model)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1) for m in (wrapped, eager)]
+    torch.manual_seed(1)
+    for step in range(5):
+        x = torch.randn(4, 8)
+        uses_aux = step in (2, 3)
+        for module, optimizer in zip((wrapped, eager), optimizers, strict=True):
+            main, aux = module(x)
+            loss = main.square().mean() + (aux.square().mean() if uses_aux else 0)
+            loss.backward()
+            assert (module.aux.weight.grad is None) == (not uses_aux)
+            assert module.main.weight.grad is not None
+            optimizer.step()
+            optimizer.zero_grad()
+        assert_same_state(wrapped, eager)
