@@ -42,6 +42,7 @@ from ortrain.ortmodule.graph_cache import GraphCache
 from ortrain.ortmodule.guards import ModelState, binding_order, describe_change, read_state
 from ortrain.ortmodule.inactive_options import announce_inactive_options
 from ortrain.ortmodule.module_snapshot import ModuleSnapshot
+from ortrain.ortmodule.nested_state_dict import load_wrapped_model
 from ortrain.ortmodule.options import (
     DebugOptions,
     RuntimeOptions,
@@ -326,6 +327,32 @@ class ORTModule(nn.Module):
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:  # type: ignore[override]
         return self._ortrain_module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def _load_from_state_dict(  # type: ignore[override]
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # A parent's load_state_dict reaches the wrapper (see nested_state_dict.py).
+        load_wrapped_model(
+            self._ortrain_module,
+            state_dict,
+            prefix,
+            local_metadata,
+            missing_keys,
+            unexpected_keys,
+            error_msgs,
+        )
+
+    def apply(self, fn: Any) -> ORTModule:  # type: ignore[override]
+        # fn meets the model itself (an init keyed on its class), not the wrapper.
+        self._ortrain_module.apply(fn)
+        return self
 
     def train(self, mode: bool = True) -> ORTModule:
         self._ortrain_module.train(mode)

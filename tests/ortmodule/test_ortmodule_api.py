@@ -343,3 +343,44 @@ def test_a_wrapped_container_indexes_iterates_and_takes_a_new_head() -> None:
     assert "a" in layers and layers["a"] is layers.module["a"] and list(layers) == ["a"]
     with pytest.raises(TypeError, match="not subscriptable"):
         ORTModule(nn.Linear(2, 2))[0]  # a module that is no container stays none
+
+
+class _Parent(nn.Module):
+    def __init__(self, wrap: bool) -> None:
+        super().__init__()
+        encoder = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+        self.encoder = ORTModule(encoder) if wrap else encoder
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def test_a_parent_loads_a_state_dict_into_its_wrapped_child() -> None:
+    """The parent's walk met the wrapper's empty tables: every encoder key was 'unexpected', and
+    strict=False loaded nothing without a word."""
+    torch.manual_seed(0)
+    saved = _Parent(wrap=False).state_dict()
+    for strict in (True, False):
+        torch.manual_seed(1)
+        parent = _Parent(wrap=True)
+        assert list(parent.state_dict()) == list(saved)
+        result = parent.load_state_dict(saved, strict=strict)
+        assert not result.missing_keys and not result.unexpected_keys
+        for key, value in parent.state_dict().items():
+            assert torch.equal(value, saved[key]), key
+    partial = {k: v for k, v in saved.items() if k != "encoder.0.bias"}
+    partial["encoder.0.extra"] = torch.zeros(1)
+    with pytest.raises(RuntimeError, match=r'Missing key\(s\).*"encoder\.0\.bias"'):
+        _Parent(wrap=True).load_state_dict(partial)
+    result = _Parent(wrap=True).load_state_dict(partial, strict=False)
+    assert result.missing_keys == ["encoder.0.bias"] and result.unexpected_keys == ["encoder.0.extra"]
+
+
+def test_apply_reaches_the_wrapped_model_itself() -> None:
+    """``apply`` called ``fn`` on the wrapper, not on the model: an init keyed on the model's class
+    (its own parameters) was skipped."""
+    wrapped = ORTModule(_Scaled())
+    seen: list[type] = []
+    assert wrapped.apply(lambda m: seen.append(type(m))) is wrapped
+    assert seen == [nn.Linear, _Scaled]
