@@ -10,11 +10,16 @@
   does not set it, so without this a library takes its *eager* path while being traced: it hits
   a data-dependent error, or a kernel whose fake implementation rejects the dtype at hand
   ("Expected inputs of BF16 type" for a float32 model). torch.export sets the same flag.
+- Fake tensors' "failed while attempting to run meta" tracebacks stay out of the user's stderr:
+  a capture that fails is handled (the user's own error from eager PyTorch for bad inputs, the
+  fallback policy otherwise, the capture's error at DEBUG), and a wrong input shape printed
+  forty lines of ERROR before PyTorch's one-line answer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import torch
@@ -34,10 +39,27 @@ def reports_compiling() -> Iterator[None]:
         torch.compiler._is_compiling_flag = previous
 
 
+class _MetaFailures(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("failed while attempting to run meta")
+
+
+@contextlib.contextmanager
+def meta_failures_unlogged() -> Iterator[None]:
+    fake_logger = logging.getLogger("torch._subclasses.fake_tensor")
+    quiet = _MetaFailures()
+    fake_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        fake_logger.removeFilter(quiet)
+
+
 @contextlib.contextmanager
 def tracing_context() -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(attention_kernel_choice())
         stack.enter_context(hf_masks_traceable())
         stack.enter_context(reports_compiling())
+        stack.enter_context(meta_failures_unlogged())
         yield
