@@ -10,10 +10,16 @@ model as unexpected (``strict=False`` loaded nothing, silently). The wrapper's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import nn
-from torch.nn.modules.module import _IncompatibleKeys
+
+
+class IncompatibleKeys(NamedTuple):
+    """What a load-state-dict post hook receives (the fields of PyTorch's own, edited in place)."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
 
 
 def load_wrapped_model(
@@ -38,7 +44,7 @@ def load_wrapped_model(
             child_prefix = f"{prefix}{name}."
             child_entries = {k: v for k, v in entries.items() if k.startswith(child_prefix)}
             load(child, child_entries, child_prefix, {"assign_to_params_buffers": assign} if assign else {})
-        incompatible = _IncompatibleKeys(missing_keys, unexpected_keys)
+        incompatible = IncompatibleKeys(missing_keys, unexpected_keys)
         for hook in module._load_state_dict_post_hooks.values():
             if hook(module, incompatible) is not None:
                 raise RuntimeError("load_state_dict post hooks should modify incompatible_keys in place")
