@@ -691,6 +691,7 @@ class ORTModule(nn.Module):
             "at later steps; the model trains through TorchDynamo, which runs them at every step",
             ", ".join(hooked[:5]) + (f" and {len(hooked) - 5} more" if len(hooked) > 5 else ""),
         )
+        self._ortrain_graphs.clear()  # a hook added mid-training: the graphs captured before go
         path = GraphBreakPath(self._ortrain_module, self._ortrain_debug, self._ortrain_options)
         object.__setattr__(self, "_ortrain_graph_breaks", path)
         return True
