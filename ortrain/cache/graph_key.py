@@ -82,7 +82,7 @@ def _describe(value: Any, *, hints: bool) -> Any:
 
 def tensor_digest(tensor: torch.Tensor) -> str:
     """SHA-256 of a tensor's values."""
-    data = tensor.detach().cpu().contiguous()
+    data = tensor.detach().cpu().contiguous().reshape(-1)  # a 0-d constant has no dim to view as bytes
     return hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()
 
 

@@ -87,3 +87,10 @@ def test_graph_constants_are_hashed_by_value() -> None:
     first = export_key(torch.fx.GraphModule(root, graph), opset_version=18)
     root._tensor_constant0 = torch.ones(3)
     assert export_key(torch.fx.GraphModule(root, graph), opset_version=18) != first
+
+
+def test_a_zero_dim_constant_is_hashed() -> None:
+    """``x[:, 0] = 0`` and ``* torch.tensor(2.0)`` put 0-d constants in the graph: viewing one as
+    bytes raised, which crashed op tuning's first race ("self.dim() cannot be 0")."""
+    assert graph_key.tensor_digest(torch.tensor(2.0)) != graph_key.tensor_digest(torch.tensor(3.0))
+    assert graph_key.tensor_digest(torch.tensor(2.0)) == graph_key.tensor_digest(torch.tensor([2.0]))

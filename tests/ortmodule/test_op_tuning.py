@@ -254,3 +254,24 @@ def test_a_model_changed_mid_training_is_tuned_again_or_takes_its_recorded_choic
     ort_losses, eager_losses = zip(*losses, strict=True)
     torch.testing.assert_close(ort_losses, eager_losses, rtol=1e-4, atol=1e-5)
     assert_same_state(wrapped, eager)
+
+
+class _ZeroDimConstants(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        x[:, 0] = 0
+        return (self.linear(x) * torch.tensor(2.0)).masked_fill(x > 1, torch.tensor(-1.0))
+
+
+def test_a_graph_with_zero_dim_constants_is_tuned(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "1")
+    torch.manual_seed(0)
+    eager = _ZeroDimConstants()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for _ in range(4):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(wrapped(x), eager(x))
