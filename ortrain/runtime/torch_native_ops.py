@@ -30,6 +30,15 @@ Three kinds of nodes are PyTorch's:
   than the kernel saves. (onnxscript's own translation of the forward fills the log-sum-exp with
   zeros, so a backward reading them computes wrong gradients: tiny GPT, errors of 1e4.)
 
+- **Random numbers** other than dropout's (``rand``, ``randn``, ``randint``, ``normal``,
+  ``uniform``, ``bernoulli``, ``multinomial``, ...): ONNX Runtime's ``RandomUniformLike`` and
+  ``RandomNormalLike`` seed their generator once, when the session is made, so they ignored
+  ``torch.manual_seed`` (the same seed drew other numbers at every step and in every process), and
+  its CPU ``Bernoulli`` kernel (1.32) returns 1 with probability 1 − p: ``torch.bernoulli`` of 0.8
+  averaged 0.2. Drawn by PyTorch, they come from the user's generator with eager's distributions.
+  Dropout stays in ONNX Runtime, whose generator ortrain reseeds from PyTorch's before each run
+  (:mod:`ortrain.runtime.random_seed`).
+
 Measured for the threshold, tiny GPT (4 layers, 4 heads of 64, batch 8; 2-core AMD EPYC, ONNX
 Runtime placement, medians of alternated processes, OpenMP policy unset), step with flash in
 PyTorch against the math form in ONNX Runtime: sequence 128 (2 MiB of probabilities per call)
@@ -95,6 +104,27 @@ FUSED_ATTENTION: frozenset[object] = frozenset(
     }
 )
 
+RANDOM: frozenset[object] = frozenset(
+    {
+        aten.bernoulli,
+        aten.cauchy,
+        aten.exponential,
+        aten.geometric,
+        aten.log_normal,
+        aten.multinomial,
+        aten.normal,
+        aten.poisson,
+        aten.rand,
+        aten.rand_like,
+        aten.randint,
+        aten.randint_like,
+        aten.randn,
+        aten.randn_like,
+        aten.randperm,
+        aten.uniform,
+    }
+)
+
 _WITH_EFFECTS = torch.ops.higher_order.with_effects
 
 
@@ -125,6 +155,8 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
         return "linear algebra"
     if _packet(target) in FUSED_ATTENTION and not _small_flash_attention(node):
         return "fused attention"
+    if _packet(target) in RANDOM:
+        return "random numbers"
     if _touches_complex(node):
         return "complex tensor"
     return None

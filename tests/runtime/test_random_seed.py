@@ -47,3 +47,37 @@ def test_steps_draw_new_masks() -> None:
     first, second = model(x), model(x)
     assert not torch.equal(first, second)
     assert 0.4 < (first == 0).float().mean().item() < 0.6
+
+
+class _Noisy(nn.Module):
+    """Random numbers besides dropout: noise injection, a random mask, a drawn index."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = self.linear(x)
+        noisy = h + 0.1 * torch.randn_like(h)
+        keep = torch.bernoulli(torch.full_like(h, 0.8))
+        return (noisy * keep).square().mean(), keep, torch.rand(h.shape), torch.randint(0, 10, (4,))
+
+
+def test_other_random_ops_follow_the_seed_and_their_distribution() -> None:
+    """ONNX Runtime's RandomNormalLike and RandomUniformLike drew other numbers under the same seed
+    (seeded when the session was made), and its Bernoulli kernel kept 1 - p: a mean of 0.2 for
+    p = 0.8. Drawn by PyTorch, they follow the seed, and the values are eager's own."""
+    torch.manual_seed(0)
+    eager = _Noisy()
+    wrapped = ORTModule(_Noisy())
+    wrapped.load_state_dict(eager.state_dict())
+    x = torch.randn(64, 16)
+    for seed in (3, 3, 4):
+        torch.manual_seed(seed)
+        expected = eager(x)
+        torch.manual_seed(seed)
+        got = wrapped(x)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b)
+        assert 0.75 < got[1].mean().item() < 0.85
+    assert any(True for _ in wrapped.graph_runners())
