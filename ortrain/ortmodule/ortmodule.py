@@ -51,7 +51,7 @@ from ortrain.ortmodule.options import (
     python_log_level,
     runtime_options,
 )
-from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves
+from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves, unread_lifted_inputs
 from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, tensor_signature, unflatten
 from ortrain.ortmodule.signature import (
     base_wrapper_class,
@@ -434,6 +434,10 @@ class ORTModule(nn.Module):
             if changes:
                 return self._after_a_capture_changed_the_model(changes, args, kwargs)
             object.__setattr__(self, "_ortrain_changed_by_capture", False)
+            forward_inputs = [n for n in entry.capture.forward.graph.graph.nodes if n.op == "placeholder"]
+            if call.lifted and unread_lifted_inputs(call, forward_inputs):
+                self._ortrain_scalars.refuse(call, why="unread")
+                return self._run_on_ort(args, kwargs)
             cache.add(key, entry, reason)
         state_tensors = [state.tensors[i] for i in entry.binding]
         if self._ortrain_inspector.enabled:

@@ -62,9 +62,15 @@ def _leaves(spec: Spec, place: str) -> list[tuple[str, Spec]]:
 
 
 def _rewrite(
-    spec: Spec, tensors: Iterator[torch.Tensor], lift: set[int], out: list[torch.Tensor], count: list[int]
+    spec: Spec,
+    tensors: Iterator[torch.Tensor],
+    lift: set[int],
+    out: list[torch.Tensor],
+    count: list[int],
+    lifted_at: list[int],
 ) -> Spec:
-    """Copy ``spec``, turning the liftable numbers whose index is in ``lift`` into tensor inputs."""
+    """Copy ``spec``, turning the liftable numbers whose index is in ``lift`` into tensor inputs
+    (their positions among ``out`` go to ``lifted_at``)."""
     kind = spec[0]
     if kind == "tensor":
         out.append(next(tensors))
@@ -77,9 +83,10 @@ def _rewrite(
         if index not in lift:
             return spec
         dtype = torch.get_default_dtype() if spec[1] is float else torch.int64
+        lifted_at.append(len(out))
         out.append(torch.tensor(spec[2], dtype=dtype))
         return ("tensor",)
-    children = tuple(_rewrite(c, tensors, lift, out, count) for c in spec[-1])
+    children = tuple(_rewrite(c, tensors, lift, out, count, lifted_at) for c in spec[-1])
     return (*spec[:-1], children)
 
 
@@ -101,6 +108,7 @@ class LiftedCall:
     structure: Spec | None = None  # the masked spec, when the call has liftable numbers
     lifted: frozenset[int] = frozenset()  # which of its numbers (in flattening order) are inputs
     places: tuple[str, ...] = ()  # where each number is, for messages
+    lifted_inputs: tuple[int, ...] = ()  # the positions of the lifted numbers among ``inputs``
 
 
 @dataclass
@@ -120,7 +128,11 @@ class ScalarLifter:
         first = self.first_values.setdefault(structure, values)
         lifted = self.lifted.get(structure, frozenset())
         refused = self.refused.get(structure, frozenset())
-        changed = {i for i, (a, b) in enumerate(zip(values, first, strict=True)) if a != b}
+        changed = {
+            i
+            for i, (a, b) in enumerate(zip(values, first, strict=True))
+            if a != b and all(_fits_int64(v) for v in (a, b))
+        }
         new = changed - lifted - refused
         if new:
             lifted = lifted | new
@@ -136,15 +148,37 @@ class ScalarLifter:
         if not lifted:
             return LiftedCall(spec, inputs, structure, places=places)
         out: list[torch.Tensor] = []
-        new_spec = _rewrite(spec, iter(inputs), set(lifted), out, [0])
-        return LiftedCall(new_spec, out, structure, lifted, places)
+        lifted_at: list[int] = []
+        new_spec = _rewrite(spec, iter(inputs), set(lifted), out, [0], lifted_at)
+        return LiftedCall(new_spec, out, structure, lifted, places, tuple(lifted_at))
 
-    def refuse(self, call: LiftedCall) -> None:
+    def refuse(self, call: LiftedCall, why: str = "needs") -> None:
         """The model needs these numbers as Python numbers: bake each value in from now on."""
         assert call.structure is not None
         self.refused[call.structure] = self.refused.get(call.structure, frozenset()) | call.lifted
         self.lifted[call.structure] = frozenset()
-        logger.info(
-            "the model needs %s as Python numbers: each new value captures again",
-            ", ".join(call.places[i] for i in sorted(call.lifted)),
-        )
+        places = ", ".join(call.places[i] for i in sorted(call.lifted))
+        if why == "needs":
+            logger.info("the model needs %s as Python numbers: each new value captures again", places)
+        else:
+            logger.info(
+                "the captured graph does not read %s as a tensor: the model checks its type (an int "
+                "or a tensor?) or ignores it; each new value captures again",
+                places,
+            )
+
+
+def _fits_int64(value: Any) -> bool:
+    """A Python int far from int64's range may overflow as a tensor where Python's does not (a
+    hash of it, say): such numbers stay constants."""
+    return not isinstance(value, int) or -(2**31) < value < 2**31
+
+
+def unread_lifted_inputs(call: LiftedCall, placeholders: list[torch.fx.Node]) -> bool:
+    """Whether a graph captured for ``call`` leaves a lifted number unread: the model took another
+    path for a tensor than for a number (``isinstance(n, int)``), or does not use it at all. Either
+    way the graph is not the one the number would have given."""
+    if not call.lifted_inputs or len(placeholders) < len(call.inputs):
+        return False
+    inputs = placeholders[len(placeholders) - len(call.inputs) :]
+    return any(not inputs[i].users for i in call.lifted_inputs)

@@ -279,6 +279,34 @@ def test_a_number_the_model_needs_as_a_python_number_is_baked_in_per_value() -> 
     assert len(wrapped._ortrain_graphs) == 3
 
 
+class _IntOrTensor(nn.Module):
+    """Picks a token by a Python int, pools otherwise: Hugging Face's ``logits_to_keep`` style."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, pick: int, salt: int) -> torch.Tensor:
+        h = self.fc(x)
+        h = h[:, pick] if isinstance(pick, int) else h.mean(1)
+        return h.pow(2).mean() + (salt * 2654435761) % 1000
+
+
+def test_a_number_the_graph_does_not_read_or_that_overflows_stays_a_constant() -> None:
+    """A lifted number was a tensor to the model: ``isinstance(pick, int)`` took the other branch
+    and the graph ignored it (silently another loss), and a large int overflowed int64 inside the
+    graph where Python's does not (429 instead of 661). Both now capture per value."""
+    torch.manual_seed(0)
+    model = _IntOrTensor()
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    x = torch.randn(2, 8)
+    for pick, salt in ((1, 1), (2, 1), (3, 12345678901), (2, 7)):
+        expected = eager(x.unsqueeze(1).expand(2, 4, 8), pick, salt)
+        got = wrapped(x.unsqueeze(1).expand(2, 4, 8), pick, salt)
+        torch.testing.assert_close(got, expected)
+
+
 def test_the_cache_is_bounded_and_warns_once_naming_what_changes(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
