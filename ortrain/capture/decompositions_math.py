@@ -371,6 +371,12 @@ def relu(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > 0, x, torch.zeros_like(x))
 
 
+def hardtanh_backward(grad: torch.Tensor, x: torch.Tensor, min_val: float, max_val: float) -> torch.Tensor:
+    """Zero where ``x`` is at or beyond a bound, as PyTorch's kernel: onnxscript's translation
+    compares strictly, so ``relu6`` passed the gradient at exactly 0 and 6 (and ``hardtanh`` at ±1)."""
+    return torch.where((x <= min_val) | (x >= max_val), torch.zeros_like(grad), grad)
+
+
 def pdist_forward(x: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     """Distances between the rows of ``x``, pairs (i < j) in row-major order: ``cdist``'s upper
     triangle."""
