@@ -576,7 +576,17 @@ class ORTModule(nn.Module):
         # do AOTAutograd's effect tokens (a graph with linalg.inv's error check has one).
         values = captured.forward.placeholder_values
         fw_values = values[len(values) - len(inputs) :]
-        sizes = [tuple(s if isinstance(s, int) else None for s in value.shape) for value in fw_values]
+        if len(fw_values) == len(inputs) and all(
+            isinstance(v, torch.Tensor) and v.dim() == t.dim() for v, t in zip(fw_values, inputs, strict=True)
+        ):
+            sizes = [tuple(s if isinstance(s, int) else None for s in value.shape) for value in fw_values]
+        else:
+            # Inputs that alias and are mutated (``m(x, x)`` with ``x.add_(1)`` inside) become one
+            # synthetic base placeholder: the sizes are the inputs', the dynamic ones left open.
+            sizes = [
+                tuple(None if d in dynamic.get(i, ()) else s for d, s in enumerate(t.shape))
+                for i, t in enumerate(inputs)
+            ]
         binding = binding_order(self._ortrain_module, captured.state_names, prefix="module")
         if self._ortrain_inspector.enabled:
             self._ortrain_inspector.attach(captured, device)

@@ -26,3 +26,26 @@ def test_same_tensor_twice_then_distinct_tensors_match_eager() -> None:
             torch.testing.assert_close(q.grad, p.grad, msg=name)
         eager.zero_grad()
         wrapped.zero_grad()
+
+
+class _AddsInPlace(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a.add_(1)
+        return self.linear(a) + b * 2
+
+
+def test_the_same_tensor_twice_mutated_in_forward_runs_every_step() -> None:
+    """AOTAutograd turns two aliasing inputs that the forward mutates into one base input: the
+    graph had fewer inputs than the call, and the second step raised in the size bookkeeping."""
+    torch.manual_seed(0)
+    eager = _AddsInPlace()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for step in range(4):
+        x = torch.randn(3 + step % 2, 4)  # a new size, too: the dynamic capture takes the same path
+        x_eager = x.clone()
+        torch.testing.assert_close(wrapped(x, x), eager(x_eager, x_eager))
+        torch.testing.assert_close(x, x_eager)  # the caller's tensor changed as in eager
