@@ -216,6 +216,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
         table[to_sparse] = refuse_sparse
     table[aten.relu.default] = math_ops.relu
     table[aten.hardtanh_backward.default] = math_ops.hardtanh_backward
+    table[aten.copy.default] = math_ops.broadcasting_copy
     table[aten.nanmedian.default] = math_ops.nanmedian
     table[aten.nanmedian.dim] = math_ops.nanmedian_dim
     table[aten._efficientzerotensor.default] = math_ops.efficient_zero_tensor

@@ -371,6 +371,16 @@ def relu(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > 0, x, torch.zeros_like(x))
 
 
+def broadcasting_copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """``copy`` of a smaller ``src`` into ``self`` (``view.copy_(src)`` after functionalization,
+    as ``affine_grid``'s backward builds its base grid): onnxscript translates ``copy`` as a cast
+    of ``src`` alone, which lost the broadcast, and ONNX Runtime then failed on the scatter that
+    writes the copy back ("Indices and updates must have the same rank")."""
+    if tuple(src.shape) == tuple(self.shape):
+        return NotImplemented
+    return src.to(dtype=self.dtype).expand(self.shape).clone()
+
+
 def hardtanh_backward(grad: torch.Tensor, x: torch.Tensor, min_val: float, max_val: float) -> torch.Tensor:
     """Zero where ``x`` is at or beyond a bound, as PyTorch's kernel: onnxscript's translation
     compares strictly, so ``relu6`` passed the gradient at exactly 0 and 6 (and ``hardtanh`` at ±1)."""

@@ -16,16 +16,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ortrain.capture.decompositions_ctc import ctc_loss_function
-from ortrain.capture.decompositions_grid_sample import grid_sample_function, grid_sampler_2d_function
 
 
 def _overrides() -> dict[Callable[..., Any], Callable[..., Any]]:
     return {
         torch.nn.functional.ctc_loss: ctc_loss_function,
-        # grid_sampler_2d_backward has no ONNX translation: differentiate the decomposition.
-        torch.nn.functional.grid_sample: grid_sample_function,
-        torch.grid_sampler: grid_sampler_2d_function,
-        torch.grid_sampler_2d: grid_sampler_2d_function,
     }
 
 

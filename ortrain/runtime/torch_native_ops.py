@@ -39,6 +39,16 @@ Three kinds of nodes are PyTorch's:
   Dropout stays in ONNX Runtime, whose generator ortrain reseeds from PyTorch's before each run
   (:mod:`ortrain.runtime.random_seed`).
 
+- **Grid sampling** (``grid_sampler_2d`` / ``_3d`` and their backward, behind ``F.grid_sample``):
+  the backward has no ONNX translation, and the ways around it were not PyTorch's numbers.
+  PyTorch's reference decomposition, differentiated, rounded pixel centres otherwise than the
+  kernel: at an identity grid (how a spatial transformer starts) the grid's gradient came from the
+  neighbouring cell (off by 41 where the largest gradient was 36, 48 of 288 entries); ONNX
+  Runtime's ``GridSample`` rounds half-pixel ties otherwise in nearest mode (outputs off by 2.4).
+  ``affine_grid`` goes with them: at pixel centres the sampler's gradient depends on the last bit
+  of each grid point, and ONNX Runtime's product of the base grid and theta rounds otherwise than
+  PyTorch's (the same identity start, ONNX Runtime computing the grid: off by 151 of 189).
+
 Measured for the threshold, tiny GPT (4 layers, 4 heads of 64, batch 8; 2-core AMD EPYC, ONNX
 Runtime placement, medians of alternated processes, OpenMP policy unset), step with flash in
 PyTorch against the math form in ONNX Runtime: sequence 128 (2 MiB of probabilities per call)
@@ -125,6 +135,17 @@ RANDOM: frozenset[object] = frozenset(
     }
 )
 
+GRID_SAMPLING: frozenset[object] = frozenset(
+    {
+        aten.affine_grid_generator,
+        aten.affine_grid_generator_backward,
+        aten.grid_sampler_2d,
+        aten.grid_sampler_2d_backward,
+        aten.grid_sampler_3d,
+        aten.grid_sampler_3d_backward,
+    }
+)
+
 _WITH_EFFECTS = torch.ops.higher_order.with_effects
 
 
@@ -157,6 +178,8 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
         return "fused attention"
     if _packet(target) in RANDOM:
         return "random numbers"
+    if _packet(target) in GRID_SAMPLING:
+        return "grid sampling"
     if _touches_complex(node):
         return "complex tensor"
     return None

@@ -11,7 +11,6 @@ import torch
 from ortrain.capture import decompositions_bessel as bessel
 from ortrain.capture import decompositions_embedding as embedding
 from ortrain.capture import decompositions_gathers as gathers
-from ortrain.capture import decompositions_grid_sample as grid_sample
 from ortrain.capture import decompositions_indexing as indexing
 from ortrain.capture import decompositions_losses as losses
 from ortrain.capture import decompositions_math as math_ops
@@ -553,25 +552,6 @@ def test_pdist_and_masked_scatter_backward_match_native(p: float) -> None:
     grad_out = torch.randn_like(out)
     (want,) = torch.autograd.grad(out, source, grad_out)
     assert torch.equal(gathers.masked_scatter_backward(grad_out, mask, [3, 4]), want)
-
-
-def test_grid_sample_decomposition_gradients_match_native() -> None:
-    """Autograd through PyTorch's grid_sampler_2d decomposition (the capture's replacement, whose
-    backward exports) against the native backward, with sample points outside the input too."""
-    torch.manual_seed(0)
-    x = torch.randn(2, 3, 5, 7, dtype=torch.float64, requires_grad=True)
-    grid = (torch.rand(2, 4, 6, 2, dtype=torch.float64) * 2.6 - 1.3).requires_grad_()
-    for mode, padding, align in itertools.product(
-        ["bilinear", "bicubic"], ["zeros", "border", "reflection"], [False, True]
-    ):
-        want = torch.nn.functional.grid_sample(x, grid, mode, padding, align)
-        got = grid_sample.grid_sample_function(x, grid, mode, padding, align)
-        grad = torch.randn_like(want)
-        torch.testing.assert_close(got, want)
-        ours, native = (torch.autograd.grad(out, (x, grid), grad) for out in (got, want))
-        for a, b in zip(ours, native, strict=True):
-            torch.testing.assert_close(a, b)
-    assert grid_sample.grid_sample_function(x, grid, "nearest") is NotImplemented
 
 
 def test_unfold_and_its_backward_on_an_empty_batch_are_zeros_of_the_right_shape() -> None:
