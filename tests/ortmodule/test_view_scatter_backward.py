@@ -73,3 +73,31 @@ def test_shifted_window_attention_with_in_place_slices_trains_like_eager() -> No
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
     assert_same_state(wrapped, eager, atol=1e-5)
     assert ort_graph_count(wrapped) == 1
+
+
+class BroadcastCopies(nn.Module):
+    """Slots of a buffer filled from smaller tensors: a grid's coordinates, a parameter per row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.vec = nn.Parameter(torch.randn(5))
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, 5, 3]
+        base = torch.empty(x.shape[0], 5, 3)
+        base.select(-1, 0).copy_(torch.linspace(-1, 1, 5))  # [5] into a [B, 5] slot
+        base.select(-1, 1).copy_(self.vec)
+        base.select(-1, 2).fill_(1)
+        return self.linear(x + base).square().mean()
+
+
+def test_a_copy_that_broadcasts_into_a_view_trains_like_eager() -> None:
+    """onnxscript translates ``copy`` as a cast of the source alone: the broadcast was lost and
+    ONNX Runtime failed on the scatter that writes the slot back ("Indices and updates must have
+    the same rank"), as in ``affine_grid``'s backward."""
+    torch.manual_seed(0)
+    batches = [torch.randn(2, 5, 3) for _ in range(3)]
+    losses, expected, eager, wrapped = train_side_by_side(BroadcastCopies(), batches, lambda m, x: m(x))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    assert_same_state(wrapped, eager, atol=1e-5)
+    assert ort_graph_count(wrapped) == 1
