@@ -16,11 +16,13 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ortrain.capture.decompositions_ctc import ctc_loss_function
+from ortrain.capture.decompositions_rnn import recurrent_overrides
 
 
 def _overrides() -> dict[Callable[..., Any], Callable[..., Any]]:
     return {
         torch.nn.functional.ctc_loss: ctc_loss_function,
+        **recurrent_overrides(),
     }
 
 

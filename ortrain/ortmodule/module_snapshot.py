@@ -23,6 +23,18 @@ from torch import nn
 # Values that are tables of a module: their contents are recorded, not just the table object.
 _TABLES = (dict, set)
 
+# Attributes that PyTorch modules rebuild from their own parameters when those are swapped, as a
+# capture swaps them for graph inputs: put back, but not a change of the model. (An LSTM's flat
+# weights made every capture look like a change, and the model trained through TorchDynamo, which
+# hands recurrent layers back to eager PyTorch: none of it ran in ONNX Runtime.)
+_DERIVED: dict[type[nn.Module], frozenset[str]] = {
+    nn.RNNBase: frozenset({"_flat_weights", "_flat_weight_refs"})
+}
+
+
+def _derived(module: nn.Module) -> frozenset[str]:
+    return next((names for kind, names in _DERIVED.items() if isinstance(module, kind)), frozenset())
+
 
 @dataclass
 class _Recorded:
@@ -47,7 +59,8 @@ class ModuleSnapshot:
         changes: list[str] = []
         for record in self._records:
             found = _changes(record)
-            if found:
+            derived = _derived(record.module)
+            if found or any(record.module.__dict__.get(k) is not record.attributes.get(k) for k in derived):
                 current = record.module.__dict__
                 current.clear()
                 current.update(record.attributes)
@@ -65,8 +78,11 @@ _MISSING = object()
 def _changes(record: _Recorded) -> list[str]:
     current = record.module.__dict__
     where = repr(record.name) if record.name else "the model"
+    derived = _derived(record.module)
     found = [f"attribute {key!r} of {where} was added" for key in current.keys() - record.attributes.keys()]
     for key, before in record.attributes.items():
+        if key in derived:
+            continue
         after = current.get(key, _MISSING)
         if after is not before:
             found.append(f"attribute {key!r} of {where} was {'removed' if after is _MISSING else 'changed'}")
