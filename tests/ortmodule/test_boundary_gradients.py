@@ -23,7 +23,9 @@ class _Activation(torch.nn.Module):
 
 
 @pytest.mark.parametrize(
-    "fn", [F.relu6, F.hardtanh, lambda x: F.hardtanh(x, -2.0, 3.0), F.relu, F.hardsigmoid], ids=str
+    "fn",
+    [F.relu6, F.hardtanh, lambda x: F.hardtanh(x, -2.0, 3.0), F.relu, F.hardsigmoid],
+    ids=["relu6", "hardtanh", "hardtanh-2-3", "relu", "hardsigmoid"],
 )
 def test_gradients_at_the_bounds_are_pytorchs(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """onnxscript's hardtanh_backward compared strictly: relu6 passed the gradient at exactly 0
