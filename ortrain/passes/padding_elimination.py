@@ -152,17 +152,10 @@ class _Eliminator:
         """The flat ``[batch * seq]`` mask of the tokens the sparse rows hold: the real ones, every
         position of a row that is all padding, and the sequence positions a select reads."""
         graph = self.graph
-        pads = graph.call_function(aten.eq.Scalar, (self.ids, self.pad))
-        some_real = graph.call_function(
-            aten.any.dim, (graph.call_function(aten.logical_not.default, (pads,)), 1, True)
-        )
-        kept = graph.call_function(
-            aten.logical_or.default,
-            (
-                graph.call_function(aten.logical_not.default, (pads,)),
-                graph.call_function(aten.logical_not.default, (some_real,)),
-            ),
-        )
+        real = graph.call_function(aten.ne.Scalar, (self.ids, self.pad))
+        some_real = graph.call_function(aten.any.dim, (real, 1, True))
+        all_padding = graph.call_function(aten.logical_not.default, (some_real,))
+        kept = graph.call_function(aten.logical_or.default, (real, all_padding))
         for position in sorted(set(self.read_positions)):
             column = graph.call_function(aten.select.int, (kept, 1, position))
             every_row = graph.call_function(aten.ones_like.default, (column,))
