@@ -161,7 +161,7 @@ def announce_plan(plan: Plan, name: str, *, openmp_passive: bool) -> None:
     native = _torch_native(plan)
     if native:
         logger.info(
-            "%s graph: PyTorch runs %d node(s) by design, as ONNX has no equivalent: %s",
+            "%s graph: PyTorch runs %d node(s) by design (see torch_native_ops.py): %s",
             name,
             sum(native.values()),
             "; ".join(f"{op} x{count} ({why})" for (op, why), count in sorted(native.items())),
