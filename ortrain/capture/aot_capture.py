@@ -83,6 +83,21 @@ class Capture:
     package_entry: Any = None
     # What tracing assumed about symbolic sizes: the graphs hold only for inputs that pass.
     size_guards: SizeGuards = field(default_factory=lambda: SizeGuards(None))
+    # The inputs the forward writes into (``x.add_(1)``), by position among the call's inputs.
+    mutated_inputs: frozenset[int] = frozenset()
+
+    def refuse_writes_into_leaves(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Eager PyTorch refuses an in-place op on a leaf that requires grad; the graph, which
+        writes its inputs back after running, would not (it changed the tensor and gave it a
+        gradient). Raises PyTorch's error, before anything runs."""
+        if not self.mutated_inputs or not torch.is_grad_enabled():
+            return
+        for position in self.mutated_inputs:
+            tensor = inputs[position]
+            if tensor.requires_grad and tensor.is_leaf:
+                raise RuntimeError(
+                    "a leaf Variable that requires grad is being used in an in-place operation."
+                )
 
     def __call__(self, state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Any:
         outputs = self.fn(*state, *inputs)
@@ -234,6 +249,8 @@ def capture(
             bw_compiler=compiler("backward"),
         )
     state_names = list(joint.params_spec) + list(joint.buffers_spec)
+    user_inputs = joint._aot_state.fw_metadata.input_info[len(state_names) :]
+    mutated = frozenset(i for i, info in enumerate(user_inputs) if info.mutates_data)
     if "forward" not in slots:
         raise RuntimeError("AOTAutograd produced no forward graph")
     if training and "backward" not in slots:
@@ -249,6 +266,7 @@ def capture(
         forward_trace=trace,
         package_entry=entries[0] if entries and not call_ids and not _calls_python(slots) else None,
         size_guards=SizeGuards.of(example) if dynamic_dims else SizeGuards(None),
+        mutated_inputs=mutated,
     )
     # The python ops' records live as long as the graphs that name them.
     weakref.finalize(captured, release_calls, call_ids)

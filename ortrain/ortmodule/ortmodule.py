@@ -444,6 +444,7 @@ class ORTModule(nn.Module):
             self._ortrain_inspector.on_forward(
                 entry.capture, call.spec, self._ortrain_module.forward, call.inputs
             )
+        entry.capture.refuse_writes_into_leaves(call.inputs)
         try:
             outputs = entry.capture(state_tensors, call.inputs)
         except Exception as error:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from ortrain import ORTModule
@@ -49,3 +50,17 @@ def test_the_same_tensor_twice_mutated_in_forward_runs_every_step() -> None:
         x_eager = x.clone()
         torch.testing.assert_close(wrapped(x, x), eager(x_eager, x_eager))
         torch.testing.assert_close(x, x_eager)  # the caller's tensor changed as in eager
+
+
+def test_writing_into_a_leaf_input_that_requires_grad_is_refused_as_in_eager() -> None:
+    """Eager refuses ``x.add_(1)`` on a leaf that requires grad; the captured graph, which writes
+    its inputs back after running, changed ``x`` and gave it a gradient without a word."""
+    torch.manual_seed(0)
+    model = _AddsInPlace()
+    wrapped = ORTModule(copy.deepcopy(model))
+    wrapped(torch.randn(3, 4), torch.randn(3, 4))  # a plain input: captured, mutated as in eager
+    leaf = torch.zeros(3, 4, requires_grad=True)
+    for module in (model, wrapped):
+        with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
+            module(leaf, torch.randn(3, 4))
+    assert not leaf.any() and leaf.grad is None
