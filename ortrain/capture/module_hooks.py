@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
+FORWARD_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
 
 
 @contextlib.contextmanager
@@ -26,7 +26,7 @@ def hooks_set_aside(module: nn.Module, picked: Callable[[Any], bool]) -> Iterato
     saved: list[tuple[nn.Module, str, Any]] = []
     try:
         for sub in module.modules():
-            for name in _HOOK_DICTS:
+            for name in FORWARD_HOOK_DICTS:
                 hooks = getattr(sub, name)
                 if any(picked(hook) for hook in hooks.values()):
                     saved.append((sub, name, hooks))

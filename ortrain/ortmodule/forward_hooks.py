@@ -20,8 +20,9 @@ from typing import Any
 from torch import nn
 from torch.nn.modules import module as torch_module
 
+from ortrain.capture.module_hooks import FORWARD_HOOK_DICTS
+
 _LIBRARIES = ("torch.", "transformers.", "accelerate.", "peft.", "deepspeed.", "ortrain.")
-_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
 
 
 def _is_users(hook: Any) -> bool:
@@ -37,6 +38,6 @@ def user_forward_hooks(root: nn.Module) -> list[str]:
     ):
         places.append("every module (a global hook)")
     for name, module in root.named_modules():
-        if any(_is_users(h) for attr in _HOOK_DICTS for h in getattr(module, attr).values()):
+        if any(_is_users(h) for attr in FORWARD_HOOK_DICTS for h in getattr(module, attr).values()):
             places.append(name or type(root).__name__)
     return places

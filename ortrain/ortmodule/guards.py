@@ -32,9 +32,9 @@ _PLAIN = frozenset({bool, int, float, str, type(None)})
 _SEQUENCES = frozenset({tuple, list})  # of plain values: a conv's ``padding``, a norm's shape
 _SHORT = 64  # longer sequences (a vocabulary kept as a list) are watched by identity, not read
 _UNINITIALIZED = frozenset({nn.UninitializedParameter, nn.UninitializedBuffer})
-# What DeepSpeed ZeRO-3's hooks keep on the modules they hook (with ``ds_*``), some of it new at
-# every step: its state, not the model's.
-_HOOK_BOOKKEEPING = frozenset({"pre_bwd_fn", "post_bwd_fn"})
+# What DeepSpeed ZeRO-3's hooks keep on the modules they hook (the wrapper among them), besides
+# ``ds_*``, some of it new at every step: its state, not the model's.
+_DEEPSPEED_HOOK_STATE = frozenset({"pre_bwd_fn", "post_bwd_fn", "applied_pre_backward_ref_cnt"})
 # Most of a module's attributes are its own tables (parameters, hooks, ...): their contents are
 # watched where they matter (parameters, buffers, submodules, hook ids).
 _TABLES = frozenset({dict, OrderedDict, set})
@@ -65,6 +65,11 @@ class ModelState:
     key: tuple[Any, ...]
     # Lazy modules (``nn.LazyLinear``, ...) whose parameters their first forward has yet to make.
     uninitialized: bool = False
+
+
+def is_deepspeed_hook_state(name: str) -> bool:
+    """An attribute DeepSpeed ZeRO-3's hooks set on a module they hook."""
+    return name.startswith("ds_") or name in _DEEPSPEED_HOOK_STATE
 
 
 def _hook_ids(m: nn.Module) -> tuple[int, ...]:
@@ -116,7 +121,7 @@ def read_state(root: nn.Module) -> ModelState:
                     plain.append((k, tuple(v)))
             elif is_tensor_attribute(v):
                 tensor_attrs.append((k, v))
-            elif not k.startswith("ds_") and k not in _HOOK_BOOKKEEPING:
+            elif not is_deepspeed_hook_state(k):
                 objects.append((k, id(v)))
         params = tuple(tensor_key(n, p) for n, p in attributes["_parameters"].items())
         buffers = tuple(tensor_key(n, b) for n, b in attributes["_buffers"].items())

@@ -58,8 +58,8 @@ class ModuleSnapshot:
         """Put every recorded module back as it was; returns what had changed (empty: nothing)."""
         changes: list[str] = []
         for record in self._records:
-            found = _changes(record)
             derived = _derived(record.module)
+            found = _changes(record, derived)
             if found or any(record.module.__dict__.get(k) is not record.attributes.get(k) for k in derived):
                 current = record.module.__dict__
                 current.clear()
@@ -75,10 +75,10 @@ class ModuleSnapshot:
 _MISSING = object()
 
 
-def _changes(record: _Recorded) -> list[str]:
+def _changes(record: _Recorded, derived: frozenset[str]) -> list[str]:
+    """What the capture changed in the module, its ``derived`` attributes left out."""
     current = record.module.__dict__
     where = repr(record.name) if record.name else "the model"
-    derived = _derived(record.module)
     found = [f"attribute {key!r} of {where} was added" for key in current.keys() - record.attributes.keys()]
     for key, before in record.attributes.items():
         if key in derived:

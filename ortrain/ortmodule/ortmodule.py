@@ -39,7 +39,13 @@ from ortrain.ortmodule.fallback import (
 from ortrain.ortmodule.forward_hooks import user_forward_hooks
 from ortrain.ortmodule.graph_breaks import GraphBreakPath, is_data_dependent
 from ortrain.ortmodule.graph_cache import GraphCache
-from ortrain.ortmodule.guards import ModelState, binding_order, describe_change, read_state
+from ortrain.ortmodule.guards import (
+    ModelState,
+    binding_order,
+    describe_change,
+    is_deepspeed_hook_state,
+    read_state,
+)
 from ortrain.ortmodule.inactive_options import announce_inactive_options
 from ortrain.ortmodule.module_snapshot import ModuleSnapshot
 from ortrain.ortmodule.nested_state_dict import load_wrapped_model
@@ -84,11 +90,6 @@ _OWN_ATTRIBUTES = frozenset(
         "training",
     }
 )
-
-# Bookkeeping that DeepSpeed ZeRO-3's hooks keep on the module they hook, the wrapper (``ds_*``, and
-# these, some changed at every step): the wrapper's state, not the model's, so it neither reaches
-# the wrapped module nor drops the captured graphs.
-_HOOK_STATE = frozenset({"pre_bwd_fn", "post_bwd_fn", "applied_pre_backward_ref_cnt"})
 
 
 class _FlatCall(nn.Module):
@@ -246,7 +247,9 @@ class ORTModule(nn.Module):
         return getattr(self._ortrain_module, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _OWN_ATTRIBUTES or name in _HOOK_STATE or name.startswith("ds_"):
+        # DeepSpeed ZeRO-3's hooks keep their bookkeeping on the module they hook, the wrapper:
+        # its state, not the model's, so it neither reaches the wrapped module nor drops the graphs.
+        if name in _OWN_ATTRIBUTES or is_deepspeed_hook_state(name):
             object.__setattr__(self, name, value)
             return
         setattr(self._ortrain_module, name, value)
@@ -434,8 +437,7 @@ class ORTModule(nn.Module):
             if changes:
                 return self._after_a_capture_changed_the_model(changes, args, kwargs)
             object.__setattr__(self, "_ortrain_changed_by_capture", False)
-            forward_inputs = [n for n in entry.capture.forward.graph.graph.nodes if n.op == "placeholder"]
-            if call.lifted and unread_lifted_inputs(call, forward_inputs):
+            if call.lifted and unread_lifted_inputs(call, entry.capture.forward.graph):
                 self._ortrain_scalars.refuse(call, why="unread")
                 return self._run_on_ort(args, kwargs)
             cache.add(key, entry, reason)
@@ -678,15 +680,14 @@ class ORTModule(nn.Module):
         first use runs this step in PyTorch, so that the change happens once with real tensors,
         and the next step captures the changed model; a change at every call (the capture after
         such a step changes it again) goes to TorchDynamo's graph breaks, which replay it."""
-        what = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3 else "")
+        what = _first_few(changes, 3, "; ")
         if self._ortrain_changed_by_capture:
             logger.warning(
                 "the model's forward changes the model at every call (%s): a captured graph cannot "
                 "repeat that, so this model trains through TorchDynamo's graph breaks, which do",
                 what,
             )
-            path = GraphBreakPath(self._ortrain_module, self._ortrain_debug, self._ortrain_options)
-            object.__setattr__(self, "_ortrain_graph_breaks", path)
+            self._train_through_graph_breaks()
             return self._run_on_ort(args, kwargs)
         logger.info(
             "capturing changed the model (%s); undone, and this step runs in PyTorch so that the "
@@ -704,11 +705,10 @@ class ORTModule(nn.Module):
         logger.info(
             "forward hooks on %s: a captured graph would run them once, on traced values, and never "
             "at later steps; the model trains through TorchDynamo, which runs them at every step",
-            ", ".join(hooked[:5]) + (f" and {len(hooked) - 5} more" if len(hooked) > 5 else ""),
+            _first_few(hooked, 5, ", "),
         )
         self._ortrain_graphs.clear()  # a hook added mid-training: the graphs captured before go
-        path = GraphBreakPath(self._ortrain_module, self._ortrain_debug, self._ortrain_options)
-        object.__setattr__(self, "_ortrain_graph_breaks", path)
+        self._train_through_graph_breaks()
         return True
 
     def _switch_to_graph_breaks(self) -> bool:
@@ -720,13 +720,21 @@ class ORTModule(nn.Module):
             "whole-graph capture failed on data-dependent Python; splitting the model at graph breaks"
         )
         logger.debug("the whole-graph capture's error", exc_info=error)
+        self._train_through_graph_breaks()
+        return True
+
+    def _train_through_graph_breaks(self) -> None:
         path = GraphBreakPath(self._ortrain_module, self._ortrain_debug, self._ortrain_options)
         object.__setattr__(self, "_ortrain_graph_breaks", path)
-        return True
 
     def _raise_if_user_error(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """If eager PyTorch rejects these inputs too, raise PyTorch's own error: the user's to fix."""
         run_eagerly_leaving_no_trace(self._ortrain_module, args, kwargs)
+
+
+def _first_few(items: list[str], most: int, separator: str) -> str:
+    more = f"{separator}and {len(items) - most} more" if len(items) > most else ""
+    return separator.join(items[:most]) + more
 
 
 @functools.cache

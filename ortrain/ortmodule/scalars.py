@@ -174,10 +174,11 @@ def _fits_int64(value: Any) -> bool:
     return not isinstance(value, int) or -(2**31) < value < 2**31
 
 
-def unread_lifted_inputs(call: LiftedCall, placeholders: list[torch.fx.Node]) -> bool:
-    """Whether a graph captured for ``call`` leaves a lifted number unread: the model took another
-    path for a tensor than for a number (``isinstance(n, int)``), or does not use it at all. Either
-    way the graph is not the one the number would have given."""
+def unread_lifted_inputs(call: LiftedCall, forward: torch.fx.GraphModule) -> bool:
+    """Whether the forward graph captured for ``call`` leaves a lifted number unread: the model took
+    another path for a tensor than for a number (``isinstance(n, int)``), or does not use it at all.
+    Either way the graph is not the one the number would have given."""
+    placeholders = [n for n in forward.graph.nodes if n.op == "placeholder"]
     if not call.lifted_inputs or len(placeholders) < len(call.inputs):
         return False
     inputs = placeholders[len(placeholders) - len(call.inputs) :]
