@@ -44,6 +44,7 @@ class _Stored:
     output_spec: Any
     memory_report: Any
     size_guards: SizeGuards
+    mutated_inputs: frozenset[int]
 
 
 def load_capture(
@@ -78,6 +79,7 @@ def load_capture(
         dynamic_dims=dynamic_dims,
         memory_report=stored.memory_report,
         size_guards=stored.size_guards,
+        mutated_inputs=stored.mutated_inputs,
     )
     return captured, stored.output_spec
 
@@ -101,6 +103,7 @@ def save_capture(cache_dir: Path, key: str, captured: Capture, output_spec: Any,
                 output_spec,
                 _without_graph_nodes(captured.memory_report),
                 captured.size_guards,
+                captured.mutated_inputs,
             )
             payload = pickle.dumps(stored)
     except Exception as error:

@@ -86,6 +86,23 @@ class Capture:
     # The inputs the forward writes into (``x.add_(1)``), by position among the call's inputs.
     mutated_inputs: frozenset[int] = frozenset()
 
+    def input_placeholders(self, inputs: Sequence[torch.Tensor], aliased: bool) -> list[torch.fx.Node] | None:
+        """The forward graph's placeholder of each of the call's inputs, in order; None where the
+        graph has no one-to-one placeholder per input: AOTAutograd merges inputs that alias each
+        other and are written to into one synthetic base (``m(n, x, x)`` with ``x.add_(1)``)."""
+        placeholders = self.forward.graph.graph.find_nodes(op="placeholder")
+        if (aliased and self.mutated_inputs) or len(placeholders) < len(self.state_names) + len(inputs):
+            return None
+        # The inputs come last: state comes before them, and so do AOTAutograd's effect tokens
+        # (a graph with linalg.inv's error check has one).
+        nodes = placeholders[len(placeholders) - len(inputs) :]
+        values = [node.meta.get("val") for node in nodes]
+        if not all(
+            isinstance(v, torch.Tensor) and v.dim() == t.dim() for v, t in zip(values, inputs, strict=True)
+        ):
+            return None
+        return nodes
+
     def refuse_writes_into_leaves(self, inputs: Sequence[torch.Tensor]) -> None:
         """Eager PyTorch refuses an in-place op on a leaf that requires grad; the graph, which
         writes its inputs back after running, would not (it changed the tensor and gave it a

@@ -437,7 +437,7 @@ class ORTModule(nn.Module):
             if changes:
                 return self._after_a_capture_changed_the_model(changes, args, kwargs)
             object.__setattr__(self, "_ortrain_changed_by_capture", False)
-            if call.lifted and unread_lifted_inputs(call, entry.capture.forward.graph):
+            if call.lifted and unread_lifted_inputs(call, entry.capture, any(a >= 0 for a in key.aliasing)):
                 self._ortrain_scalars.refuse(call, why="unread")
                 return self._run_on_ort(args, kwargs)
             cache.add(key, entry, reason)
@@ -575,17 +575,11 @@ class ORTModule(nn.Module):
         if exports_run() != exports_before:
             gc.collect()
             release_freed_memory()
-        # The user inputs are the forward's last placeholders: state comes before them, and so
-        # do AOTAutograd's effect tokens (a graph with linalg.inv's error check has one).
-        values = captured.forward.placeholder_values
-        fw_values = values[len(values) - len(inputs) :]
-        if len(fw_values) == len(inputs) and all(
-            isinstance(v, torch.Tensor) and v.dim() == t.dim() for v, t in zip(fw_values, inputs, strict=True)
-        ):
-            sizes = [tuple(s if isinstance(s, int) else None for s in value.shape) for value in fw_values]
-        else:
-            # Inputs that alias and are mutated (``m(x, x)`` with ``x.add_(1)`` inside) become one
-            # synthetic base placeholder: the sizes are the inputs', the dynamic ones left open.
+        placeholders = captured.input_placeholders(inputs, aliased=any(a >= 0 for a in key.aliasing))
+        if placeholders is not None:
+            shapes = [node.meta["val"].shape for node in placeholders]
+            sizes = [tuple(s if isinstance(s, int) else None for s in shape) for shape in shapes]
+        else:  # no placeholder per input: the sizes are the inputs', the dynamic ones left open
             sizes = [
                 tuple(None if d in dynamic.get(i, ()) else s for d, s in enumerate(t.shape))
                 for i, t in enumerate(inputs)

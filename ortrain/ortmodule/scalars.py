@@ -17,11 +17,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ortrain.ortmodule.schema import Spec
+
+if TYPE_CHECKING:
+    from ortrain.capture.aot_capture import Capture
 
 logger = logging.getLogger("ortrain.ortmodule")
 
@@ -174,12 +177,13 @@ def _fits_int64(value: Any) -> bool:
     return not isinstance(value, int) or -(2**31) < value < 2**31
 
 
-def unread_lifted_inputs(call: LiftedCall, forward: torch.fx.GraphModule) -> bool:
+def unread_lifted_inputs(call: LiftedCall, capture: Capture, aliased: bool) -> bool:
     """Whether the forward graph captured for ``call`` leaves a lifted number unread: the model took
     another path for a tensor than for a number (``isinstance(n, int)``), or does not use it at all.
-    Either way the graph is not the one the number would have given."""
-    placeholders = [n for n in forward.graph.nodes if n.op == "placeholder"]
-    if not call.lifted_inputs or len(placeholders) < len(call.inputs):
+    Either way the graph is not the one the number would have given. Where the graph's inputs
+    cannot be told apart (aliased inputs merged into one), the numbers are taken as unread: baked
+    in, each value gets its own graph, which is always right."""
+    if not call.lifted_inputs:
         return False
-    inputs = placeholders[len(placeholders) - len(call.inputs) :]
-    return any(not inputs[i].users for i in call.lifted_inputs)
+    placeholders = capture.input_placeholders(call.inputs, aliased)
+    return placeholders is None or any(not placeholders[i].users for i in call.lifted_inputs)

@@ -64,3 +64,40 @@ def test_writing_into_a_leaf_input_that_requires_grad_is_refused_as_in_eager() -
         with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
             module(leaf, torch.randn(3, 4))
     assert not leaf.any() and leaf.grad is None
+
+
+def test_writing_into_a_leaf_input_is_refused_by_a_capture_from_the_cache(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stored capture keeps which inputs the forward writes into: loaded from
+    ORTMODULE_CACHE_DIR, it had forgotten, and the leaf was changed without a word."""
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    model = _AddsInPlace()
+    for _ in range(2):  # the first wrapper stores the capture, the second loads it
+        leaf = torch.zeros(3, 4, requires_grad=True)
+        with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
+            ORTModule(copy.deepcopy(model))(leaf, torch.randn(3, 4))
+        assert not leaf.any() and leaf.grad is None
+    assert list(tmp_path.glob("capture-*"))
+
+
+class _ScalesUnlessTensor(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, scale: float, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a.add_(1)
+        return (a + b) * self.weight * (scale if isinstance(scale, float) else 1.0)
+
+
+def test_a_changing_number_before_aliased_mutated_inputs_takes_effect() -> None:
+    """AOTAutograd merges ``x, x`` written in place into one input, so the graph has fewer inputs
+    than the call: the check whether the graph reads the lifted ``scale`` looked at the wrong one,
+    kept the graph of the tensor branch, and every later ``scale`` was ignored (2 for 6, 10)."""
+    eager, wrapped = _ScalesUnlessTensor(), ORTModule(_ScalesUnlessTensor())
+    for scale in (2.0, 3.0, 5.0):
+        x, x_eager = torch.zeros(4), torch.zeros(4)
+        torch.testing.assert_close(wrapped(scale, x, x), eager(scale, x_eager, x_eager))
+        torch.testing.assert_close(x, x_eager)
