@@ -22,6 +22,9 @@ from ortrain.ortmodule.fallback import ORTModuleIOError
 
 _CONSTANT_TYPES = (type(None), bool, int, float, str, torch.dtype, torch.device, enum.Enum)
 
+_SYMBOLIC_NUMBERS = {torch.SymInt: torch.int64, torch.SymFloat: torch.float64, torch.SymBool: torch.bool}
+_PLAIN_NUMBER = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
+
 # A spec is a nested tuple whose first item names the node kind.
 Spec = tuple[Any, ...]
 
@@ -80,6 +83,11 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
         return ("tensor",)
     if isinstance(value, _CONSTANT_TYPES):
         return ("const", type(value), value)
+    if isinstance(value, tuple(_SYMBOLIC_NUMBERS)):
+        # A number computed from a size the graph leaves open (``x.shape[0]`` returned by a model
+        # captured for any batch size): the graph returns it as a 0-d tensor, given back as a number.
+        tensors.append(torch.scalar_tensor(value, dtype=_SYMBOLIC_NUMBERS[type(value)]))
+        return ("symbolic_number", _PLAIN_NUMBER[type(value)])
     if _is_model_output(value):
         keys = tuple(value.keys())
         children = tuple(_flatten(value[k], tensors, _child(where, k)) for k in keys)
@@ -136,6 +144,8 @@ def _unflatten(spec: Spec, take: Callable[[], Any]) -> Any:
         return take()
     if kind == "const":
         return spec[2]
+    if kind == "symbolic_number":
+        return spec[1](take().item())
     if kind == "model_output":
         _, cls, keys, children = spec
         return cls(**{k: _unflatten(c, take) for k, c in zip(keys, children, strict=True)})

@@ -183,3 +183,35 @@ def test_a_head_the_loss_does_not_use_gets_no_gradient(monkeypatch: pytest.Monke
             optimizer.step()
             optimizer.zero_grad()
         assert_same_state(wrapped, eager)
+
+
+class _ReturnsSizes(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> dict[str, object]:
+        return {"loss": self.linear(x).sum() / x.shape[0], "rows": x.shape[0] * 2, "half": x.shape[0] / 2}
+
+
+def test_numbers_computed_from_a_dynamic_size_come_back_as_numbers(caplog: pytest.LogCaptureFixture) -> None:
+    """A graph captured for any batch size computes ``x.shape[0] * 2`` from the size it is given:
+    such an output was refused (a SymInt cannot leave the graph) and the model fell back to
+    PyTorch for good. It now comes back as the number eager returns, for every batch size."""
+    torch.manual_seed(0)
+    eager = _ReturnsSizes()
+    wrapped = ORTModule(_ReturnsSizes())
+    wrapped.load_state_dict(eager.state_dict())
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for rows in (2, 3, 5, 7):  # the second size makes the graph dynamic
+            x = torch.randn(rows, 4)
+            got, want = wrapped(x), eager(x)
+            assert (got["rows"], got["half"]) == (want["rows"], want["half"])
+            assert type(got["rows"]) is int and type(got["half"]) is float
+            torch.testing.assert_close(got["loss"], want["loss"])
+            got["loss"].backward()
+            want["loss"].backward()
+    for p, q in zip(wrapped.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert ort_graph_count(wrapped) == 2  # static, then dynamic: nothing ran in PyTorch
+    assert not caplog.records
