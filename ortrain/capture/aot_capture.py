@@ -65,6 +65,15 @@ class GraphSlot:
         return [n.meta.get("val") for n in self.graph.graph.nodes if n.op == "placeholder"]
 
 
+def _fixed_size(size: int | torch.SymInt) -> int | None:
+    if isinstance(size, int):
+        return size
+    # The shape environment replaces a symbol that a guard pinned to a number by that number.
+    shape_env = size.node.shape_env
+    expr = shape_env.replace(size.node.expr) if shape_env is not None else size.node.expr
+    return int(expr) if expr.is_number else None
+
+
 @dataclass
 class Capture:
     """The result of one capture: a callable over ``(*params_and_buffers, *inputs)`` and its graphs."""
@@ -102,6 +111,17 @@ class Capture:
         ):
             return None
         return nodes
+
+    def input_sizes(self, inputs: Sequence[torch.Tensor], aliased: bool) -> list[tuple[int | None, ...]]:
+        """Per input, the sizes the graphs hold for: a number where the graphs fixed the size, None
+        where they compute with whatever size comes. A size traced as symbolic can end up fixed
+        all the same: an unrolled LSTM loops over the sequence, which specializes the length to
+        the one traced (a guard ``s1 == 24`` whose graph reshapes to 8 × 24). Where the graph has
+        no placeholder per input, every size is taken as fixed: a new one captures again."""
+        placeholders = self.input_placeholders(inputs, aliased)
+        if placeholders is None:
+            return [tuple(t.shape) for t in inputs]
+        return [tuple(_fixed_size(s) for s in node.meta["val"].shape) for node in placeholders]
 
     def refuse_writes_into_leaves(self, inputs: Sequence[torch.Tensor]) -> None:
         """Eager PyTorch refuses an in-place op on a leaf that requires grad; the graph, which

@@ -575,15 +575,7 @@ class ORTModule(nn.Module):
         if exports_run() != exports_before:
             gc.collect()
             release_freed_memory()
-        placeholders = captured.input_placeholders(inputs, aliased=any(a >= 0 for a in key.aliasing))
-        if placeholders is not None:
-            shapes = [node.meta["val"].shape for node in placeholders]
-            sizes = [tuple(s if isinstance(s, int) else None for s in shape) for shape in shapes]
-        else:  # no placeholder per input: the sizes are the inputs', the dynamic ones left open
-            sizes = [
-                tuple(None if d in dynamic.get(i, ()) else s for d, s in enumerate(t.shape))
-                for i, t in enumerate(inputs)
-            ]
+        sizes = captured.input_sizes(inputs, aliased=any(a >= 0 for a in key.aliasing))
         binding = binding_order(self._ortrain_module, captured.state_names, prefix="module")
         if self._ortrain_inspector.enabled:
             self._ortrain_inspector.attach(captured, device)

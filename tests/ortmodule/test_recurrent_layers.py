@@ -39,3 +39,18 @@ def test_recurrent_layers_train_like_eager_in_onnxruntime(kind: type[nn.RNNBase]
     assert wrapped._ortrain_graph_breaks is None
     runners = [runner for _, runner in wrapped.graph_runners()]
     assert len(runners) == 2 and all(runs_whole_in_onnxruntime(r) for r in runners)
+
+
+def test_a_new_sequence_length_after_the_dynamic_capture_captures_again() -> None:
+    """Unrolling loops over the sequence, which pins the length traced with symbolic sizes to the
+    one it was traced at (a guard AOTAutograd keeps as a replaced symbol, not as an expression):
+    the graph was taken for any length, and the third length failed in ONNX Runtime ("cannot be
+    reshaped", 2 × 5 rows baked in)."""
+    torch.manual_seed(0)
+    batches = [(torch.randn(2, n, 6), torch.randint(0, 3, (2, n))) for n in (4, 5, 7, 5)]
+    model = _Tagger(nn.GRU)
+    losses, expected, eager, wrapped = train_side_by_side(model, batches, lambda m, b: m(*b))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    assert_same_state(wrapped, eager, atol=1e-5)
+    sizes = sorted(entry.sizes[0] for entries in wrapped._ortrain_graphs.values() for entry in entries)
+    assert sizes == [(2, 4, 6), (2, 5, 6), (2, 7, 6)]  # one graph a length; 5 again reuses its own
