@@ -25,6 +25,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 
 from ortrain.capture.capture_package import GraphCode, recording_entries
 from ortrain.capture.checkpointing import CheckpointRegions
+from ortrain.capture.cumulative_batch_norm import cumulative_batch_norm_traceable
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.forward_rewrite import ForwardRewrite, ForwardTrace, rewrite_forward
 from ortrain.capture.function_calls import intercept_functions
@@ -246,6 +247,7 @@ def capture(
         stack.enter_context(tensor_attributes_as_buffers(module))
         stack.enter_context(annotate_module_paths(module))
         stack.enter_context(function_overrides())  # ctc_loss: see capture/function_overrides.py
+        stack.enter_context(cumulative_batch_norm_traceable())
         regions = CheckpointRegions(as_python_ops=checkpoint_ops and opaque_functions)
         stack.enter_context(regions.patched())
         call_ids = stack.enter_context(
