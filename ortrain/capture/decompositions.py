@@ -79,6 +79,34 @@ def _weight_grad(
     return gw.transpose(0, 1).contiguous()
 
 
+def input_gradient_of_any_size(
+    grad_output: torch.Tensor,
+    weight: torch.Tensor,
+    in_sizes: Sequence[Any],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+) -> torch.Tensor:
+    """The input gradient where the output padding depends on a dynamic size (a strided
+    convolution over a length that changes: whether the stride divides it varies). ONNX's
+    ConvTranspose takes output padding as an attribute, a fixed number. So: the transposed
+    convolution without padding (every input position any output read), zeros after it for the
+    trailing positions the stride skipped (at most ``stride - 1 - padding`` of them), then the
+    input's own window, ``padding`` in."""
+    spatial = len(in_sizes)
+    full = aten.convolution(
+        grad_output, weight, None, stride, [0] * spatial, dilation, True, [0] * spatial, groups
+    )
+    tail = [max(0, stride[i] - 1 - padding[i]) for i in range(spatial)]
+    if any(tail):
+        # constant_pad_nd lists pads from the last dim backwards: (before, after) per dim.
+        full = aten.constant_pad_nd(full, [p for i in reversed(range(spatial)) for p in (0, tail[i])])
+    for i in range(spatial):
+        full = full.narrow(2 + i, padding[i], in_sizes[i])
+    return full
+
+
 def convolution_backward(
     grad_output: torch.Tensor,
     input: torch.Tensor,
@@ -118,9 +146,14 @@ def convolution_backward(
                 )
                 for i in range(spatial)
             ]
-            grad_input = aten.convolution(
-                grad_output, weight, None, stride, padding, dilation, True, pads, groups
-            )
+            if all(isinstance(pad, int) for pad in pads):
+                grad_input = aten.convolution(
+                    grad_output, weight, None, stride, padding, dilation, True, pads, groups
+                )
+            else:
+                grad_input = input_gradient_of_any_size(
+                    grad_output, weight, list(input.shape[2:]), stride, padding, dilation, groups
+                )
     if output_mask[1]:
         if transposed:
             grad_weight = _weight_grad(grad_output, input, kernel, stride, padding, dilation, groups)

@@ -210,5 +210,7 @@ def is_data_dependent(error: BaseException) -> bool:
             return True
         if "data-dependent" in str(current) or "data dependent" in str(current):
             return True
+        if ".numpy() is not supported for tensor subclasses" in str(current):
+            return True  # NumPy in forward reads the values: TorchDynamo traces through it
         current = current.__cause__ or current.__context__
     return False

@@ -15,6 +15,7 @@ from typing import Any
 
 import onnx
 import sympy
+import torch
 
 from ortrain.export.fx_to_onnx import ExportedGraph, OutputSource
 
@@ -48,6 +49,8 @@ def exported_graph_to_bytes(exported: ExportedGraph) -> bytes:
         "output_symbol_sources": [
             [sympy.srepr(s), i, d] for s, (i, d) in exported.output_symbol_sources.items()
         ],
+        "carried_sizes": exported.carried_sizes,
+        "number_inputs": [[p, str(d).removeprefix("torch.")] for p, d in exported.number_inputs.items()],
     }
     text = json.dumps(description).encode()
     return len(text).to_bytes(8, "big") + text + exported.model.SerializeToString()
@@ -61,4 +64,8 @@ def exported_graph_from_bytes(data: bytes) -> ExportedGraph:
     outputs = [OutputSource(**{k: _decode(v) for k, v in o.items()}) for o in description["outputs"]]
     sources = {sympy.sympify(s): (p, d) for s, p, d in description["symbol_sources"]}
     from_outputs = {sympy.sympify(s): (i, d) for s, i, d in description["output_symbol_sources"]}
-    return ExportedGraph(model, list(description["input_positions"]), outputs, sources, from_outputs)
+    carried = list(description["carried_sizes"])
+    numbers = {p: getattr(torch, d) for p, d in description["number_inputs"]}
+    return ExportedGraph(
+        model, list(description["input_positions"]), outputs, sources, from_outputs, carried, numbers
+    )

@@ -25,7 +25,19 @@ import torch
 from torch.export import Dim
 
 from ortrain.capture.lazy_recompile import compile_now, deep_copy
-from ortrain.capture.symbolic_sizes import SizeMax, SizeMin
+from ortrain.capture.number_inputs import numbers_as_tensors
+from ortrain.capture.size_carriers import carry_free_sizes
+from ortrain.capture.symbolic_sizes import (
+    SizeCeil,
+    SizeCeilDiv,
+    SizeFloor,
+    SizeFloorDiv,
+    SizeMax,
+    SizeMin,
+    SizeMod,
+    SizePythonMod,
+    SizeTrueDiv,
+)
 from ortrain.capture.view_ops import RESHAPES
 from ortrain.export import direct_translation
 from ortrain.export.exporter_decompositions import lean_decomposition
@@ -50,7 +62,9 @@ _HINT_CANDIDATES = [17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 
 class OutputSource:
     """Where one graph output comes from at run time."""
 
-    kind: Literal["onnx", "input", "same", "none", "size", "view", "output_size"]
+    # "number": a number the graph computes from tensor values (``.item()``), returned by ONNX
+    # as a 0-d tensor and handed back as the Python number the FX graph returns.
+    kind: Literal["onnx", "input", "same", "none", "size", "view", "output_size", "number"]
     index: int = -1  # onnx output / graph input / earlier output, by kind
     # For "size": a formula over input sizes and data-dependent sizes (``output_symbol_sources``).
     expr: sympy.Expr | None = None
@@ -86,6 +100,12 @@ class ExportedGraph:
     symbol_sources: dict[sympy.Symbol, tuple[int, int]] = field(default_factory=dict)
     # Data-dependent size symbols a "size" output's formula reads: (onnx output, dim) of each.
     output_symbol_sources: dict[sympy.Symbol, tuple[int, int]] = field(default_factory=dict)
+    # Arguments that are numbers no input tensor has as a size: each is passed as the carrier
+    # ``empty(0, n)`` (capture/size_carriers.py).
+    carried_sizes: list[int] = field(default_factory=list)
+    # Arguments that are numbers computed from values (``.item()``), passed as 0-d tensors of
+    # these dtypes (capture/number_inputs.py).
+    number_inputs: dict[int, torch.dtype] = field(default_factory=dict)
 
 
 class ExportError(RuntimeError):
@@ -124,6 +144,9 @@ _SIZE_OPERATORS: dict[type, Any] = {
     sympy.Add: operator.add,
     SizeMin: torch.sym_min,
     SizeMax: torch.sym_max,
+    SizeFloorDiv: operator.floordiv,
+    SizeMod: operator.mod,
+    SizePythonMod: operator.mod,
 }
 
 
@@ -143,6 +166,13 @@ def _size_node(
         size = graph.call_function(torch.ops.aten.sym_size.int, (placeholders[position], dim))
         size.meta["val"] = placeholders[position].meta["val"].shape[dim]
         return size
+    # Sizes are never negative, so floor and ceiling of their quotients are integer divisions.
+    quotient = _integer_quotient(expr)
+    if quotient is not None:
+        numerator, denominator, ceiling = quotient
+        if ceiling:  # ceil(a / b) = (a + b - 1) // b
+            numerator = numerator + denominator - 1
+        expr = SizeFloorDiv(numerator, denominator, evaluate=False)
     op = _SIZE_OPERATORS.get(type(expr))
     if op is not None:
         parts = [_size_node(graph, arg, sources, placeholders) for arg in expr.args]
@@ -153,6 +183,27 @@ def _size_node(
             acc.meta["val"] = value  # the translator reads every node's value
         return acc
     raise ExportError(f"cannot express size {expr} in ONNX")
+
+
+def _integer_quotient(expr: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr, bool] | None:
+    """``(a, b, ceiling)`` where ``expr`` is ``a // b``, ``ceil(a / b)`` or ``floor(a / b)``."""
+    if isinstance(expr, (SizeCeil, SizeFloor)) and isinstance(expr.args[0], SizeTrueDiv):
+        numerator, denominator = expr.args[0].args
+        return numerator, denominator, isinstance(expr, SizeCeil)
+    if isinstance(expr, SizeCeilDiv):
+        return expr.args[0], expr.args[1], True
+    return None
+
+
+def _computed_from_values(node: torch.fx.Node, sources: dict[sympy.Symbol, tuple[int, int]]) -> bool:
+    """Whether the integer ``node`` reads a symbol no input tensor has as a size, with no output
+    tensor to read it off either: a number from ``.item()`` (``loss / mask.sum().item()``) that
+    the forward saves for its backward. ONNX computes it; the executor returns it as a number."""
+    if node.op == "placeholder":
+        return False
+    unknown = _expr(node.meta["val"]).free_symbols - sources.keys()
+    outputs = list(node.graph.output_node().args[0])
+    return any(_tensor_with_size(outputs, symbol) is None for symbol in unknown)
 
 
 def _size_value(size: Any) -> Any:
@@ -213,6 +264,8 @@ def _example_inputs(
 
 def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGraph:
     gm = deep_copy(gm)
+    numbers = numbers_as_tensors(gm)
+    carried = carry_free_sizes(gm)
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     sources = _symbol_sources(placeholders)
@@ -246,6 +299,11 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
             continue
         if not isinstance(out, torch.fx.Node):
             raise ExportError(f"graph output {position} is a constant {out!r}, which ortrain does not expect")
+        if isinstance(out.meta.get("val"), (torch.SymFloat, torch.SymBool)) or (
+            isinstance(out.meta.get("val"), torch.SymInt) and _computed_from_values(out, sources)
+        ):
+            outputs.append(OutputSource("number", index=onnx_output(out)))
+            continue
         if isinstance(out.meta.get("val"), torch.SymInt):
             size = _expr(out.meta["val"])
             carrier = None if size.free_symbols <= sources.keys() else _tensor_with_size(raw_outputs, size)
@@ -293,7 +351,9 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
         if not isinstance(value, torch.Tensor):
             raise ExportError(f"graph input {node.name} is not a tensor ({type(value).__name__})")
     if not onnx_nodes:
-        return ExportedGraph(onnx.ModelProto(), [], outputs, sources)
+        return ExportedGraph(
+            onnx.ModelProto(), [], outputs, sources, carried_sizes=carried, number_inputs=numbers
+        )
     ir_model = _translate(gm, kept, opset_version=opset_version)
     cast = cast_indices_to_int64(ir_model)
     if cast:
@@ -310,7 +370,7 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
     else:
         missing = next(name for name in onnx_names if name not in name_to_position)
         raise ExportError(f"exported graph has an input {missing!r} that matches no FX placeholder")
-    return ExportedGraph(model, input_positions, outputs, sources, output_symbols)
+    return ExportedGraph(model, input_positions, outputs, sources, output_symbols, carried, numbers)
 
 
 def _translate(

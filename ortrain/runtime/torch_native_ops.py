@@ -6,7 +6,7 @@ fallback), and each graph names them in one INFO line. The rest of the graph sta
 Runtime. An operator that merely lacks a translation today is *not* listed here: that is a gap
 to fill (a decomposition or a translation), and ``FALLBACK_DISABLE`` still reports it.
 
-Five kinds of nodes are PyTorch's:
+Six kinds of nodes are PyTorch's:
 
 - **Matrix factorizations and what is built on them**: ONNX has ``Det`` and nothing else of
   linear algebra beyond products (no LU, QR, Cholesky, SVD, eigen-decomposition, triangular or
@@ -48,6 +48,11 @@ Five kinds of nodes are PyTorch's:
   ``affine_grid`` goes with them: at pixel centres the sampler's gradient depends on the last bit
   of each grid point, and ONNX Runtime's product of the base grid and theta rounds otherwise than
   PyTorch's (the same identity start, ONNX Runtime computing the grid: off by 151 of 189).
+
+- **Runtime checks** on values (``_assert_scalar`` from ``torch._check(n < 20)`` with ``n`` from
+  ``.item()``, ``_assert_async`` from ``assert (x >= 0).all()`` inside a graph): ONNX has no way
+  to raise; in PyTorch they raise as in eager (a ``RuntimeError``, where eager's Python ``assert``
+  raises ``AssertionError``).
 
 Measured for the threshold, tiny GPT (4 layers, 4 heads of 64, batch 8; 2-core AMD EPYC, ONNX
 Runtime placement, medians of alternated processes, OpenMP policy unset), step with flash in
@@ -146,6 +151,9 @@ GRID_SAMPLING: frozenset[object] = frozenset(
     }
 )
 
+# ``torch._check(n < 20)`` and ``assert (x >= 0).all()`` on values: ONNX cannot raise.
+RUNTIME_CHECKS: frozenset[object] = frozenset({aten._assert_scalar, aten._assert_async})
+
 _WITH_EFFECTS = torch.ops.higher_order.with_effects
 
 
@@ -180,6 +188,8 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
         return "random numbers"
     if _packet(target) in GRID_SAMPLING:
         return "grid sampling"
+    if _packet(target) in RUNTIME_CHECKS:
+        return "runtime check"
     if _touches_complex(node):
         return "complex tensor"
     return None

@@ -16,7 +16,7 @@ from ortrain.capture import decompositions_losses as losses
 from ortrain.capture import decompositions_math as math_ops
 from ortrain.capture import decompositions_pooling as pooling
 from ortrain.capture import decompositions_special as special
-from ortrain.capture.decompositions import convolution_backward
+from ortrain.capture.decompositions import convolution_backward, input_gradient_of_any_size
 from ortrain.capture.decompositions_pooling import adaptive_avg_pool2d_backward
 
 aten = torch.ops.aten
@@ -50,6 +50,22 @@ def test_convolution_backward_matches_native(case: tuple, mask: tuple[bool, bool
             torch.testing.assert_close(a, b)
         else:
             assert a is None
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+@pytest.mark.parametrize("extra", [0, 1, 2])
+def test_input_gradient_for_a_size_the_stride_may_not_divide_matches_native(case: tuple, extra: int) -> None:
+    """The form used where the output padding is symbolic (ONNX wants a fixed number): the full
+    transposed convolution, zeros for trailing positions the stride skipped, the input's window."""
+    dims, c_in, c_out, k, stride, padding, dilation, groups, size = case
+    torch.manual_seed(0)
+    x = torch.randn(2, c_in, *([size + extra] * dims), dtype=torch.float64)
+    w = torch.randn(c_out, c_in // groups, *([k] * dims), dtype=torch.float64)
+    args = ([stride] * dims, [padding] * dims, [dilation] * dims)
+    g = torch.randn_like(aten.convolution(x, w, None, *args, False, [0] * dims, groups))
+    want = aten.convolution_backward(g, x, w, [c_out], *args, False, [0] * dims, groups, [True, False, False])
+    got = input_gradient_of_any_size(g, w, list(x.shape[2:]), *args, groups)
+    torch.testing.assert_close(got, want[0])
 
 
 @pytest.mark.parametrize(

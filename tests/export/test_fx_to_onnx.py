@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import onnx
-import pytest
 import torch
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ortrain.capture.aot_capture import capture
-from ortrain.export.fx_to_onnx import ExportError, export_graph
+from ortrain.export.fx_to_onnx import export_graph
 from ortrain.runtime.executors.ort import OrtSessionRunner
 
 
@@ -178,11 +177,20 @@ def test_a_size_computed_from_a_data_dependent_size_is_read_off_an_output() -> N
         assert pads == n - kept
 
 
-def test_a_data_dependent_size_that_no_tensor_carries_is_an_export_error() -> None:
+def test_a_data_dependent_size_that_no_tensor_carries_is_computed_as_a_number() -> None:
+    """No output has the row count as a dim: ONNX computes ``s0 - u0`` from the values and the
+    executor returns it as a number (it was an export error, and the graph ran in PyTorch)."""
+
     def sums_only(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, int]:
         _, total, pads = _rows_and_pads(x, keep)
         return total, pads
 
     gm = make_fx(sums_only, tracing_mode="symbolic")(torch.randn(6, 3), torch.randperm(6) < 3)
-    with pytest.raises(ExportError, match="no input or output tensor has u0 as a dim"):
-        export_graph(gm, opset_version=18)
+    exported = export_graph(gm, opset_version=18)
+    assert exported.outputs[-1].kind == "number"
+    runner = OrtSessionRunner(exported, device=torch.device("cpu"))
+    for n, kept in ((6, 4), (9, 1), (5, 5)):
+        x, keep = torch.randn(n, 3), torch.randperm(n) < kept
+        total, pads = runner([x, keep])
+        torch.testing.assert_close(total, x[keep].sum())
+        assert pads == n - kept and type(pads) is int

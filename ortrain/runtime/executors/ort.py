@@ -30,6 +30,9 @@ import torch
 
 from ortrain.cache.cached_export import export_graph_cached
 from ortrain.cache.translation_table import translation_table
+from ortrain.capture.number_inputs import as_tensors
+from ortrain.capture.size_carriers import carried
+from ortrain.capture.symbolic_sizes import size_function
 from ortrain.export.element_types import ONNX_ELEMENT_TYPES
 from ortrain.export.flash_attention_math import math_form_applies
 from ortrain.export.fx_to_onnx import ExportedGraph, ExportError
@@ -166,8 +169,8 @@ class OrtSessionRunner:
             constant = [int(e) for e in exprs]
             return lambda _values: constant
         symbols = [*self.exported.symbol_sources, *self.exported.output_symbol_sources]
-        formula = sympy.lambdify(symbols, list(exprs), modules="math")
-        return lambda values: [int(v) for v in formula(*values)]
+        formula = size_function(symbols, exprs)
+        return lambda values: formula(*values)
 
     def _symbol_values(self, args: list[Any], produced: list[torch.Tensor]) -> list[int]:
         return [args[p].shape[d] for p, d in self.exported.symbol_sources.values()] + [
@@ -175,6 +178,10 @@ class OrtSessionRunner:
         ]
 
     def __call__(self, args: list[Any]) -> list[Any]:
+        if self.exported.carried_sizes:
+            args = carried(args, self.exported.carried_sizes)
+        if self.exported.number_inputs:
+            args = as_tensors(args, self.exported.number_inputs)
         produced = self._run_session(args) if self.session is not None else []
         results: list[Any] = []
         values = self._symbol_values(args, produced) if self._needs_sizes else []
@@ -189,6 +196,8 @@ class OrtSessionRunner:
                 results.append(None)
             elif source.kind == "output_size":
                 results.append(produced[source.index].shape[source.dim])
+            elif source.kind == "number":
+                results.append(produced[source.index].item())
             elif source.kind == "view":
                 base = args[source.index] if source.from_input else produced[source.index]
                 # reshape, not view: a graph input may be non-contiguous (then this copies).

@@ -1,0 +1,133 @@
+"""Sizes computed with //, % and ceil from a changing length, and numbers read off tensors with
+``.item()``, train in ONNX Runtime with eager's losses and gradients (FALLBACK_DISABLE: nothing may
+run in PyTorch but what it runs by design)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from _parity import assert_same_state, train_side_by_side
+from torch import nn
+from torch.nn import functional as F
+
+
+class _PairsMerged(nn.Module):
+    """Time steps merged in pairs, an odd last one dropped: sizes ``(T - T % 2) // 2``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        x = x[:, : t - t % 2]
+        return self.linear(x.reshape(b, (t - t % 2) // 2, 2 * c)).pow(2).mean()
+
+
+class _Chunks(nn.Module):
+    """Padded up to whole chunks of 3: ``math.ceil(T / 3)`` chunks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        chunks = math.ceil(x.shape[1] / 3)
+        x = F.pad(x, (0, 0, 0, chunks * 3 - x.shape[1]))
+        return self.linear(x.view(x.shape[0], chunks, 3, 4).mean(2)).pow(2).mean()
+
+
+class _StridedConvolutions(nn.Module):
+    """Strided convolutions and pooling over a changing length: whether the stride divides it
+    varies, and with it the output padding of the input gradient's transposed convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Conv1d(4, 8, 5, stride=2, padding=1), nn.ReLU(), nn.MaxPool1d(3), nn.Conv1d(8, 8, 3, stride=2)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x.transpose(1, 2)).pow(2).mean()
+
+
+def test_sizes_with_floor_division_remainder_and_ceiling_of_a_changing_length_match_eager() -> None:
+    """The executor evaluated such sizes with sympy.lambdify, which knows none of PyTorch's size
+    functions (NameError: FloorDiv), the exporter could not write them, and the backward takes
+    ``T`` only as a number (no input tensor has it as a size): each model trained in PyTorch from
+    its second length on, after one warning, and FALLBACK_DISABLE refused it."""
+    for model in (_PairsMerged(), _Chunks(), _StridedConvolutions()):
+        torch.manual_seed(0)
+        batches = [torch.randn(2, length, 4) for length in (40, 53, 61, 46)]
+        losses, expected, eager, wrapped = train_side_by_side(model, batches, lambda m, x: m(x))
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+        assert_same_state(wrapped, eager, atol=1e-5)
+        assert wrapped._ortrain_graph_breaks is None
+
+
+class _TokenNormalized(nn.Module):
+    """The loss summed over counted tokens and divided by their count, read with ``.item()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        counted = (labels != -100).sum().item()
+        loss = F.cross_entropy(
+            self.linear(x).view(-1, 5), labels.view(-1), ignore_index=-100, reduction="sum"
+        )
+        return loss / counted
+
+
+class _Warmup(nn.Module):
+    """A factor from a step buffer's ``.item()``, which the backward reads too (a SymFloat)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        self.step += 1
+        scale = min(1.0, self.step.item() / 3)
+        torch._check(self.step.item() < 100)
+        return (self.linear(x) * scale).pow(2).mean() + 0 * labels.sum()
+
+
+def test_numbers_read_with_item_match_eager_in_onnxruntime() -> None:
+    """The forward returned the count as a number its backward needed, which ONNX could not express
+    ("no input or output tensor has u2 as a dim"), and a saved float came back from ONNX Runtime as
+    a tensor where AOTAutograd wants a number: the whole model ran in PyTorch, or crashed from the
+    second step; ``torch._check`` had no translation."""
+    for model in (_TokenNormalized(), _Warmup()):
+        torch.manual_seed(0)
+        batches = [(torch.randn(2, 3, 4), torch.randint(0, 5, (2, 3))) for _ in range(4)]
+        for step, (_, labels) in enumerate(batches):
+            labels.view(-1)[step : step + 3] = -100  # another count each step
+        losses, expected, eager, wrapped = train_side_by_side(model, batches, lambda m, b: m(*b))
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+        assert_same_state(wrapped, eager, atol=1e-5)
+
+
+class _NumpyInForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = float(np.clip(x.detach().abs().mean().numpy(), 0.5, 2.0))
+        return (self.linear(x) * weight).pow(2).mean()
+
+
+def test_numpy_in_forward_trains_through_graph_breaks() -> None:
+    """``.numpy()`` reads values; the capture's error was not recognised as data-dependent, so the
+    model was refused (FALLBACK_DISABLE) or ran in PyTorch, where graph breaks handle it."""
+    torch.manual_seed(0)
+    batches = [torch.randn(3, 4) * (i + 1) for i in range(3)]
+    losses, expected, eager, wrapped = train_side_by_side(_NumpyInForward(), batches, lambda m, x: m(x))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected))
+    assert_same_state(wrapped, eager, atol=1e-5)
+    assert wrapped._ortrain_graph_breaks is not None
