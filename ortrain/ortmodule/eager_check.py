@@ -4,7 +4,8 @@ When capture or a graph run fails, ortrain runs the wrapped module eagerly on th
 if PyTorch raises too (a wrong shape or dtype, an index out of range), that error is the one the
 user must see. The check runs in the mode the user is in (no ``eval()``/``train()`` of any
 submodule) without gradients, and puts back every buffer (BatchNorm statistics, counters) and the
-random number generators it may have advanced, so that the step it stands in for leaves no trace.
+random number generators it may have advanced (PyTorch's, Python's and NumPy's), so that the
+step it stands in for leaves no trace.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from ortrain.ortmodule.python_randomness import python_generators_kept
 
 
 def run_eagerly_leaving_no_trace(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -25,7 +28,7 @@ def run_eagerly_leaving_no_trace(module: nn.Module, args: tuple[Any, ...], kwarg
     ]
     cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     try:
-        with torch.random.fork_rng(devices=cuda), torch.no_grad():
+        with torch.random.fork_rng(devices=cuda), python_generators_kept(), torch.no_grad():
             module(*args, **kwargs)
     finally:
         with torch.no_grad():

@@ -7,8 +7,9 @@ or eager, fails on them ("Mixing fake modes", "Please convert all Tensors to Fak
 captured graph never repeats Python side effects, so such a change would happen at capture only.
 
 :class:`ModuleSnapshot` records each submodule's attributes (and the contents of its tables:
-parameters, buffers, submodules, hooks) before a capture; :meth:`ModuleSnapshot.restore` puts
-them back and says what the capture had changed, in the model's names. What ORTModule does with a
+parameters, buffers, submodules, hooks, and the user's lists and dicts) before a capture;
+:meth:`ModuleSnapshot.restore` puts them back and says what the capture had changed, in the
+model's names. What ORTModule does with a
 change is its business (``ortmodule.py``: that step runs in PyTorch, so the change happens once
 with real tensors; a model that changes at every call trains through TorchDynamo's graph breaks).
 """
@@ -21,7 +22,8 @@ from typing import Any
 from torch import nn
 
 # Values that are tables of a module: their contents are recorded, not just the table object.
-_TABLES = (dict, set)
+# (A list a forward appends to, ``self.history.append(x.mean().item())``, kept the traced value.)
+_TABLES = (dict, set, list)
 
 # Attributes that PyTorch modules rebuild from their own parameters when those are swapped, as a
 # capture swaps them for graph inputs: put back, but not a change of the model. (An LSTM's flat
@@ -66,8 +68,11 @@ class ModuleSnapshot:
                 current.update(record.attributes)
                 for key, contents in record.tables.items():
                     table = record.attributes[key]
-                    table.clear()
-                    table.update(contents)
+                    if isinstance(table, list):
+                        table[:] = contents
+                    else:
+                        table.clear()
+                        table.update(contents)
                 changes += found
         return changes
 
@@ -101,4 +106,6 @@ def _same_contents(table: Any, recorded: list[Any]) -> bool:
         return False
     if isinstance(table, dict):
         return all(k == k0 and v is v0 for (k, v), (k0, v0) in zip(now, recorded, strict=True))
+    if isinstance(table, list):
+        return all(v is v0 for v, v0 in zip(now, recorded, strict=True))
     return set(now) == set(recorded)

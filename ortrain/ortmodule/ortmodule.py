@@ -57,6 +57,7 @@ from ortrain.ortmodule.options import (
     python_log_level,
     runtime_options,
 )
+from ortrain.ortmodule.python_randomness import PythonRandomnessError, refusing_python_randomness
 from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves, unread_lifted_inputs
 from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, tensor_signature, unflatten
 from ortrain.ortmodule.signature import (
@@ -430,9 +431,11 @@ class ORTModule(nn.Module):
                     # Perhaps the model needs a changing number as a Python number: bake it in.
                     self._ortrain_scalars.refuse(call)
                     return self._run_on_ort(args, kwargs)
-                self._raise_if_user_error(args, kwargs)
+                # Before the eager check: that would run the forward's Python once more (its
+                # side effects, its random draws), and TorchDynamo raises the user's errors too.
                 if self._switch_to_graph_breaks():
                     return self._run_on_ort(args, kwargs)
+                self._raise_if_user_error(args, kwargs)
                 raise
             if changes:
                 return self._after_a_capture_changed_the_model(changes, args, kwargs)
@@ -523,6 +526,7 @@ class ORTModule(nn.Module):
         # Graph modules generate their Python code only if something runs them in PyTorch.
         with (
             COMPILE_LOCK,
+            refusing_python_randomness(),
             torch.random.fork_rng(devices=[]),
             full_collections_deferred(),
             graph_modules_compiled_on_first_call(),
@@ -700,11 +704,16 @@ class ORTModule(nn.Module):
     def _switch_to_graph_breaks(self) -> bool:
         """After a capture failed on data-dependent Python: train through TorchDynamo's graph breaks."""
         error = sys.exc_info()[1]
-        if error is None or not is_data_dependent(error):
+        if isinstance(error, PythonRandomnessError):
+            logger.info(
+                "%s; the model trains through TorchDynamo's graph breaks, which draw at every step", error
+            )
+        elif error is not None and is_data_dependent(error):
+            logger.info(
+                "whole-graph capture failed on data-dependent Python; splitting the model at graph breaks"
+            )
+        else:
             return False
-        logger.info(
-            "whole-graph capture failed on data-dependent Python; splitting the model at graph breaks"
-        )
         logger.debug("the whole-graph capture's error", exc_info=error)
         self._train_through_graph_breaks()
         return True

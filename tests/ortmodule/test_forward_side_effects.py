@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import random
 
+import numpy as np
 import pytest
 import torch
 from _parity import assert_same_state
@@ -230,3 +232,79 @@ def test_pruning_hooks_stay_in_the_captured_graph() -> None:
         assert _step(wrapped, x) == pytest.approx(_step(eager, x), rel=1e-5)
         assert_same_state(wrapped, eager)
     assert wrapped._ortrain_graph_breaks is None and len(wrapped._ortrain_graphs) == 1
+
+
+class _LayerDrop(nn.Module):
+    """Stochastic depth drawn with Python's ``random``, a scale with NumPy's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(4)])
+        self.gain = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * self.gain
+        for layer in self.layers:
+            if self.training and random.random() < 0.5:
+                continue
+            x = x + torch.tanh(layer(x))
+        return (x * float(np.random.uniform(0.5, 2.0))).pow(2).mean()
+
+
+def test_python_random_draws_in_forward_happen_at_every_step_as_in_eager() -> None:
+    """The trace's one draw was repeated at every step (the same layers dropped each time, one
+    NumPy scale), and capturing advanced the user's generators."""
+    torch.manual_seed(0)
+    eager = _LayerDrop()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(3, 4)
+    losses = []
+    for step in range(5):
+        for module in (eager, wrapped):
+            random.seed(step)
+            np.random.seed(step)
+            losses.append(module(x))
+            losses[-1].backward()
+            after = (random.random(), np.random.rand())  # the generators moved as eagerly
+        random.seed(step)
+        np.random.seed(step)
+        eager(x)
+        assert after == (random.random(), np.random.rand())
+        torch.testing.assert_close(losses[-1], losses[-2])
+        for p, q in zip(wrapped.parameters(), eager.parameters(), strict=True):
+            assert (p.grad is None) == (q.grad is None)
+            if p.grad is not None:
+                torch.testing.assert_close(p.grad, q.grad)
+            p.grad = q.grad = None
+    assert len({round(loss.item(), 6) for loss in losses}) > 2  # the draws did change the path
+    assert wrapped._ortrain_graph_breaks is not None
+
+
+class _Statistics(nn.Module):
+    """A Python float updated and a list appended to at every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.running = 0.0
+        self.history: list[float] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        self.history.append(round(h.detach().abs().mean().item(), 4))
+        self.running = 0.9 * self.running + 0.1 * float(h.detach().abs().mean())
+        return (h / (1.0 + self.running)).pow(2).mean()
+
+
+def test_python_side_effects_happen_once_a_step_when_the_model_goes_to_graph_breaks() -> None:
+    """On the step that switched to graph breaks, the forward ran three times (the failed trace,
+    an eager check, TorchDynamo): the running float moved twice, the list kept a traced SymFloat."""
+    torch.manual_seed(0)
+    eager = _Statistics()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for _ in range(4):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(_step(wrapped, x), _step(eager, x))
+        assert wrapped.running == pytest.approx(eager.running, rel=1e-6)
+    assert wrapped.history == pytest.approx(eager.history, abs=1e-4)
+    assert all(type(v) is float for v in wrapped.history)
