@@ -257,6 +257,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.take.default] = gathers.take
     table[aten.index_reduce.default] = gathers.index_reduce
     table[aten.mish_backward.default] = math_ops.mish_backward
+    table[aten._weight_norm_interface_backward.default] = math_ops.weight_norm_interface_backward
     table[aten.hypot.default] = math_ops.hypot
     table[aten.erfinv.default] = math_ops.erfinv
     table[aten.cumprod.default] = math_ops.cumprod

@@ -290,6 +290,19 @@ def mish_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return grad * (tanh_softplus + x * torch.sigmoid(x) * (1 - tanh_softplus * tanh_softplus))
 
 
+def weight_norm_interface_backward(
+    grad_w: torch.Tensor, v: torch.Tensor, g: torch.Tensor, norms: torch.Tensor, dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of ``w = v * g / ||v||`` (the norm over every dim but ``dim``), as PyTorch's
+    kernel computes them: ``s = sum(grad_w * v)``, ``grad_g = s / ||v||``,
+    ``grad_v = g / ||v|| * (grad_w - v * s / ||v||²)``. (``weight_norm``, also Wav2Vec2's
+    positional convolution, had no translation.)"""
+    dims = [d for d in range(v.dim()) if d != dim % v.dim()]
+    sums = (grad_w * v).sum(dims, keepdim=True) if dims else grad_w * v
+    grad_v = (g / norms) * (grad_w - v * (sums / (norms * norms)))
+    return grad_v, (sums / norms).reshape(g.shape)
+
+
 def trilinear(
     i1: torch.Tensor,
     i2: torch.Tensor,

@@ -183,9 +183,12 @@ def graph_breaks_reported(report: Callable[[str, int, str], None]) -> Iterator[N
 
 
 def hooks_guarded() -> contextlib.AbstractContextManager[None]:
-    """Dynamo guards on the modules' hooks meanwhile: by default it does not, and a forward hook
-    added or removed after compiling would be ignored (the graphs of the old hooks run on)."""
-    return torch._dynamo.config.patch(skip_nnmodule_hook_guards=False)
+    """TorchDynamo as eager as it can be, meanwhile: it guards on the modules' hooks (by default it
+    does not, and a forward hook added or removed after compiling would be ignored: the graphs of
+    the old hooks run on), and ``numpy.random`` inside a compiled frame draws from NumPy's own
+    generator (by default from PyTorch's: SpecAugment's masks in Wav2Vec2 and Whisper were other
+    masks than eager's under the same seeds, losses off by 0.07)."""
+    return torch._dynamo.config.patch(skip_nnmodule_hook_guards=False, use_numpy_random_stream=True)
 
 
 def source_line(file: str, line: int) -> str:

@@ -580,6 +580,15 @@ class ORTModule(nn.Module):
             gc.collect()
             release_freed_memory()
         sizes = captured.input_sizes(inputs, aliased=any(a >= 0 for a in key.aliasing))
+        pinned = [
+            f"input {i} dim {d}" for i, dims in dynamic.items() for d in dims if sizes[i][d] is not None
+        ]
+        if pinned:
+            logger.info(
+                "the model's Python fixed sizes the capture left open (%s: a len(), a loop or a Python int "
+                "of a size); the graph holds for these sizes only, and each new one captures again",
+                ", ".join(pinned),
+            )
         binding = binding_order(self._ortrain_module, captured.state_names, prefix="module")
         if self._ortrain_inspector.enabled:
             self._ortrain_inspector.attach(captured, device)

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from ortrain.capture.pytree_nodes import flatten_registered, unflatten_registered
+from ortrain.capture.huggingface import layered_cache, rebuilt_cache
+from ortrain.capture.pytree_nodes import NodeContext, flatten_registered, unflatten_registered
 from ortrain.ortmodule.fallback import ORTModuleIOError
 
 _CONSTANT_TYPES = (type(None), bool, int, float, str, torch.dtype, torch.device, enum.Enum)
@@ -119,6 +120,18 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
                     f"(in {_describe(where)})"
                 )
         return ("dict", type(value), keys, tuple(_flatten(value[k], tensors, _child(where, k)) for k in keys))
+    layered = layered_cache(value)
+    if layered is not None:
+        attributes, layers = layered
+        layer_specs = tuple(
+            (
+                layer_type,
+                tuple(state),
+                tuple(_flatten(v, tensors, _child(where, k)) for k, v in state.items()),
+            )
+            for layer_type, state in layers
+        )
+        return ("layered_cache", type(value), NodeContext(attributes), layer_specs)
     registered = flatten_registered(value)
     if registered is not None:
         children, context = registered
@@ -164,6 +177,13 @@ def _unflatten(spec: Spec, take: Callable[[], Any]) -> Any:
     if kind == "dict":
         _, cls, keys, children = spec
         return cls((k, _unflatten(c, take)) for k, c in zip(keys, children, strict=True))
+    if kind == "layered_cache":
+        _, cls, attributes, layer_specs = spec
+        layers = [
+            (layer_type, {k: _unflatten(c, take) for k, c in zip(names, children, strict=True)})
+            for layer_type, names, children in layer_specs
+        ]
+        return rebuilt_cache(cls, dict(attributes.value), layers)
     if kind == "pytree":
         _, cls, context, children = spec
         return unflatten_registered(cls, context, [_unflatten(c, take) for c in children])

@@ -577,3 +577,16 @@ def test_unfold_and_its_backward_on_an_empty_batch_are_zeros_of_the_right_shape(
     assert pooling.im2col(x, *args).shape == columns.shape == (0, 12, 6)
     assert pooling.col2im(columns, [5, 6], *args).shape == aten.col2im(columns, [5, 6], *args).shape
     assert pooling.im2col(torch.randn(1, 2, 5, 6), *args) is NotImplemented
+
+
+@pytest.mark.parametrize(("shape", "dim"), [((6, 3, 5), 0), ((6, 3, 5), 2), ((4, 7), 0), ((4, 7), 1)])
+def test_weight_norm_backward_matches_native(shape: tuple[int, ...], dim: int) -> None:
+    torch.manual_seed(0)
+    v = torch.randn(shape, dtype=torch.float64)
+    g = torch.randn([n if d == dim else 1 for d, n in enumerate(shape)], dtype=torch.float64)
+    w, norms = aten._weight_norm_interface(v, g, dim)
+    grad_w = torch.randn_like(w)
+    want = aten._weight_norm_interface_backward(grad_w, v, g, norms, dim)
+    got = math_ops.weight_norm_interface_backward(grad_w, v, g, norms, dim)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)

@@ -4,13 +4,17 @@ run in PyTorch but what it runs by design)."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
+import pytest
 import torch
 from _parity import assert_same_state, train_side_by_side
 from torch import nn
 from torch.nn import functional as F
+
+from ortrain import ORTModule
 
 
 class _PairsMerged(nn.Module):
@@ -131,3 +135,40 @@ def test_numpy_in_forward_trains_through_graph_breaks() -> None:
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected))
     assert_same_state(wrapped, eager, atol=1e-5)
     assert wrapped._ortrain_graph_breaks is not None
+
+
+class _WeightNormalized(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 4, 3, padding=1), dim=2)
+        self.old = nn.utils.parametrizations.weight_norm(nn.Linear(4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.old(self.conv(x).transpose(1, 2)).pow(2).mean()
+
+
+def test_weight_norm_trains_in_onnxruntime() -> None:
+    """``_weight_norm_interface_backward`` had no translation (Wav2Vec2's positional convolution)."""
+    torch.manual_seed(0)
+    batches = [torch.randn(2, 4, 6) for _ in range(3)]
+    losses, expected, eager, wrapped = train_side_by_side(_WeightNormalized(), batches, lambda m, x: m(x))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected))
+    assert_same_state(wrapped, eager, atol=1e-5)
+
+
+class _CountsRows(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).sum() / len(x)  # len() makes the size a Python int
+
+
+def test_a_size_the_model_fixes_is_named_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    model = ORTModule(_CountsRows())
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for rows in (2, 3, 5):
+            model(torch.randn(rows, 4)).backward()
+    assert any("fixed sizes the capture left open (input 0 dim 0" in r.getMessage() for r in caplog.records)
+    assert len([e for entries in model._ortrain_graphs.values() for e in entries]) == 3
