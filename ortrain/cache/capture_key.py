@@ -6,10 +6,12 @@ without tracing, everything that could change what the trace produces. It is del
 conservative: anything it cannot describe makes the capture uncacheable (the export cache still
 serves), and anything that might matter is in it, so a miss is the usual price of a doubt:
 
-- the model: every submodule's class, its plain and config-like attributes (described
-  recursively: a Hugging Face ``config`` object is read attribute by attribute), every
-  parameter's, buffer's and tensor attribute's name, dtype, device, shape, ``requires_grad`` and
-  tying, the training flags, and the code of every hook;
+- the model: every submodule's class and the plain values set on its own classes
+  (``Net.SCALE = ...`` at start-up), its plain and config-like attributes (described
+  recursively: a Hugging Face ``config`` object is read attribute by attribute; a function
+  attribute by its code, closure and default arguments, a bound method with the object it is
+  bound to), every parameter's, buffer's and tensor attribute's name, dtype, device, shape,
+  ``requires_grad`` and tying, the training flags, and the code of every hook;
 - the code: the bytes of every Python file loaded from outside the standard library and
   site-packages (the training script, the user's own packages, editable installs), the name and
   version of every installed distribution (for the code in site-packages), and ortrain's own
@@ -91,11 +93,38 @@ def _describe_callable(fn: Any) -> Any:
             raise Undescribable(f"callable {target!r}")
         return {"builtin": f"{getattr(target, '__module__', '')}.{name}"}
     closure = [describe(c.cell_contents) for c in (target.__closure__ or ())]
-    return {
+    described = {
         "function": f"{target.__module__}.{target.__qualname__}",
         "code": _code_digest(code),
         "closure": closure,
+        # ``lambda h, s=cfg["slope"]: ...``: a default is a value the call uses.
+        "defaults": describe(target.__defaults__ or ()),
+        "kwdefaults": describe(dict(sorted((target.__kwdefaults__ or {}).items()))),
     }
+    owner = getattr(fn, "__self__", None)
+    if isinstance(fn, types.MethodType) and owner is not None:
+        # ``Scaler(s).apply``: the object it is bound to is state the call reads. A module's own
+        # method reads the module, which the key describes where the module is in the model.
+        described["self"] = (
+            ["module", f"{type(owner).__module__}.{type(owner).__qualname__}"]
+            if isinstance(owner, nn.Module)
+            else describe(owner)
+        )
+    return described
+
+
+def _class_attributes(cls: type) -> dict[str, Any]:
+    """Plain values set on a module's own classes (``Net.SCALE = cfg["scale"]`` at start-up): the
+    forward reads them as it reads the module's attributes. PyTorch's and other libraries'
+    classes hold constants of their code, which the versions in the key cover."""
+    found: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        if klass.__module__.startswith(("torch.", "builtins")):
+            continue
+        for name, value in vars(klass).items():
+            if not name.startswith("__") and isinstance(value, (*_PLAIN, tuple, list, dict, frozenset)):
+                found[name] = value
+    return {name: describe(value) for name, value in sorted(found.items())}
 
 
 def describe(value: Any, depth: int = 0) -> Any:
@@ -202,6 +231,7 @@ def describe_model(root: nn.Module, *, depth: int = 0, by_value: bool = False) -
             {
                 "name": name,
                 "class": f"{cls.__module__}.{cls.__qualname__}",
+                "class attributes": _class_attributes(cls),
                 "attributes": attributes,
                 "parameters": [_tensor(seen, f"{name}.{n}", p, by_value) for n, p in m._parameters.items()],
                 "buffers": [_tensor(seen, f"{name}.{n}", b, by_value) for n, b in m._buffers.items()],

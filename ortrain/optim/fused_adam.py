@@ -195,11 +195,47 @@ class FusedAdam(torch.optim.Optimizer):
                     continue
             _torch_fused_adam(ps, gs, ms, vs, hyper)
 
+    def _group_from(self, group: dict[str, Any], state: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+        """A saved parameter group as FusedAdam's: ``torch.optim.AdamW``'s (a Trainer resumed with
+        another ``optim``) lacks ``bias_correction`` (a KeyError at the next step) and counts steps
+        per parameter, FusedAdam per group."""
+        group = {**self.defaults, **group}
+        if "step" not in group:
+            steps = _steps_of(group, state)
+            if len(steps) > 1:
+                logger.warning(
+                    "the loaded state counts steps per parameter (%s); FusedAdam keeps one count per "
+                    "parameter group and continues from the largest",
+                    sorted(steps),
+                )
+            group["step"] = max(steps, default=0)
+        return group
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's form, plus each parameter's ``step`` (its group's) and the group's weight-decay
+        convention as torch's Adam names it: ``torch.optim.AdamW`` (a resumed HF Trainer run
+        switched from ``adamw_ort_fused`` to ``adamw_torch``) raised ``KeyError: 'step'`` without
+        the one, and decayed as L2 regularization without the other."""
+        saved = super().state_dict()
+        for group in saved["param_groups"]:
+            # torch's Adam reads its convention from the group (AdamW is Adam with it True); a
+            # group without it decays as L2 regularization. ADAMW_TRANSFORMERS has no torch twin.
+            if self.adam_w_mode != AdamWMode.ADAMW_TRANSFORMERS:
+                group["decoupled_weight_decay"] = self.adam_w_mode == AdamWMode.ADAMW_TORCH
+            for pid in group["params"]:
+                if pid in saved["state"]:
+                    saved["state"][pid] = {**saved["state"][pid], "step": torch.tensor(float(group["step"]))}
+        return saved
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # torch.optim.Optimizer.load_state_dict casts floating state to the parameter's dtype, which
         # would round our fp32 moments of fp16/bf16 parameters to fp16: restore them at full precision.
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         saved_state = state_dict["state"]
+        state_dict = {
+            **state_dict,
+            "param_groups": [self._group_from(g, saved_state) for g in state_dict["param_groups"]],
+        }
         super().load_state_dict(state_dict)
         params = [p for g in self.param_groups for p in g["params"]]
         for pid, p in zip(saved_ids, params, strict=True):
@@ -210,6 +246,10 @@ class FusedAdam(torch.optim.Optimizer):
                     self.state[p][key] = value.to(device=p.device, dtype=state_dtype_for(p.dtype), copy=True)
         for group in self.param_groups:
             group.setdefault("step", 0)
+
+
+def _steps_of(group: dict[str, Any], state: dict[Any, dict[str, Any]]) -> set[int]:
+    return {int(state[pid]["step"]) for pid in group["params"] if "step" in state.get(pid, {})}
 
 
 def _step_mismatched_layout(p: Tensor, g: Tensor, m: Tensor, v: Tensor, h: _Hyper) -> None:

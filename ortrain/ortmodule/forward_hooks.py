@@ -30,14 +30,29 @@ def _is_users(hook: Any) -> bool:
     return not home.startswith(_LIBRARIES)
 
 
+# Full backward (pre-)hooks of submodules too: a graph traced with them ran them once, on traced
+# gradients (a hook logging gradient norms saw one FunctionalTensor); one that only changes the
+# gradient is differentiated correctly, one with side effects is not.
+_BACKWARD_HOOK_DICTS = ("_backward_pre_hooks", "_backward_hooks")
+
+
 def user_forward_hooks(root: nn.Module) -> list[str]:
-    """Where the user's forward (pre-)hooks are: submodule paths, and 'every module' for global ones."""
+    """Where the user's forward (pre-)hooks and submodules' backward hooks are: submodule paths, and
+    'every module' for global ones."""
     places = []
-    if any(_is_users(h) for h in torch_module._global_forward_pre_hooks.values()) or any(
-        _is_users(h) for h in torch_module._global_forward_hooks.values()
-    ):
+    global_hooks = (
+        torch_module._global_forward_pre_hooks,
+        torch_module._global_forward_hooks,
+        torch_module._global_backward_pre_hooks,
+        torch_module._global_backward_hooks,
+    )
+    if any(_is_users(h) for hooks in global_hooks for h in hooks.values()):
         places.append("every module (a global hook)")
     for name, module in root.named_modules():
-        if any(_is_users(h) for attr in FORWARD_HOOK_DICTS for h in getattr(module, attr).values()):
+        if any(
+            _is_users(h)
+            for attr in (*FORWARD_HOOK_DICTS, *_BACKWARD_HOOK_DICTS)
+            for h in getattr(module, attr).values()
+        ):
             places.append(name or type(root).__name__)
     return places

@@ -93,6 +93,16 @@ _OWN_ATTRIBUTES = frozenset(
 )
 
 
+# How nn.Module calls the wrapper itself, set by code that wraps or hooks the wrapper: an instance
+# ``forward`` (accelerate's mixed precision, the HF Trainer's bf16=True, sets ``forward`` and
+# ``_original_forward``), ``register_full_backward_hook``'s flag, ``Module.compile()``'s compiled
+# call. Passed to the wrapped module, each made that module call the wrapper again (a capture that
+# recursed until it crashed) or left the wrapper's own hooks unread (a backward hook never ran).
+_CALL_ATTRIBUTES = frozenset(
+    {"forward", "_original_forward", "_is_full_backward_hook", "_compiled_call_impl"}
+)
+
+
 class _FlatCall(nn.Module):
     """The wrapped module seen as a function of flat tensors returning a tuple of tensors."""
 
@@ -250,7 +260,8 @@ class ORTModule(nn.Module):
     def __setattr__(self, name: str, value: Any) -> None:
         # DeepSpeed ZeRO-3's hooks keep their bookkeeping on the module they hook, the wrapper:
         # its state, not the model's, so it neither reaches the wrapped module nor drops the graphs.
-        if name in _OWN_ATTRIBUTES or is_deepspeed_hook_state(name):
+        # So do the calls of the wrapper itself (see _CALL_ATTRIBUTES).
+        if name in _OWN_ATTRIBUTES or name in _CALL_ATTRIBUTES or is_deepspeed_hook_state(name):
             object.__setattr__(self, name, value)
             return
         setattr(self._ortrain_module, name, value)

@@ -214,3 +214,39 @@ def test_undescribable_attribute_is_not_cached() -> None:
     model = _Block()
     model.lock = __import__("threading").Lock()
     assert _key(model) is None
+
+
+class _Scaler:
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+
+class _WithCallables(nn.Module):
+    SCALE = 1.0  # set from a config at start-up, as scripts do
+
+    def __init__(self, slope: float, factor: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.act = lambda h, s=slope: torch.nn.functional.leaky_relu(h, s)
+        self.post = _Scaler(factor).apply
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.post(self.act(self.fc(x))) * self.SCALE
+
+
+def test_state_behind_callables_and_class_attributes_misses() -> None:
+    """A default argument of a function attribute, the object a method attribute is bound to, and
+    a class attribute set at start-up were not keyed: a later process with other values loaded the
+    first one's capture and trained with its numbers (losses 1.023 where eager gave 1.064)."""
+    reference = _key(_WithCallables(0.01, 1.0))
+    assert reference is not None and _key(_WithCallables(0.01, 1.0)) == reference
+    assert _key(_WithCallables(0.5, 1.0)) != reference
+    assert _key(_WithCallables(0.01, 3.0)) != reference
+    try:
+        _WithCallables.SCALE = 2.0
+        assert _key(_WithCallables(0.01, 1.0)) != reference
+    finally:
+        _WithCallables.SCALE = 1.0

@@ -251,3 +251,37 @@ def test_gradient_laid_out_unlike_its_param(dtype: torch.dtype) -> None:
         p.grad = grad.clone()
         FusedAdam([p], **HYPER).step()
     assert torch.equal(contiguous, strided)
+
+
+def _adamw_steps(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], steps: int, seed: int) -> None:
+    torch.manual_seed(seed)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        optimizer.step()
+
+
+@pytest.mark.parametrize("first", ["torch", "fused"])
+def test_state_moves_between_fused_adam_and_torch_adamw(first: str) -> None:
+    """A Trainer resumed with the other ``optim``: torch AdamW's state lacked FusedAdam's group keys
+    (KeyError 'bias_correction' at the next step) and FusedAdam's lacked AdamW's per-parameter
+    ``step`` (KeyError 'step' on load). Both now continue as one optimizer would have."""
+    torch.manual_seed(0)
+    start = [torch.randn(5, 3), torch.randn(3)]
+    make = {
+        "torch": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, eps=1e-8),
+        "fused": lambda ps: FusedAdam(
+            ps, lr=1e-2, weight_decay=0.1, eps=1e-8, adam_w_mode=AdamWMode.ADAMW_TORCH
+        ),
+    }
+    second = "fused" if first == "torch" else "torch"
+    reference = [p.clone() for p in start]
+    optimizer = make[first](reference)
+    _adamw_steps(optimizer, reference, 3, seed=1)
+    moved = [p.clone() for p in reference]
+    resumed = make[second](moved)
+    resumed.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # as if read back from a file
+    _adamw_steps(optimizer, reference, 2, seed=2)
+    _adamw_steps(resumed, moved, 2, seed=2)
+    for a, b in zip(moved, reference, strict=True):
+        torch.testing.assert_close(a, b)

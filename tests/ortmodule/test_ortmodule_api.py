@@ -384,3 +384,35 @@ def test_apply_reaches_the_wrapped_model_itself() -> None:
     seen: list[type] = []
     assert wrapped.apply(lambda m: seen.append(type(m))) is wrapped
     assert seen == [nn.Linear, _Scaled]
+
+
+def test_code_that_wraps_the_wrapper_keeps_its_changes_on_the_wrapper() -> None:
+    """accelerate's mixed precision (the HF Trainer's bf16=True) sets an instance ``forward`` on the
+    model it prepares, and ``register_full_backward_hook`` sets a flag: passed to the wrapped
+    module, the first made it call the wrapper again (a capture recursing until the process
+    crashed), the second left the wrapper's backward hook unread (never called)."""
+    torch.manual_seed(0)
+    inner = nn.Linear(4, 2)
+    wrapped = ORTModule(inner)
+    original = wrapped.forward
+    wrapped.forward = lambda *args, **kwargs: original(*args, **kwargs) * 2  # type: ignore[method-assign]
+    calls = []
+    wrapped.register_full_backward_hook(lambda module, grad_in, grad_out: calls.append(grad_out[0].shape))
+    x = torch.randn(3, 4)
+    for _ in range(3):
+        out = wrapped(x)
+        out.sum().backward()
+    torch.testing.assert_close(out, inner(x) * 2)
+    assert "forward" not in vars(inner) and calls == [torch.Size([3, 2])] * 3
+
+
+def test_a_backward_hook_on_a_submodule_runs_at_every_backward() -> None:
+    """A graph traced with it ran the hook once, while tracing, on a FunctionalTensor."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    seen: list[type] = []
+    model[2].register_full_backward_hook(lambda module, grad_in, grad_out: seen.append(type(grad_out[0])))
+    wrapped = ORTModule(model)
+    for _ in range(3):
+        wrapped(torch.randn(3, 4)).sum().backward()
+    assert seen == [torch.Tensor] * 3
