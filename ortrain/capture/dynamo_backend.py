@@ -68,11 +68,15 @@ def aot_backend(
             # which torch.export, inside the ONNX exporter, trips over ("Attempting to use
             # FunctionalTensor on its own"): hand over a plain GraphModule of the same graph.
             plain = torch.fx.GraphModule(graph, graph.graph)
+            scalars = _scalar_inputs(plain)
             carried = carry_free_sizes(plain)
             with COMPILE_LOCK:
                 runner = with_carriers(_in_fresh_thread(lambda: compile_graph(plain, tag, number)), carried)
 
             def run(args: list[Any]) -> list[Any]:
+                for position, dtype in scalars:
+                    if args[position].dtype != dtype:
+                        args[position] = args[position].to(dtype)
                 return runner(args)
 
             run._boxed_call = True  # type: ignore[attr-defined]
@@ -180,6 +184,18 @@ def graph_breaks_reported(report: Callable[[str, int, str], None]) -> Iterator[N
             lg.removeHandler(handler)
             lg.setLevel(level)
             lg.propagate = propagate
+
+
+def _scalar_inputs(graph: torch.fx.GraphModule) -> list[tuple[int, torch.dtype]]:
+    """0-d tensor inputs and the dtype the graph was traced with. A Python float that changes
+    between calls (``random.uniform(0.5, 2)``) is a 0-d input that Dynamo traces as float32 and
+    passes as float64, which ONNX Runtime refuses ("Unexpected input data type")."""
+    placeholders = graph.graph.find_nodes(op="placeholder")
+    return [
+        (position, value.dtype)
+        for position, node in enumerate(placeholders)
+        if isinstance(value := node.meta.get("val"), torch.Tensor) and value.dim() == 0
+    ]
 
 
 def hooks_guarded() -> contextlib.AbstractContextManager[None]:

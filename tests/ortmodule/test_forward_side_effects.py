@@ -308,3 +308,29 @@ def test_python_side_effects_happen_once_a_step_when_the_model_goes_to_graph_bre
         assert wrapped.running == pytest.approx(eager.running, rel=1e-6)
     assert wrapped.history == pytest.approx(eager.history, abs=1e-4)
     assert all(type(v) is float for v in wrapped.history)
+
+
+class _RandomScale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.linear(x) * random.uniform(0.5, 2.0)).pow(2).mean()
+
+
+def test_a_random_python_float_in_forward_matches_eager() -> None:
+    """From its second value the float is a 0-d input of TorchDynamo's graph, traced as float32
+    and passed as float64: ONNX Runtime refused it ("Unexpected input data type")."""
+    torch.manual_seed(0)
+    eager = _RandomScale()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(3, 4)
+    for step in range(3):
+        losses = []
+        for module in (eager, wrapped):
+            random.seed(step)
+            losses.append(module(x))
+            losses[-1].backward()
+        torch.testing.assert_close(losses[1], losses[0])
+        torch.testing.assert_close(wrapped.linear.weight.grad, eager.linear.weight.grad)
