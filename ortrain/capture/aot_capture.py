@@ -60,11 +60,6 @@ class GraphSlot:
             return self.graph(*args)
         return self.runner(args)
 
-    @property
-    def placeholder_values(self) -> list[Any]:
-        """The fake values (tensors with possibly symbolic sizes, or SymInts) each input takes."""
-        return [n.meta.get("val") for n in self.graph.graph.nodes if n.op == "placeholder"]
-
 
 def _fixed_size(size: int | torch.SymInt) -> int | None:
     if isinstance(size, int):

@@ -148,6 +148,11 @@ class GraphKey(NamedTuple):
     # captured for ``m(b, b)`` treats the two as one tensor and must not run distinct ones.
     aliasing: tuple[int, ...] = ()
 
+    @property
+    def inputs_alias(self) -> bool:
+        """Whether two of the call's inputs share storage."""
+        return any(first >= 0 for first in self.aliasing)
+
 
 @dataclass
 class _CompiledEntry:
@@ -451,7 +456,7 @@ class ORTModule(nn.Module):
             if changes:
                 return self._after_a_capture_changed_the_model(changes, args, kwargs)
             object.__setattr__(self, "_ortrain_changed_by_capture", False)
-            if call.lifted and unread_lifted_inputs(call, entry.capture, any(a >= 0 for a in key.aliasing)):
+            if call.lifted and unread_lifted_inputs(call, entry.capture, key.inputs_alias):
                 self._ortrain_scalars.refuse(call, why="unread")
                 return self._run_on_ort(args, kwargs)
             cache.add(key, entry, reason)
@@ -590,7 +595,7 @@ class ORTModule(nn.Module):
         if exports_run() != exports_before:
             gc.collect()
             release_freed_memory()
-        sizes = captured.input_sizes(inputs, aliased=any(a >= 0 for a in key.aliasing))
+        sizes = captured.input_sizes(inputs, aliased=key.inputs_alias)
         pinned = [
             f"input {i} dim {d}" for i, dims in dynamic.items() for d in dims if sizes[i][d] is not None
         ]
