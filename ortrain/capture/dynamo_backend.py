@@ -32,7 +32,6 @@ from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import UnsupportedFunctionError
-from ortrain.capture.size_carriers import carry_free_sizes, with_carriers
 from ortrain.capture.tracing_context import tracing_context
 
 logger = logging.getLogger("ortrain.capture")
@@ -67,11 +66,12 @@ def aot_backend(
             # Dynamo's graph module carries Dynamo's own state along (its class and attributes),
             # which torch.export, inside the ONNX exporter, trips over ("Attempting to use
             # FunctionalTensor on its own"): hand over a plain GraphModule of the same graph.
+            # (Integer inputs no tensor has as a size are carried where a region goes to ONNX
+            # Runtime: ortrain.capture.size_carriers, applied by the exporter.)
             plain = torch.fx.GraphModule(graph, graph.graph)
             scalars = _scalar_inputs(plain)
-            carried = carry_free_sizes(plain)
             with COMPILE_LOCK:
-                runner = with_carriers(_in_fresh_thread(lambda: compile_graph(plain, tag, number)), carried)
+                runner = _in_fresh_thread(lambda: compile_graph(plain, tag, number))
 
             def run(args: list[Any]) -> list[Any]:
                 for position, dtype in scalars:

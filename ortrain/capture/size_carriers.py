@@ -4,20 +4,18 @@ After a graph break on ``.tolist()`` or ``.item()``, the Python numbers flow int
 as symbolic integer inputs (once Dynamo saw them change); a backward graph takes the sizes its
 forward saved (``T``, where only ``(T - T % 2) // 2`` is a tensor's size). ONNX inputs are
 tensors, and the exporter derives every size symbol from an input tensor's shape; a symbol that
-is no tensor's size cannot be exported. So each such input ``n`` becomes a tensor input of shape ``(0, n)``
-(no elements, nothing to copy) and its uses read ``sym_size(carrier, 1)``; the runner builds the
-carrier from the number at each call.
+is no tensor's size cannot be exported. So, in each graph the exporter translates, each such
+input ``n`` becomes a tensor input of shape ``(0, n)`` (no elements, nothing to copy) and its uses
+read ``sym_size(carrier, 1)``; the ONNX Runtime executor builds the carrier from the number at
+each call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-
-GraphRunner = Callable[[list[Any]], list[Any]]
 
 
 def carry_free_sizes(gm: torch.fx.GraphModule) -> list[int]:
@@ -80,17 +78,6 @@ def fake_mode_of(placeholders: list[torch.fx.Node]) -> FakeTensorMode | None:
         ):
             return FakeTensorMode(shape_env=value.node.shape_env)
     return None
-
-
-def with_carriers(runner: GraphRunner, positions: list[int]) -> GraphRunner:
-    """A runner that takes the graph's original inputs: numbers at ``positions``."""
-    if not positions:
-        return runner
-
-    def run(args: list[Any]) -> list[Any]:
-        return runner(carried(args, positions))
-
-    return run
 
 
 def carried(args: list[Any], positions: list[int]) -> list[Any]:
