@@ -244,8 +244,6 @@ class FusedAdam(torch.optim.Optimizer):
             for key, value in saved_state[pid].items():
                 if isinstance(value, Tensor) and value.is_floating_point():
                     self.state[p][key] = value.to(device=p.device, dtype=state_dtype_for(p.dtype), copy=True)
-        for group in self.param_groups:
-            group.setdefault("step", 0)
 
 
 def _steps_of(group: dict[str, Any], state: dict[Any, dict[str, Any]]) -> set[int]:

@@ -9,9 +9,9 @@ captured graph never repeats Python side effects, so such a change would happen 
 :class:`ModuleSnapshot` records each submodule's attributes (and the contents of its tables:
 parameters, buffers, submodules, hooks, and the user's lists and dicts) before a capture;
 :meth:`ModuleSnapshot.restore` puts them back and says what the capture had changed, in the
-model's names. What ORTModule does with a
-change is its business (``ortmodule.py``: that step runs in PyTorch, so the change happens once
-with real tensors; a model that changes at every call trains through TorchDynamo's graph breaks).
+model's names. What ORTModule does with a change is its business (``ortmodule.py``: that step runs
+in PyTorch, so the change happens once with real tensors; a model that changes at every call
+trains through TorchDynamo's graph breaks).
 """
 
 from __future__ import annotations
