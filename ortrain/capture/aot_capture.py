@@ -241,7 +241,8 @@ def capture(
         stack.enter_context(tracing_context())
         stack.enter_context(tensor_attributes_as_buffers(module))
         stack.enter_context(annotate_module_paths(module))
-        stack.enter_context(function_overrides())  # ctc_loss: see capture/function_overrides.py
+        # ctc_loss, recurrent layers: see capture/function_overrides.py
+        stack.enter_context(function_overrides(recurrent_as_python_ops=opaque_functions))
         stack.enter_context(cumulative_batch_norm_traceable())
         regions = CheckpointRegions(as_python_ops=checkpoint_ops and opaque_functions)
         stack.enter_context(regions.patched())

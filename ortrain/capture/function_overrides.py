@@ -17,19 +17,19 @@ from torch.overrides import TorchFunctionMode
 
 from ortrain.capture.decompositions_ctc import ctc_loss_function
 from ortrain.capture.decompositions_rnn import recurrent_overrides
+from ortrain.capture.recurrent_layers import recurrent_python_ops
 
 
-def _overrides() -> dict[Callable[..., Any], Callable[..., Any]]:
-    return {
-        torch.nn.functional.ctc_loss: ctc_loss_function,
-        **recurrent_overrides(),
-    }
+def _overrides(recurrent_as_python_ops: bool) -> dict[Callable[..., Any], Callable[..., Any]]:
+    unrolled = recurrent_overrides()
+    recurrent = recurrent_python_ops(unrolled) if recurrent_as_python_ops else unrolled
+    return {torch.nn.functional.ctc_loss: ctc_loss_function, **recurrent}
 
 
 class _Overrides(TorchFunctionMode):
-    def __init__(self) -> None:
+    def __init__(self, recurrent_as_python_ops: bool) -> None:
         super().__init__()
-        self.table = _overrides()
+        self.table = _overrides(recurrent_as_python_ops)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -42,6 +42,8 @@ class _Overrides(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def function_overrides() -> Iterator[None]:
-    with _Overrides():
+def function_overrides(*, recurrent_as_python_ops: bool) -> Iterator[None]:
+    """``recurrent_as_python_ops``: recurrent layers over padded batches run as one opaque op each
+    (:mod:`ortrain.capture.recurrent_layers`); otherwise, and for packed sequences, unrolled."""
+    with _Overrides(recurrent_as_python_ops):
         yield

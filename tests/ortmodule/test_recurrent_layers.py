@@ -1,18 +1,25 @@
-"""nn.LSTM / nn.GRU / nn.RNN train on ONNX Runtime, unrolled while capturing."""
+"""nn.LSTM / nn.GRU / nn.RNN: one opaque op run by PyTorch's kernel, or unrolled into ONNX Runtime
+when Functions are traced (ORTMODULE_ENABLE_CUSTOM_AUTOGRAD=0)."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 from _parity import assert_same_state, runs_whole_in_onnxruntime, train_side_by_side
+from test_custom_autograd_function import python_op_counts
 from torch import nn
+
+from ortrain import ORTModule
+from ortrain.capture.python_ops import iter_python_op_nodes, lookup_call
 
 
 class _Tagger(nn.Module):
     def __init__(self, kind: type[nn.RNNBase], **options: object) -> None:
         super().__init__()
         self.rnn = kind(6, 8, batch_first=True, **options)
-        width = 16 if options.get("bidirectional") else 8
+        width = (options.get("proj_size") or 8) * (2 if options.get("bidirectional") else 1)
         self.head = nn.Linear(width, 3)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -20,16 +27,33 @@ class _Tagger(nn.Module):
         return nn.functional.cross_entropy(self.head(out).flatten(0, 1), labels.flatten())
 
 
-@pytest.mark.parametrize(
-    ("kind", "options"),
-    [(nn.LSTM, {"num_layers": 2, "bidirectional": True}), (nn.GRU, {}), (nn.RNN, {"nonlinearity": "relu"})],
-    ids=["lstm-2-layers-bidirectional", "gru", "rnn-relu"],
-)
-def test_recurrent_layers_train_like_eager_in_onnxruntime(kind: type[nn.RNNBase], options: dict) -> None:
-    """On the CPU they ran as oneDNN's mkldnn_rnn_layer: no ONNX translation, and between ONNX
-    Runtime regions an undefined workspace AOTAutograd refused; worse, the flat weights the layer
-    rebuilds when a capture swaps its parameters looked like a model that changes at every call,
-    which sent it to TorchDynamo and so, whole, to eager PyTorch."""
+KINDS = [
+    (nn.LSTM, {"num_layers": 2, "bidirectional": True}),
+    (nn.LSTM, {"proj_size": 5}),
+    (nn.GRU, {}),
+    (nn.RNN, {"nonlinearity": "relu"}),
+]
+KIND_IDS = ["lstm-2-layers-bidirectional", "lstm-projections", "gru", "rnn-relu"]
+
+
+def _graph_sizes(wrapped) -> list[tuple[int, ...]]:
+    return sorted(entry.sizes[0] for entries in wrapped._ortrain_graphs.values() for entry in entries)
+
+
+def _python_op_names(wrapped) -> list[str]:
+    return sorted(
+        lookup_call(int(node.args[1])).func_name
+        for entries in wrapped._ortrain_graphs.values()
+        for entry in entries
+        for node in iter_python_op_nodes(entry.capture.forward.graph.graph)
+    )
+
+
+@pytest.mark.parametrize(("kind", "options"), KINDS, ids=KIND_IDS)
+def test_recurrent_layers_train_like_eager_as_one_pytorch_op(kind: type[nn.RNNBase], options: dict) -> None:
+    """Each layer is one python op running PyTorch's own kernel, the rest in ONNX Runtime. Unrolled
+    (until wave 15), a 2-layer LSTM over 64 steps took ≈ 30 s to capture per sequence length and
+    its step 2.7× eager's."""
     torch.manual_seed(0)
     batches = [(torch.randn(2, 5, 6), torch.randint(0, 3, (2, 5))) for _ in range(3)]
     model = _Tagger(kind, **options)
@@ -37,20 +61,93 @@ def test_recurrent_layers_train_like_eager_in_onnxruntime(kind: type[nn.RNNBase]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
     assert_same_state(wrapped, eager, atol=1e-5)
     assert wrapped._ortrain_graph_breaks is None
+    assert python_op_counts(wrapped) == [(1, 1)]
+    name = _OP_NAMES[kind, options.get("nonlinearity")]
+    assert _python_op_names(wrapped) == [f"ortrain.capture.recurrent_layers.{name}"]
+
+
+_OP_NAMES = {(nn.LSTM, None): "LSTM", (nn.GRU, None): "GRU", (nn.RNN, "relu"): "RNNReLU"}
+
+
+def test_one_dynamic_capture_serves_every_sequence_length() -> None:
+    """The op states its output shape from its input's, so the graph captured with symbolic sizes
+    holds for any length: two captures for five lengths (unrolled, one capture a length)."""
+    torch.manual_seed(0)
+    batches = [(torch.randn(2, n, 6), torch.randint(0, 3, (2, n))) for n in (4, 5, 7, 9, 3)]
+    model = _Tagger(nn.LSTM, num_layers=2)
+    losses, expected, eager, wrapped = train_side_by_side(model, batches, lambda m, b: m(*b))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    assert_same_state(wrapped, eager, atol=1e-5)
+    assert sum(len(entries) for entries in wrapped._ortrain_graphs.values()) == 2
+
+
+class _Seq2Seq(nn.Module):
+    """Sequence-first LSTM fed its initial states, returning the final ones too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(6, 8, num_layers=2, dropout=0.4)
+        self.head = nn.Linear(8, 6)
+
+    def forward(self, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out, (h, c) = self.rnn(x, (h0, c0))
+        return self.head(out), h, c
+
+
+def test_initial_states_dropout_between_layers_and_eval() -> None:
+    """Dropout between layers draws from PyTorch's generator at run time, as eager does: under the
+    same seed, the same masks. Gradients reach the initial states; eval() turns dropout off."""
+    torch.manual_seed(0)
+    model = _Seq2Seq()
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    for step, length in enumerate((5, 5, 7)):
+        x = torch.randn(length, 3, 6)
+        h0 = torch.randn(2, 3, 8, requires_grad=True)
+        c0 = torch.randn(2, 3, 8, requires_grad=True)
+        results = []
+        for module in (wrapped, eager):
+            module.zero_grad()
+            states = (h0.detach().requires_grad_(), c0.detach().requires_grad_())
+            torch.manual_seed(100 + step)
+            out, h, c = module(x, *states)
+            (out.square().mean() + h.sum() + c.mean()).backward()
+            results.append([out, h, c, *(s.grad for s in states), *(p.grad for p in module.parameters())])
+        for got, want in zip(*results, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    wrapped.eval()
+    eager.eval()
+    with torch.no_grad():
+        x = torch.randn(4, 3, 6)
+        h0, c0 = torch.zeros(2, 3, 8), torch.zeros(2, 3, 8)
+        for got, want in zip(wrapped(x, h0, c0), eager(x, h0, c0), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_traced_functions_unroll_into_onnxruntime(monkeypatch) -> None:
+    """ORTMODULE_ENABLE_CUSTOM_AUTOGRAD=0 traces every Function and unrolls recurrent layers: the
+    whole graph runs in ONNX Runtime."""
+    monkeypatch.setenv("ORTMODULE_ENABLE_CUSTOM_AUTOGRAD", "0")
+    torch.manual_seed(0)
+    batches = [(torch.randn(2, 5, 6), torch.randint(0, 3, (2, 5))) for _ in range(2)]
+    model = _Tagger(nn.LSTM, num_layers=2, bidirectional=True)
+    losses, expected, eager, wrapped = train_side_by_side(model, batches, lambda m, b: m(*b))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    assert_same_state(wrapped, eager, atol=1e-5)
     runners = [runner for _, runner in wrapped.graph_runners()]
     assert len(runners) == 2 and all(runs_whole_in_onnxruntime(r) for r in runners)
 
 
-def test_a_new_sequence_length_after_the_dynamic_capture_captures_again() -> None:
+def test_unrolled_a_new_sequence_length_after_the_dynamic_capture_captures_again(monkeypatch) -> None:
     """Unrolling loops over the sequence, which pins the length traced with symbolic sizes to the
     one it was traced at (a guard AOTAutograd keeps as a replaced symbol, not as an expression):
     the graph was taken for any length, and the third length failed in ONNX Runtime ("cannot be
     reshaped", 2 × 5 rows baked in)."""
+    monkeypatch.setenv("ORTMODULE_ENABLE_CUSTOM_AUTOGRAD", "0")
     torch.manual_seed(0)
     batches = [(torch.randn(2, n, 6), torch.randint(0, 3, (2, n))) for n in (4, 5, 7, 5)]
     model = _Tagger(nn.GRU)
     losses, expected, eager, wrapped = train_side_by_side(model, batches, lambda m, b: m(*b))
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
     assert_same_state(wrapped, eager, atol=1e-5)
-    sizes = sorted(entry.sizes[0] for entries in wrapped._ortrain_graphs.values() for entry in entries)
-    assert sizes == [(2, 4, 6), (2, 5, 6), (2, 7, 6)]  # one graph a length; 5 again reuses its own
+    assert _graph_sizes(wrapped) == [(2, 4, 6), (2, 5, 6), (2, 7, 6)]  # one graph a length; 5 reuses its own
