@@ -6,8 +6,9 @@ that drift in machine load hits all competitors alike, and the table reports med
 
 Models: ``mlp``, ``gpt`` (a tiny GPT, next-token loss), ``gpt-softmax`` (the same GPT with
 attention spelled out: matmul, mask, softmax, matmul), ``sft`` (the tiny GPT with half of the
-labels ``-100``, as in supervised fine-tuning where the prompt is not scored), or a user's
-``module:factory``. The factory takes no argument and returns ``(model, batch)``: ``batch`` is a
+labels ``-100``, as in supervised fine-tuning where the prompt is not scored), ``lstm`` (a
+2-layer LSTM tagger), ``cnn`` (a small ResNet on 32 × 32 images), or a user's ``module:factory``.
+The factory takes no argument and returns ``(model, batch)``: ``batch`` is a
 tuple of positional arguments or a dict of keyword arguments, and ``model(*batch)`` /
 ``model(**batch)`` returns the loss (a scalar tensor, or an object with a ``loss`` attribute or key).
 
@@ -42,12 +43,14 @@ logger = logging.getLogger("ortrain.bench")
 
 COMPETITORS = ("eager", "compile", "ortrain")
 COMPETITOR_LABELS = {"eager": "eager", "compile": "torch.compile", "ortrain": "ortrain"}
-BUILTIN_MODELS = ("mlp", "gpt", "gpt-softmax", "sft")
+BUILTIN_MODELS = ("mlp", "gpt", "gpt-softmax", "sft", "lstm", "cnn")
 MODEL_LABELS = {
     "mlp": "MLP",
     "gpt": "tiny GPT",
     "gpt-softmax": "GPT, spelled-out attention",
     "sft": "SFT GPT",
+    "lstm": "LSTM tagger",
+    "cnn": "small ResNet",
 }
 # ortrain's steps before the timed ones may include op tuning; it ends within this many.
 MAX_TUNING_STEPS = 60
@@ -68,12 +71,17 @@ class ModelSizes:
     gpt_seq: int = 128
     gpt_batch: int = 8
     gpt_vocab: int = 8000
+    lstm_width: int = 256
+    lstm_seq: int = 64
+    lstm_batch: int = 16
+    cnn_width: int = 32
+    cnn_batch: int = 32
 
 
 FULL = ModelSizes()
 QUICK = ModelSizes(
     mlp_width=64, mlp_layers=2, mlp_batch=8, gpt_layers=1, gpt_d_model=32, gpt_heads=2, gpt_seq=16,
-    gpt_batch=2, gpt_vocab=100,
+    gpt_batch=2, gpt_vocab=100, lstm_width=16, lstm_seq=6, lstm_batch=2, cnn_width=4, cnn_batch=2,
 )  # fmt: skip
 
 
@@ -134,6 +142,17 @@ def build_model(name: str, sizes: ModelSizes = FULL) -> tuple[nn.Module, Batch]:
         if name == "sft":
             targets[:, : sizes.gpt_seq // 2] = -100  # the prompt half is not scored
         return TinyGPTLoss(TinyGPT(config)), (idx, targets)
+    if name == "lstm":
+        from ortrain.models.lstm_tagger import LSTMTagger
+
+        tokens = torch.randint(0, 1000, (sizes.lstm_batch, sizes.lstm_seq))
+        tags = torch.randint(0, 20, (sizes.lstm_batch, sizes.lstm_seq))
+        return LSTMTagger(width=sizes.lstm_width), (tokens, tags)
+    if name == "cnn":
+        from ortrain.models.small_resnet import SmallResNet
+
+        images = torch.randn(sizes.cnn_batch, 3, 32, 32)
+        return SmallResNet(sizes.cnn_width), (images, torch.randint(0, 10, (sizes.cnn_batch,)))
     if ":" not in name:
         known = ", ".join(BUILTIN_MODELS)
         raise ValueError(f"unknown model {name!r}: use one of {known}, or module:factory")

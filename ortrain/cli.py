@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     bench.add_argument(
         "--models",
-        help="comma-separated: mlp, gpt, sft (half the labels -100), or module:factory returning "
-        "(model, batch) where model(*batch) returns the loss (default: mlp,gpt,sft; mlp with --quick)",
+        help="comma-separated: mlp, gpt, gpt-softmax, sft (half the labels -100), lstm, cnn, or "
+        "module:factory returning (model, batch) where model(*batch) returns the loss "
+        "(default: mlp,gpt,sft; mlp with --quick)",
     )
     bench.add_argument("--steps", type=int, help="timed steps after the first (default 20; 3 with --quick)")
     bench.add_argument(

@@ -104,3 +104,25 @@ def test_ortrain_breakdown_names_onnx_operators(tmp_path: Path) -> None:
     assert {"onnxruntime MatMul", "onnxruntime Softmax"} <= set(breakdown)
     assert all(ms >= 0 for ms in breakdown.values())
     assert list(tmp_path.glob("ortrain_session*.json"))  # ONNX Runtime's own profiles
+
+
+@pytest.mark.parametrize("name", ["lstm", "cnn"])
+def test_lstm_and_cnn_models_train_under_ortrain_like_eager(name: str) -> None:
+    import copy
+
+    from ortrain import ORTModule
+
+    model, batch = bench.build_model(name, bench.QUICK)
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    losses: dict[str, list[float]] = {"eager": [], "ortrain": []}
+    for label, module in (("eager", eager), ("ortrain", wrapped)):
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+        for _ in range(3):
+            optimizer.zero_grad()
+            loss = module(*batch)
+            loss.backward()
+            optimizer.step()
+            losses[label].append(loss.item())
+    torch.testing.assert_close(losses["ortrain"], losses["eager"], rtol=1e-4, atol=1e-5)
+    assert losses["eager"][-1] < losses["eager"][0]
