@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ortrain.passes.linear_cross_entropy import linear_cross_entropy
+
 logger = logging.getLogger("ortrain.inspector")
 
 aten = torch.ops.aten
@@ -41,12 +43,16 @@ _PASS_THROUGH = {
     aten.index_select.default,
     aten.alias.default,
 }
-_LOSSES = {
-    aten.cross_entropy_loss.default: (4, -100),
-    aten.nll_loss_nd.default: (4, -100),
-    aten.nll_loss.default: (4, -100),
-    aten.nll_loss_forward.default: (4, -100),
-    aten.nll_loss2d.default: (4, -100),
+# loss -> (position of its labels, position of ignore_index, its default)
+_LOSSES: dict[object, tuple[int, int, int]] = {
+    aten.cross_entropy_loss.default: (1, 4, -100),
+    aten.nll_loss_nd.default: (1, 4, -100),
+    aten.nll_loss.default: (1, 4, -100),
+    aten.nll_loss_forward.default: (1, 4, -100),
+    aten.nll_loss2d.default: (1, 4, -100),
+    # The LM head fused with its loss (ORTMODULE_FUSE_LINEAR_CROSS_ENTROPY, on by default): the
+    # trace holds it in place of cross_entropy. Wave 15: its labels went unseen.
+    linear_cross_entropy: (4, 6, -100),
 }
 
 
@@ -94,11 +100,11 @@ def find_density_sources(
             if index is not None and isinstance(padding_idx, int) and padding_idx >= 0:
                 sources.append(DensitySource(index, "embedding", padding_idx))
         elif node.target in _LOSSES:
-            position, default = _LOSSES[node.target]
+            labels, position, default = _LOSSES[node.target]
             ignore_index = (
                 node.args[position] if len(node.args) > position else node.kwargs.get("ignore_index", default)
             )
-            index = _source_input(node.args[1], inputs)
+            index = _source_input(node.args[labels], inputs)
             if index is not None and isinstance(ignore_index, int):
                 sources.append(DensitySource(index, "label", ignore_index))
     return list(dict.fromkeys(sources))

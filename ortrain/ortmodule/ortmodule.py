@@ -47,6 +47,7 @@ from ortrain.ortmodule.guards import (
     read_state,
 )
 from ortrain.ortmodule.inactive_options import announce_inactive_options
+from ortrain.ortmodule.log_output import configure_log_output
 from ortrain.ortmodule.module_snapshot import ModuleSnapshot
 from ortrain.ortmodule.nested_state_dict import load_wrapped_model
 from ortrain.ortmodule.options import (
@@ -219,7 +220,10 @@ class ORTModule(nn.Module):
         object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
         object.__setattr__(self, "_ortrain_graph_breaks", None)
         object.__setattr__(self, "_ortrain_changed_by_capture", False)
-        logging.getLogger("ortrain").setLevel(python_log_level(debug.log_level))
+        configure_log_output(
+            python_log_level(debug.log_level),
+            inspector_prints=options.print_input_density or options.print_memory_stats,
+        )
         register_hf_cache_types()
         self.training = module.training
         self._init_inspector(options)
