@@ -90,6 +90,9 @@ class Capture:
     size_guards: SizeGuards = field(default_factory=lambda: SizeGuards(None))
     # The inputs the forward writes into (``x.add_(1)``), by position among the call's inputs.
     mutated_inputs: frozenset[int] = frozenset()
+    # Parameters and buffers without elements that the forward writes into: it sizes them on first
+    # use (a per-channel quantization observer's min/max), which its fake trace cannot show.
+    sized_on_first_use: tuple[str, ...] = ()
 
     def input_placeholders(self, inputs: Sequence[torch.Tensor], aliased: bool) -> list[torch.fx.Node] | None:
         """The forward graph's placeholder of each of the call's inputs, in order; None where the
@@ -286,6 +289,13 @@ def capture(
     state_names = list(joint.params_spec) + list(joint.buffers_spec)
     user_inputs = joint._aot_state.fw_metadata.input_info[len(state_names) :]
     mutated = frozenset(i for i, info in enumerate(user_inputs) if info.mutates_data)
+    state_args = joint._aot_state.flat_args[: len(state_names)]
+    state_info = joint._aot_state.fw_metadata.input_info[: len(state_names)]
+    sized_on_first_use = tuple(
+        name
+        for name, arg, info in zip(state_names, state_args, state_info, strict=True)
+        if info.mutates_data and isinstance(arg, torch.Tensor) and arg.numel() == 0
+    )
     if "forward" not in slots:
         raise RuntimeError("AOTAutograd produced no forward graph")
     if training and "backward" not in slots:
@@ -302,6 +312,7 @@ def capture(
         package_entry=entries[0] if entries and not call_ids and not _calls_python(slots) else None,
         size_guards=SizeGuards.of(example) if dynamic_dims else SizeGuards(None),
         mutated_inputs=mutated,
+        sized_on_first_use=sized_on_first_use,
     )
     # The python ops' records live as long as the graphs that name them.
     weakref.finalize(captured, release_calls, call_ids)

@@ -34,4 +34,7 @@ def run_eagerly_leaving_no_trace(module: nn.Module, args: tuple[Any, ...], kwarg
         with torch.no_grad():
             for m, name, buffer, copy in saved:
                 m._buffers[name] = buffer  # the same tensor object, in case forward replaced it
-                buffer.copy_(copy)
+                if buffer.shape == copy.shape:
+                    buffer.copy_(copy)
+                else:  # resized by the forward (a quantization observer's first call)
+                    buffer.set_(copy)

@@ -104,6 +104,14 @@ _CALL_ATTRIBUTES = frozenset(
 )
 
 
+class _SizedOnFirstUse(Exception):
+    """The capture writes state that has no elements yet: the forward sizes it on first use."""
+
+    def __init__(self, changes: list[str]) -> None:
+        super().__init__("; ".join(changes))
+        self.changes = changes
+
+
 class _FlatCall(nn.Module):
     """The wrapped module seen as a function of flat tensors returning a tuple of tensors."""
 
@@ -443,6 +451,8 @@ class ORTModule(nn.Module):
                     entry = self._compile(key, call.inputs, cache.group(key), state)
                 finally:
                     changes = snapshot.restore()  # tracing must not leave fake values behind
+            except _SizedOnFirstUse as sized:
+                return self._after_a_capture_changed_the_model(sized.changes, args, kwargs)
             except Exception:
                 if changes:  # the traces saw each other's changes (fake values of another trace)
                     logger.debug("the capture that changed the model failed", exc_info=True)
@@ -667,6 +677,15 @@ class ORTModule(nn.Module):
             raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
         if flat_module.output_spec is None:
             raise ORTModuleTorchModelException("capture did not run the model's forward")
+        if captured.sized_on_first_use:
+            # Its trace kept the empty shape where the real forward makes a new one (a per-channel
+            # observer's min/max): neither run nor stored, like a capture that changed the model.
+            raise _SizedOnFirstUse(
+                [
+                    f"'{name.removeprefix('module.')}' has no elements and the forward writes it"
+                    for name in captured.sized_on_first_use
+                ]
+            )
         return captured, flat_module.output_spec
 
     def _capture_key(

@@ -125,6 +125,36 @@ def test_a_lazy_layer_is_initialized_by_a_real_step() -> None:
     assert_same_state(wrapped, eager)
 
 
+def test_observers_that_size_their_buffers_on_first_use_train_as_eager(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Quantization-aware training with per-channel observers (``get_default_qat_qconfig("x86")``):
+    their min/max buffers start empty and the first forward sizes them, which a fake trace keeps
+    empty. The captured graph failed to write them back ("output with shape [1] doesn't match the
+    broadcast shape [3]"), and the eager check that followed crashed restoring them, leaving the
+    observers changed. Now that step runs in PyTorch, like a lazy layer's, and the next captures."""
+    quantization = pytest.importorskip("torch.ao.quantization")
+    # The fused observer op has no ONNX translation: PyTorch runs it, as the default policy allows.
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_ONNX_MODEL")
+
+    def qat_model() -> nn.Module:
+        torch.manual_seed(0)
+        model = _SquareMean(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))).train()
+        model.qconfig = quantization.get_default_qat_qconfig("x86")
+        return quantization.prepare_qat(model)
+
+    model, eager = qat_model(), qat_model()
+    assert any(b.numel() == 0 for b in model.buffers())
+    wrapped = ORTModule(model)
+    torch.manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(5, 4)
+        assert _step(wrapped, x) == pytest.approx(_step(eager, x), rel=1e-5)
+        assert_same_state(wrapped, eager)
+    assert len(wrapped._ortrain_graphs) == 1  # steps 2 and 3 ran a captured graph
+    assert wrapped._ortrain_graph_breaks is None
+
+
 class _MovingAverage(nn.Module):
     """Assigns its buffer a new tensor at each training step (an EMA, a VQ codebook), and keeps
     the last activation in a plain attribute, as feature-logging code does."""
@@ -180,8 +210,12 @@ def test_a_buffer_assigned_another_shape_is_refused_with_what_to_do() -> None:
 
 
 class _SquareMean(nn.Module):
+    def __init__(self, inner: nn.Module | None = None) -> None:
+        super().__init__()
+        self.inner = inner if inner is not None else nn.Identity()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.square().mean()
+        return self.inner(x).square().mean()
 
 
 def _two_layers() -> nn.Module:
