@@ -10,6 +10,11 @@
   does not set it, so without this a library takes its *eager* path while being traced: it hits
   a data-dependent error, or a kernel whose fake implementation rejects the dtype at hand
   ("Expected inputs of BF16 type" for a float32 model). torch.export sets the same flag.
+- ``capturing()`` answers ``True`` on the capturing thread: an ``ORTModule`` met inside the
+  model being captured (a wrapped submodule, or a wrapper wrapped again) then runs its model's
+  forward into the outer graph instead of capturing and running graphs of its own on traced
+  values (wave 15: "invalid python storage" under ``FALLBACK_DISABLE``; otherwise the inner
+  wrapper fell back to PyTorch for good and the outer failed at every step).
 - Fake tensors' "failed while attempting to run meta" tracebacks stay out of the user's stderr:
   a capture that fails is handled (the user's own error from eager PyTorch for bad inputs, the
   fallback policy otherwise, the capture's error at DEBUG), and a wrong input shape printed
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -55,9 +61,27 @@ def meta_failures_unlogged() -> Iterator[None]:
         fake_logger.removeFilter(quiet)
 
 
+_thread = threading.local()
+
+
+def capturing() -> bool:
+    """Whether this thread is inside an ortrain capture."""
+    return getattr(_thread, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def _counted() -> Iterator[None]:
+    _thread.depth = getattr(_thread, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _thread.depth -= 1
+
+
 @contextlib.contextmanager
 def tracing_context() -> Iterator[None]:
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_counted())
         stack.enter_context(attention_kernel_choice())
         stack.enter_context(hf_masks_traceable())
         stack.enter_context(reports_compiling())

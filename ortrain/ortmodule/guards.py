@@ -103,6 +103,10 @@ def read_state(root: nn.Module) -> ModelState:
     stack: list[nn.Module] = [root]
     while stack:
         m = stack.pop()
+        # An ORTModule inside the model (or the model itself wrapped twice) lists its model's
+        # modules in its own place (its named_modules), and a capture traces into them.
+        while "_ortrain_module" in m.__dict__:
+            m = m.__dict__["_ortrain_module"]
         attributes = m.__dict__
         # One pass over the attributes for the plain values and the tensor attributes (the
         # guard's cost is this walk: ≈ 5 µs a module).

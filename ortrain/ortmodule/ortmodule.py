@@ -24,6 +24,7 @@ from ortrain.capture.functorch_transforms import functorch_transform_active
 from ortrain.capture.huggingface import register_hf_cache_types
 from ortrain.capture.lazy_recompile import graph_modules_compiled_on_first_call
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
+from ortrain.capture.tracing_context import capturing
 from ortrain.inspector.runtime_inspector import RuntimeInspector
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
 from ortrain.ortmodule.create_graph import watch_for_create_graph
@@ -409,6 +410,8 @@ class ORTModule(nn.Module):
             return self._ortrain_module(*args, **kwargs)
         if functorch_transform_active():
             _warn_once_under_transforms()
+            return self._ortrain_module(*args, **kwargs)
+        if capturing():  # inside the model another capture traces: part of its graph
             return self._ortrain_module(*args, **kwargs)
         try:
             zero3 = zero3_parameters(self._ortrain_module)
