@@ -24,6 +24,7 @@ from ortrain.capture.functorch_transforms import functorch_transform_active
 from ortrain.capture.huggingface import register_hf_cache_types
 from ortrain.capture.lazy_recompile import graph_modules_compiled_on_first_call
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
+from ortrain.capture.parametrization_cache import parametrizations_cached
 from ortrain.capture.tracing_context import capturing
 from ortrain.inspector.runtime_inspector import RuntimeInspector
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
@@ -413,6 +414,9 @@ class ORTModule(nn.Module):
             return self._ortrain_module(*args, **kwargs)
         if capturing():  # inside the model another capture traces: part of its graph
             return self._ortrain_module(*args, **kwargs)
+        if parametrizations_cached(self._ortrain_module):
+            _info_once_under_parametrization_cache()
+            return self._ortrain_module(*args, **kwargs)
         try:
             zero3 = zero3_parameters(self._ortrain_module)
             if not zero3:
@@ -781,6 +785,14 @@ class ORTModule(nn.Module):
 def _first_few(items: list[str], most: int, separator: str) -> str:
     more = f"{separator}and {len(items) - most} more" if len(items) > most else ""
     return separator.join(items[:most]) + more
+
+
+@functools.cache
+def _info_once_under_parametrization_cache() -> None:
+    logger.info(
+        "ORTModule runs the model in PyTorch inside torch.nn.utils.parametrize.cached(), which "
+        "computes each parametrized tensor once for the whole block; calls outside it run on the graphs"
+    )
 
 
 @functools.cache
