@@ -3,10 +3,8 @@
 Each entry is here for a measured reason (see DESIGN.md):
 - ``nll_loss_forward``: onnxscript returns a fake ``total_weight`` of 1, so gradients come out
   too large by the number of targets.
-- ``_native_batch_norm_legit_functional``: onnxscript hard-codes inference mode, so train-mode
-  BatchNorm would export without error but wrong.
-- ``native_batch_norm_backward``, ``silu_backward``, ``convolution_backward`` (plain and
-  transposed): no ONNX translation.
+- ``silu_backward``: no ONNX translation. (``convolution_backward`` and training-mode batch norm
+  are decomposed when a region is exported: :mod:`ortrain.capture.late_decompositions`.)
 - pooling (``decompositions_pooling``), elementwise and distance ops (``decompositions_math``),
   ``embedding_bag`` (``decompositions_embedding``), losses and the NLL gradient
   (``decompositions_losses``), the
@@ -188,17 +186,11 @@ def _first_of(*decompositions: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
-    table = get_decompositions(
-        [
-            aten.nll_loss_forward,
-            aten._native_batch_norm_legit_functional,
-            aten.native_batch_norm_backward,
-            aten.silu_backward,
-        ]
-    )
+    # Convolution backward and training-mode batch norm are decomposed at export instead
+    # (ortrain.capture.late_decompositions): PyTorch runs them as its own kernels.
+    table = get_decompositions([aten.nll_loss_forward, aten.silu_backward])
     table.update(indexing.scalar_indexing_table())
     table[aten.scatter_reduce.two] = _first_of(table[aten.scatter_reduce.two], gathers.scatter_reduce_mean)
-    table[aten.convolution_backward.default] = convolution_backward
     table[aten._adaptive_avg_pool2d_backward.default] = pooling.adaptive_avg_pool2d_backward
     table[aten.avg_pool2d.default] = pooling.avg_pool2d
     table[aten.avg_pool3d.default] = pooling.avg_pool3d

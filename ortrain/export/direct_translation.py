@@ -37,7 +37,9 @@ import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
+from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.fake_tracing import copy_before, trace_on_values
+from ortrain.capture.late_decompositions import decomposed_for_export, late_decompositions
 from ortrain.export.exporter_decompositions import (
     node_needs_decomposition,
     onnx_decomposition_table,
@@ -62,6 +64,7 @@ def translate(gm: torch.fx.GraphModule, *, opset_version: int) -> Any:
         raise Unsupported(f"opset {opset_version} is below torchlib's {_constants.TORCHLIB_OPSET}")
     registry = torchlib_registry(opset_version)
     inline_math_forms(gm)
+    decompose_late_ops(gm)
     _decompose_untranslated(gm, translated_operators(registry), lambda: onnx_decomposition_table(registry)[1])
     insert_type_promotion_nodes(gm)
     gm = _fx_passes.remove_assertion_nodes(gm)
@@ -127,6 +130,22 @@ def _renamed_in_order(traced: torch.fx.GraphModule) -> torch.fx.GraphModule:
         copies[node] = graph.create_node(node.op, node.target, args, kwargs, name)  # type: ignore[arg-type]
         copies[node].meta = dict(node.meta)
     return torch.fx.GraphModule(traced, graph)
+
+
+def decompose_late_ops(gm: torch.fx.GraphModule) -> None:
+    """Inline ortrain's decomposition of each operator that captures keep whole for PyTorch's
+    kernels (:mod:`ortrain.capture.late_decompositions`), as the capture used to, for ONNX."""
+    late = [n for n in gm.graph.nodes if decomposed_for_export(n)]
+    if not late:
+        return
+    # The capture's table too: the inner operators decompose as they did inside a capture.
+    table = {**decomposition_table(), **late_decompositions()}
+    traces: dict[Any, torch.fx.GraphModule] = {}
+    for node in late:
+        call = _DecompositionCall(node)
+        _inline(gm.graph, node, _shared_trace(call, traces, lambda c: c.trace(table)), call.inputs)
+    gm.graph.lint()
+    gm.recompile()
 
 
 def _needs_decomposition(node: torch.fx.Node, translated: set[Any]) -> bool:

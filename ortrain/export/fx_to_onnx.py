@@ -396,6 +396,11 @@ def _translate(
         direct_translation.inline_math_forms(gm)
     except NoMathForm as error:
         raise ExportError(str(error)) from error
+    try:
+        # torch.onnx would translate training-mode batch norm as inference: never let it see one.
+        direct_translation.decompose_late_ops(gm)
+    except Exception as error:
+        raise ExportError(f"cannot decompose {type(error).__name__}: {error}") from error
     examples, dynamic = _example_inputs(placeholders)
     compile_now(gm)
     try:

@@ -17,6 +17,8 @@ from typing import Any
 import onnx
 import torch
 
+from ortrain.capture.late_decompositions import LATE_OPS
+
 logger = logging.getLogger("ortrain.export")
 
 # Python-level operators on sizes that torch.onnx translates itself (dynamic shapes).
@@ -118,6 +120,8 @@ def has_onnx_translation(target: Any) -> bool:
     one can tell before exporting) through a decomposition."""
     if target in _SYMBOLIC or target is torch.ops.aten.sym_size.int:
         return True
+    if target in LATE_OPS:  # decomposed by ortrain before the export
+        return True
     if target in _incomplete_translations():
         return False
     return _registered(target) or target in _decomposed()
@@ -128,7 +132,7 @@ def decomposed_at_export(target: Any) -> bool:
     the decomposition's nodes, not of the FX node."""
     # The registry first: a model whose operators all translate never lists torch's
     # decompositions (0.1-0.3 s).
-    return not _registered(target) and target in _decomposed()
+    return target in LATE_OPS or (not _registered(target) and target in _decomposed())
 
 
 _FX_NODE = re.compile(r"^%(\S+) :")

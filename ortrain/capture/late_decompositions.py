@@ -1,0 +1,64 @@
+"""Operators a capture keeps whole, for PyTorch's fused kernels, and the export decomposes.
+
+``convolution_backward`` and training-mode batch norm (``_native_batch_norm_legit_functional``
+and ``native_batch_norm_backward``) have no correct ONNX translation (none for the backwards;
+onnxscript's batch norm hard-codes inference mode), so until wave 15 every capture decomposed
+them: a convolution's gradients into two convolutions with permuted operands, batch norm into a
+dozen elementwise ops. Where op tuning placed those graphs in PyTorch (every graph of the small
+ResNet benchmark), PyTorch ran the decomposed form instead of oneDNN's convolution backward and
+its one-pass batch norm kernels: 1.76× eager's step. Now the graphs keep the operators, the torch
+executor runs PyTorch's kernels, and the export (:mod:`ortrain.export.direct_translation`)
+inlines these decompositions, traced on each node's values, before translating a region for
+ONNX Runtime, which therefore gets the same ONNX as before.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._decomp import get_decompositions
+
+from ortrain.capture.decompositions import convolution_backward
+
+aten = torch.ops.aten
+
+LATE_OPS = frozenset(
+    {
+        aten.convolution_backward.default,
+        aten._native_batch_norm_legit_functional.default,
+        aten.native_batch_norm_backward.default,
+    }
+)
+
+
+def late_decompositions() -> dict[Any, Callable[..., Any]]:
+    table = get_decompositions([aten._native_batch_norm_legit_functional, aten.native_batch_norm_backward])
+    table[aten.convolution_backward.default] = convolution_backward
+    table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_without_statistics
+    return table
+
+
+def _batch_norm_without_statistics(*args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eval-mode batch norm as PyTorch's kernel returns it: the normalized input and two empty
+    "saved statistics" (its backward reads the running ones); torch's own decomposition returns
+    the running statistics there, which disagrees with the op's shapes."""
+    (decomposition,) = get_decompositions([aten._native_batch_norm_legit_no_training]).values()
+    output = decomposition(*args)[0]
+    return output, output.new_zeros((0,)), output.new_zeros((0,))
+
+
+def decomposed_for_export(node: torch.fx.Node) -> bool:
+    """Whether the export decomposes ``node`` with :func:`late_decompositions`. Also eval-mode
+    batch norm whose saved statistics are read (a model in eval() that still trains): onnxscript
+    returns them with the channels' size where PyTorch's are empty, and the backward graph's
+    session refused the forward's outputs."""
+    if node.op != "call_function":
+        return False
+    if node.target in LATE_OPS:
+        return True
+    return node.target is aten._native_batch_norm_legit_no_training.default and any(
+        user.target is operator.getitem and user.args[1] != 0 for user in node.users
+    )

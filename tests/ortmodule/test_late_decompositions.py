@@ -1,0 +1,61 @@
+"""Convolution backward and training-mode batch norm: one node each in the captured graphs (PyTorch
+runs its fused kernels there), decomposed for ONNX Runtime when a region is exported."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from _parity import assert_same_state, runs_whole_in_onnxruntime
+from torch import nn
+
+from ortrain import ORTModule
+from ortrain.capture.late_decompositions import LATE_OPS
+from ortrain.export.fx_to_onnx import export_graph
+
+
+class _ConvNet(nn.Module):
+    def __init__(self, transposed: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False)
+        self.norm = nn.BatchNorm2d(8)
+        self.up = nn.ConvTranspose2d(8, 4, 2, stride=2) if transposed else nn.Conv2d(8, 4, 1)
+        self.norm1d = nn.BatchNorm1d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(torch.relu(self.norm(self.conv(x))))
+        return self.norm1d(h.mean((2, 3))).square().mean()
+
+
+def _targets(graph: torch.fx.GraphModule) -> set[object]:
+    return {n.target for n in graph.graph.nodes if n.op == "call_function"}
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "conv-transposed"])
+def test_kept_whole_in_the_graphs_and_decomposed_for_onnxruntime(transposed: bool) -> None:
+    torch.manual_seed(0)
+    model = _ConvNet(transposed)
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    for module in (wrapped, eager):
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+        torch.manual_seed(1)
+        for _ in range(3):
+            optimizer.zero_grad()
+            module(torch.randn(4, 3, 9, 9)).backward()
+            optimizer.step()
+    assert_same_state(wrapped, eager, atol=1e-4)  # running statistics included
+    ((entry,),) = list(wrapped._ortrain_graphs.values())
+    forward, backward = entry.capture.forward, entry.capture.backward
+    assert backward is not None
+    assert _targets(forward.graph) & LATE_OPS == {torch.ops.aten._native_batch_norm_legit_functional.default}
+    assert _targets(backward.graph) >= {
+        torch.ops.aten.convolution_backward.default,
+        torch.ops.aten.native_batch_norm_backward.default,
+    }
+    # op tuning is off in the tests: ONNX Runtime ran both graphs, from their decomposed exports.
+    assert runs_whole_in_onnxruntime(forward.runner) and runs_whole_in_onnxruntime(backward.runner)
+    # onnxscript would translate the forward's batch norm in inference mode: it is decomposed first.
+    exported = export_graph(forward.graph, opset_version=18)
+    assert "BatchNormalization" not in {node.op_type for node in exported.model.graph.node}
