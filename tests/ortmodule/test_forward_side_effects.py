@@ -29,6 +29,14 @@ def _step(module: nn.Module, x: torch.Tensor) -> float:
     return loss.item()
 
 
+def _three_steps_alike(wrapped: nn.Module, eager: nn.Module) -> None:
+    torch.manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(5, 4)
+        assert _step(wrapped, x) == pytest.approx(_step(eager, x), rel=1e-5)
+        assert_same_state(wrapped, eager)
+
+
 class _RotaryCache(nn.Module):
     """Fills a position table on first use and grows it for longer sequences, as rotary
     embeddings of several Hugging Face models did (``self.cos_cached``, ``max_seq_len_cached``)."""
@@ -146,11 +154,7 @@ def test_observers_that_size_their_buffers_on_first_use_train_as_eager(
     model, eager = qat_model(), qat_model()
     assert any(b.numel() == 0 for b in model.buffers())
     wrapped = ORTModule(model)
-    torch.manual_seed(1)
-    for _ in range(3):
-        x = torch.randn(5, 4)
-        assert _step(wrapped, x) == pytest.approx(_step(eager, x), rel=1e-5)
-        assert_same_state(wrapped, eager)
+    _three_steps_alike(wrapped, eager)
     assert len(wrapped._ortrain_graphs) == 1  # steps 2 and 3 ran a captured graph
     assert wrapped._ortrain_graph_breaks is None
 
@@ -261,11 +265,7 @@ def test_pruning_hooks_stay_in_the_captured_graph() -> None:
         torch.manual_seed(2)
         prune.random_unstructured(module[0], "weight", amount=0.5)
     wrapped = ORTModule(model)
-    torch.manual_seed(1)
-    for _ in range(3):
-        x = torch.randn(5, 4)
-        assert _step(wrapped, x) == pytest.approx(_step(eager, x), rel=1e-5)
-        assert_same_state(wrapped, eager)
+    _three_steps_alike(wrapped, eager)
     assert wrapped._ortrain_graph_breaks is None and len(wrapped._ortrain_graphs) == 1
 
 
