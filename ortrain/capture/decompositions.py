@@ -3,8 +3,9 @@
 Each entry is here for a measured reason (see DESIGN.md):
 - ``nll_loss_forward``: onnxscript returns a fake ``total_weight`` of 1, so gradients come out
   too large by the number of targets.
-- ``silu_backward``: no ONNX translation. (``convolution_backward`` and training-mode batch norm
-  are decomposed when a region is exported: :mod:`ortrain.capture.late_decompositions`.)
+- (``convolution_backward``, training-mode batch norm and ``silu_backward`` have no correct
+  translation either: they are decomposed when a region is exported, so that PyTorch runs its own
+  kernels for them elsewhere: :mod:`ortrain.capture.late_decompositions`.)
 - pooling (``decompositions_pooling``), elementwise and distance ops (``decompositions_math``),
   ``embedding_bag`` (``decompositions_embedding``), losses and the NLL gradient
   (``decompositions_losses``), the
@@ -186,9 +187,9 @@ def _first_of(*decompositions: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
-    # Convolution backward and training-mode batch norm are decomposed at export instead
-    # (ortrain.capture.late_decompositions): PyTorch runs them as its own kernels.
-    table = get_decompositions([aten.nll_loss_forward, aten.silu_backward])
+    # Convolution backward, training-mode batch norm and SiLU's backward are decomposed at export
+    # instead (ortrain.capture.late_decompositions): PyTorch runs them as its own kernels.
+    table = get_decompositions([aten.nll_loss_forward])
     table.update(indexing.scalar_indexing_table())
     table[aten.scatter_reduce.two] = _first_of(table[aten.scatter_reduce.two], gathers.scatter_reduce_mean)
     table[aten._adaptive_avg_pool2d_backward.default] = pooling.adaptive_avg_pool2d_backward

@@ -1,10 +1,11 @@
 """Operators a capture keeps whole, for PyTorch's fused kernels, and the export decomposes.
 
-``convolution_backward`` and training-mode batch norm (``_native_batch_norm_legit_functional``
-and ``native_batch_norm_backward``) have no correct ONNX translation (none for the backwards;
-onnxscript's batch norm hard-codes inference mode), so until wave 15 every capture decomposed
-them: a convolution's gradients into two convolutions with permuted operands, batch norm into a
-dozen elementwise ops. Where op tuning placed those graphs in PyTorch (every graph of the small
+``convolution_backward``, training-mode batch norm (``_native_batch_norm_legit_functional``
+and ``native_batch_norm_backward``) and ``silu_backward`` (SwiGLU's, in Llama-style MLPs) have no
+correct ONNX translation (none for the backwards; onnxscript's batch norm hard-codes inference
+mode), so until wave 15 every capture decomposed them: a convolution's gradients into two
+convolutions with permuted operands, batch norm into a dozen elementwise ops, SiLU's gradient
+into four. Where op tuning placed those graphs in PyTorch (every graph of the small
 ResNet benchmark), PyTorch ran the decomposed form instead of oneDNN's convolution backward and
 its one-pass batch norm kernels: 1.76× eager's step. Now the graphs keep the operators, the torch
 executor runs PyTorch's kernels, and the export (:mod:`ortrain.export.direct_translation`)
@@ -30,12 +31,15 @@ LATE_OPS = frozenset(
         aten.convolution_backward.default,
         aten._native_batch_norm_legit_functional.default,
         aten.native_batch_norm_backward.default,
+        aten.silu_backward.default,
     }
 )
 
 
 def late_decompositions() -> dict[Any, Callable[..., Any]]:
-    table = get_decompositions([aten._native_batch_norm_legit_functional, aten.native_batch_norm_backward])
+    table = get_decompositions(
+        [aten._native_batch_norm_legit_functional, aten.native_batch_norm_backward, aten.silu_backward]
+    )
     table[aten.convolution_backward.default] = convolution_backward
     table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_without_statistics
     return table

@@ -1,5 +1,5 @@
-"""Convolution backward and training-mode batch norm: one node each in the captured graphs (PyTorch
-runs its fused kernels there), decomposed for ONNX Runtime when a region is exported."""
+"""Convolution backward, training-mode batch norm and SiLU's backward: one node each in the captured
+graphs (PyTorch runs its fused kernels there), decomposed for ONNX Runtime when a region is exported."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class _ConvNet(nn.Module):
         self.norm1d = nn.BatchNorm1d(4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.up(torch.relu(self.norm(self.conv(x))))
+        h = self.up(nn.functional.silu(self.norm(self.conv(x))))
         return self.norm1d(h.mean((2, 3))).square().mean()
 
 
@@ -53,6 +53,7 @@ def test_kept_whole_in_the_graphs_and_decomposed_for_onnxruntime(transposed: boo
     assert _targets(backward.graph) >= {
         torch.ops.aten.convolution_backward.default,
         torch.ops.aten.native_batch_norm_backward.default,
+        torch.ops.aten.silu_backward.default,
     }
     # op tuning is off in the tests: ONNX Runtime ran both graphs, from their decomposed exports.
     assert runs_whole_in_onnxruntime(forward.runner) and runs_whole_in_onnxruntime(backward.runner)
