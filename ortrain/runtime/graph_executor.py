@@ -383,6 +383,10 @@ class PlanRunner:
         )
         if not missing:
             return runner, values
+        if getattr(runner, "is_grad", False):
+            # An opaque Function's backward takes None for an output gradient, as eager gives it:
+            # no zeros to make (whose sizes may be nowhere among this graph's inputs).
+            return runner, values
         key = (index, missing)
         if key not in self._variants:
             self._variants[key] = None if self.plan.whole else self._build_variant(step, missing)

@@ -151,3 +151,30 @@ def test_unrolled_a_new_sequence_length_after_the_dynamic_capture_captures_again
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
     assert_same_state(wrapped, eager, atol=1e-5)
     assert _graph_sizes(wrapped) == [(2, 4, 6), (2, 5, 6), (2, 7, 6)]  # one graph a length; 5 reuses its own
+
+
+class _ReturnsStates(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(4, 6, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        return self.rnn(x)
+
+
+@pytest.mark.parametrize("used", ["output", "hidden"])
+def test_returned_states_whose_gradients_go_unused(used: str) -> None:
+    """The model returns the LSTM's output and states, the loss reads one of them: the backward's
+    variant without the unused gradients made their zeros inside the op's region, which the python
+    op executor could not read (KeyError 'zeros_default'), for any opaque Function."""
+    torch.manual_seed(0)
+    model = _ReturnsStates()
+
+    def loss_of(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        out, (h, _) = module(x)
+        return out.square().mean() if used == "output" else h.sum()
+
+    batches = [torch.randn(2, n, 4) for n in (5, 5, 7)]
+    losses, expected, eager, wrapped = train_side_by_side(model, batches, loss_of)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    assert_same_state(wrapped, eager, atol=1e-5)

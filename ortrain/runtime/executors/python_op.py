@@ -20,6 +20,7 @@ Conventions:
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +147,15 @@ class PythonOpExecutor:
             raise ValueError("a python op is never a whole graph")
         picks = [int(n.args[1]) for n in outputs]  # type: ignore[union-attr]
         args_template = op_node.args
+        made_here = [
+            n.name
+            for n in nodes
+            if n.op == "call_function" and n is not op_node and n.target is not operator.getitem
+        ]
+        if made_here:
+            # A variant without unused output gradients makes their zeros inside the region
+            # (runtime/graph_executor.py); this executor runs the op alone, so it is fed zeros.
+            raise ValueError(f"a python op region computes only its op, not {made_here}")
 
         def run(args: list[Any]) -> list[Any]:
             values = map_aggregate(
