@@ -15,6 +15,7 @@ ONNX Runtime, which therefore gets the same ONNX as before.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -38,18 +39,25 @@ LATE_OPS = frozenset(
 
 def late_decompositions() -> dict[Any, Callable[..., Any]]:
     table = get_decompositions(
-        [aten._native_batch_norm_legit_functional, aten.native_batch_norm_backward, aten.silu_backward]
+        [
+            aten._native_batch_norm_legit_functional,
+            aten.native_batch_norm_backward,
+            aten.silu_backward,
+            aten._native_batch_norm_legit_no_training,
+        ]
     )
     table[aten.convolution_backward.default] = convolution_backward
-    table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_without_statistics
+    no_training = aten._native_batch_norm_legit_no_training.default
+    table[no_training] = functools.partial(_batch_norm_without_statistics, table[no_training])
     return table
 
 
-def _batch_norm_without_statistics(*args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _batch_norm_without_statistics(
+    decomposition: Callable[..., Any], *args: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eval-mode batch norm as PyTorch's kernel returns it: the normalized input and two empty
-    "saved statistics" (its backward reads the running ones); torch's own decomposition returns
-    the running statistics there, which disagrees with the op's shapes."""
-    (decomposition,) = get_decompositions([aten._native_batch_norm_legit_no_training]).values()
+    "saved statistics" (its backward reads the running ones); torch's own ``decomposition``
+    returns the running statistics there, which disagrees with the op's shapes."""
     output = decomposition(*args)[0]
     return output, output.new_zeros((0,)), output.new_zeros((0,))
 
