@@ -23,8 +23,15 @@ import torch
 
 from ortrain.capture.dynamo_backend import BACKEND_NAME, aot_backend, register
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
-from ortrain.ortmodule.options import DebugOptions, RuntimeOptions, openmp_wait_policy, runtime_options
+from ortrain.ortmodule.options import (
+    DebugOptions,
+    RuntimeOptions,
+    openmp_wait_policy,
+    runtime_options,
+    user_malloc_setting,
+)
 from ortrain.passes.pipeline import StageSaver, default_passes
+from ortrain.runtime.freed_memory_reuse import reuse_freed_memory
 from ortrain.runtime.placement import memory_level_declined
 from ortrain.runtime.placement_tuning import TuningSettings, build_tuned_graph_executor
 
@@ -45,6 +52,7 @@ class OrtrainBackend:
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any
     ) -> Callable[..., Any]:
         options = self.options or runtime_options()
+        reuse_freed_memory(options.reuse_freed_memory, user_malloc_setting())
         self.graphs_compiled += 1
         device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
         if device.type != "cpu":

@@ -41,8 +41,16 @@ from ortrain.runtime.cpu import cpu_name
 
 logger = logging.getLogger("ortrain.bench")
 
-COMPETITORS = ("eager", "compile", "ortrain")
-COMPETITOR_LABELS = {"eager": "eager", "compile": "torch.compile", "ortrain": "ortrain"}
+# "eager-malloc": eager PyTorch under the malloc settings ortrain makes (freed memory kept for
+# reuse, ortrain.runtime.freed_memory_reuse), so that the table shows what of ortrain's step is the
+# allocator's and what its graphs'.
+COMPETITORS = ("eager", "eager-malloc", "compile", "ortrain")
+COMPETITOR_LABELS = {
+    "eager": "eager",
+    "eager-malloc": "eager, ortrain's malloc",
+    "compile": "torch.compile",
+    "ortrain": "ortrain",
+}
 BUILTIN_MODELS = ("mlp", "gpt", "gpt-softmax", "sft", "lstm", "cnn")
 MODEL_LABELS = {
     "mlp": "MLP",
@@ -211,6 +219,11 @@ def run_competitor(
         model = ORTModule(model)
     elif competitor == "compile":
         model = torch.compile(model)  # type: ignore[assignment]
+    elif competitor == "eager-malloc":
+        from ortrain.ortmodule.options import user_malloc_setting
+        from ortrain.runtime.freed_memory_reuse import reuse_freed_memory
+
+        reuse_freed_memory(True, user_malloc_setting())
     elif competitor != "eager":
         raise ValueError(f"unknown competitor {competitor!r}: use one of {', '.join(COMPETITORS)}")
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)

@@ -19,13 +19,14 @@ def test_bench_quick_writes_table_json_and_chart(tmp_path: Path, capsys: pytest.
     assert main(["bench", "--quick", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| MLP |")]
-    assert [row.split("|")[2].strip() for row in rows] == ["eager", "torch.compile", "ortrain"]
+    labels = ["eager", "eager, ortrain's malloc", "torch.compile", "ortrain"]
+    assert [row.split("|")[2].strip() for row in rows] == labels
     eager_row = rows[0].split("|")
     assert eager_row[4].strip() == "1.00" and eager_row[8].strip() == "1.00"  # ratios to eager
-    assert rows[1].split("|")[5].strip() == "1.00"  # torch.compile against itself
+    assert rows[2].split("|")[5].strip() == "1.00"  # torch.compile against itself
     payload = json.loads((tmp_path / "ortrain-bench.json").read_text())
     assert payload["environment"]["torch"] == torch.__version__
-    assert {r["competitor"] for r in payload["results"]} == {"eager", "compile", "ortrain"}
+    assert {r["competitor"] for r in payload["results"]} == {"eager", "eager-malloc", "compile", "ortrain"}
     for result in payload["results"]:
         assert result["step_ms"] > 0 and result["peak_mib"] > 100 and result["first_s"] > 0
     png = (tmp_path / "ortrain-bench.png").read_bytes()

@@ -131,6 +131,9 @@ class RuntimeOptions:
     # gradients in the forward, in chunks (ortrain.passes.linear_cross_entropy; with the compute
     # optimizer on).
     fuse_linear_cross_entropy: bool = True
+    # ORTMODULE_REUSE_FREED_MEMORY: raise glibc malloc's thresholds so that freed activations are
+    # reused, not faulted in again at each step (ortrain.runtime.freed_memory_reuse).
+    reuse_freed_memory: bool = True
 
 
 _MEMORY_OPT_LEVELS = (0, 1, 2)
@@ -245,7 +248,33 @@ def runtime_options() -> RuntimeOptions:
         cache_capture=_env_flag("ORTMODULE_CACHE_CAPTURE", True),
         backward_segments=_env_int("ORTMODULE_BACKWARD_SEGMENTS", 4, minimum=1),
         fuse_linear_cross_entropy=_env_flag("ORTMODULE_FUSE_LINEAR_CROSS_ENTROPY", True),
+        reuse_freed_memory=_env_flag("ORTMODULE_REUSE_FREED_MEMORY", True),
     )
+
+
+_MALLOC_VARIABLES = (
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "MALLOC_MMAP_MAX_",
+)
+_PRELOADED_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
+
+
+def user_malloc_setting() -> str | None:
+    """The user's own configuration of the process's malloc, which ortrain leaves alone: glibc's
+    ``MALLOC_*_`` variables or ``glibc.malloc`` tunables, or another allocator preloaded."""
+    for name in _MALLOC_VARIABLES:
+        if os.environ.get(name, "").strip():
+            return f"{name} is set"
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc." in tunables:
+        return "GLIBC_TUNABLES sets glibc.malloc"
+    preload = os.environ.get("LD_PRELOAD", "")
+    for allocator in _PRELOADED_ALLOCATORS:
+        if allocator in preload:
+            return f"LD_PRELOAD loads {allocator}"
+    return None
 
 
 def _env_int(name: str, default: int, *, minimum: int) -> int:

@@ -59,6 +59,7 @@ from ortrain.ortmodule.options import (
     openmp_wait_policy,
     python_log_level,
     runtime_options,
+    user_malloc_setting,
 )
 from ortrain.ortmodule.python_randomness import PythonRandomnessError, refusing_python_randomness
 from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves, unread_lifted_inputs
@@ -71,6 +72,7 @@ from ortrain.ortmodule.signature import (
 )
 from ortrain.ortmodule.zero3 import zero3_gathered, zero3_parameters
 from ortrain.passes.pipeline import ForwardRewrite, StageSaver, default_passes, forward_rewrites
+from ortrain.runtime.freed_memory_reuse import reuse_freed_memory
 from ortrain.runtime.full_collections import full_collections_deferred
 from ortrain.runtime.memory import release_freed_memory
 from ortrain.runtime.placement import memory_level_declined
@@ -234,6 +236,7 @@ class ORTModule(nn.Module):
             python_log_level(debug.log_level),
             inspector_prints=options.print_input_density or options.print_memory_stats,
         )
+        reuse_freed_memory(options.reuse_freed_memory, user_malloc_setting())
         register_hf_cache_types()
         self.training = module.training
         self._init_inspector(options)
