@@ -1,5 +1,6 @@
-"""Eager vs torch.compile vs ortrain on the MLP, the tiny GPT (SDPA or spelled-out attention), the
-SFT GPT, an LSTM tagger and a small ResNet: step time, first step, peak RSS; then, per model,
+"""Eager (also under ortrain's malloc settings) vs torch.compile vs ortrain on the MLP, the tiny
+GPT (SDPA or spelled-out attention), the SFT GPT, an LSTM tagger and a small ResNet: step time,
+first step, peak RSS; then, per model,
 ortrain's tuned placements, the GEMM speed of both libraries on the model's shapes, and where
 ortrain's step goes (ONNX Runtime's profiler by operator type, PyTorch's regions). The logic is
 :mod:`ortrain.bench` (the same as ``ortrain bench``); each (model, competitor, repeat) runs in a
@@ -7,6 +8,7 @@ fresh process, repeats are interleaved and the table reports medians over the re
 
     python benchmarks/bench_ortmodule.py [--repeats 3] [--steps 20] [--quick]
                                          [--models mlp,gpt,gpt-softmax,sft,lstm,cnn]
+                                         [--competitors eager,eager-malloc,compile,ortrain]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--models", default="mlp,gpt,gpt-softmax,sft,lstm,cnn")
+    parser.add_argument("--competitors", default=",".join(bench.COMPETITORS))
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that it runs")
     args = parser.parse_args()
     env = bench.environment()
@@ -31,7 +34,12 @@ def main() -> None:
         f"medians of {args.repeats} interleaved runs"
     )
     results = bench.run_benchmark(
-        args.models.split(","), steps=args.steps, repeats=args.repeats, quick=args.quick, details=True
+        args.models.split(","),
+        steps=args.steps,
+        repeats=args.repeats,
+        quick=args.quick,
+        details=True,
+        competitors=tuple(args.competitors.split(",")),
     )
     print("\n".join(bench.format_table(results)))
     print("\n".join(bench.format_details(results)))
