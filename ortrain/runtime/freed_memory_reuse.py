@@ -4,12 +4,12 @@ glibc's malloc serves every block above its mmap threshold (128 KiB at start, ri
 blocks freed, to at most 32 MiB) with a fresh ``mmap`` and unmaps it when freed, and gives the
 heap's free top back to the system beyond its trim threshold. A training step allocates and frees
 the same activations and gradients at every step, so every step faulted their pages in again and
-the kernel zeroed them: the tiny GPT took 11-22 thousand minor page faults a step (35-53 ms of
-system time, 10-25 % of its step on a 2-core Intel Xeon), the MLP 1 200-3 000. With both
+the kernel zeroed them: eager's tiny GPT took 11-28 thousand minor page faults a step (30-66 ms
+of system time in a 200-250 ms step on a 2-core Intel Xeon), the MLP 1 200-3 900. With both
 thresholds raised, freed blocks stay in the heap and the next step reuses them (0-200 faults a
-step). Eager PyTorch gains as much under the same settings (``GLIBC_TUNABLES``), and the
-benchmark measures it too (``eager-malloc``); allocators like jemalloc or tcmalloc, preloaded,
-keep freed memory their own way.
+step). Eager PyTorch gains the same way under the same settings (``GLIBC_TUNABLES``), which the
+benchmarks measure too (``eager-malloc``, ``benchmarks/bench_freed_memory.py``); allocators like
+jemalloc or tcmalloc, preloaded, keep freed memory their own way.
 
 The settings are process-wide and stay for the process's life: memory freed below the thresholds
 is kept for reuse (at most :data:`TRIM_THRESHOLD` of free heap top) instead of being returned,
