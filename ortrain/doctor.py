@@ -136,5 +136,8 @@ def run_doctor(report: Callable[[str], None]) -> bool:
         report(f"  {'ok ' if check.ok else '-  '} {check.name}: {check.detail}")
     training = training_check()
     report(f"training:\n  {'ok ' if training.ok else 'NO '} {training.detail}")
+    from ortrain.runtime import freed_memory_reuse
+
+    report(f"freed memory reuse (ORTMODULE_REUSE_FREED_MEMORY): {freed_memory_reuse.describe()}")
     cpu_ok = any(c.ok and c.name == "CPUExecutionProvider" for c in providers)
     return cpu_ok and training.ok

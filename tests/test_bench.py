@@ -80,6 +80,7 @@ def test_doctor_checks_providers_extras_and_a_training_run(capsys: pytest.Captur
     for extra in ("transformers", "deepspeed", "triton"):
         assert f" {extra}: " in out
     assert "ok  tiny MLP, 4 SGD steps on ONNX Runtime" in out
+    assert "freed memory reuse (ORTMODULE_REUSE_FREED_MEMORY): " in out
 
 
 def test_gemm_speed_records_the_steps_products_and_times_both_libraries() -> None:

@@ -41,6 +41,7 @@ _M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
 
 _applied: bool | None = None  # None: not decided yet in this process
+_why_not = "no ORTModule created yet in this process"
 
 
 @functools.cache
@@ -58,21 +59,22 @@ def reuse_freed_memory(enabled: bool, users_setting: str | None) -> bool:
     """Raise glibc malloc's mmap and trim thresholds, once per process; True if this process runs
     with them. ``users_setting``: what of the user's own malloc configuration was found (then
     nothing changes), see :func:`ortrain.ortmodule.options.user_malloc_setting`."""
-    global _applied
+    global _applied, _why_not
     if _applied is not None:
         return _applied
+    _applied = False
     if not enabled:
+        _why_not = "ORTMODULE_REUSE_FREED_MEMORY=0"
         logger.debug("freed memory reuse off (ORTMODULE_REUSE_FREED_MEMORY=0): malloc unchanged")
-        _applied = False
         return False
     if users_setting is not None:
+        _why_not = f"malloc left as configured: {users_setting}"
         logger.info("malloc left as configured (%s)", users_setting)
-        _applied = False
         return False
     mallopt = _mallopt()
     if mallopt is None:
+        _why_not = f"not glibc's malloc ({platform.system()})"
         logger.debug("freed memory reuse: not glibc's malloc on %s, nothing to change", platform.system())
-        _applied = False
         return False
     mapped = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
     _applied = bool(mapped) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
@@ -85,5 +87,14 @@ def reuse_freed_memory(enabled: bool, users_setting: str | None) -> bool:
             TRIM_THRESHOLD >> 20,
         )
     else:
+        _why_not = "glibc's mallopt refused the thresholds"
         logger.warning("glibc's mallopt refused the thresholds; malloc unchanged")
     return _applied
+
+
+def describe() -> str:
+    """This process's state, in words (``ortrain doctor``)."""
+    if _applied:
+        megabytes = MMAP_THRESHOLD >> 20
+        return f"on: freed blocks up to {megabytes} MiB are reused (glibc malloc thresholds raised)"
+    return f"off: {_why_not}"

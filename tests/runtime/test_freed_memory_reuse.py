@@ -36,7 +36,7 @@ def faults_per_block():
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5
 
 faults_per_block()  # the first block may fault in either case
-print(json.dumps({"applied": reuse._applied, "faults": faults_per_block()}))
+print(json.dumps({"applied": reuse._applied, "faults": faults_per_block(), "state": reuse.describe()}))
 """
 
 
@@ -56,6 +56,7 @@ def test_a_freed_block_is_reused_without_page_faults() -> None:
     # 48 MiB is 12 288 pages: mapped afresh, every one faults; reused, none do.
     assert result["faults"] < 200, result
     assert "freed memory stays in this process for reuse" in log
+    assert result["state"] == "on: freed blocks up to 256 MiB are reused (glibc malloc thresholds raised)"
 
 
 @glibc_only
@@ -64,6 +65,7 @@ def test_switched_off_malloc_maps_each_block_again() -> None:
     assert result["applied"] is False
     assert result["faults"] > 10_000, result
     assert "freed memory stays" not in log
+    assert result["state"] == "off: ORTMODULE_REUSE_FREED_MEMORY=0"
 
 
 @glibc_only
@@ -72,6 +74,7 @@ def test_the_users_own_malloc_setting_is_left_alone() -> None:
     assert result["applied"] is False
     assert result["faults"] > 10_000, result
     assert "malloc left as configured (MALLOC_MMAP_THRESHOLD_ is set)" in log
+    assert result["state"] == "off: malloc left as configured: MALLOC_MMAP_THRESHOLD_ is set"
 
 
 @pytest.mark.parametrize(
