@@ -60,21 +60,24 @@ def test_a_freed_block_is_reused_without_page_faults() -> None:
 
 
 @glibc_only
-def test_switched_off_malloc_maps_each_block_again() -> None:
-    result, log = _run_child(ORTMODULE_REUSE_FREED_MEMORY="0")
+@pytest.mark.parametrize(
+    ("variables", "state"),
+    [
+        # switched off
+        ({"ORTMODULE_REUSE_FREED_MEMORY": "0"}, "off: ORTMODULE_REUSE_FREED_MEMORY=0"),
+        # the user's own setting (here glibc's default threshold, as a user might pin it)
+        (
+            {"MALLOC_MMAP_THRESHOLD_": "131072"},
+            "off: malloc left as configured: MALLOC_MMAP_THRESHOLD_ is set",
+        ),
+    ],
+)
+def test_malloc_left_alone_maps_each_block_again(variables: dict[str, str], state: str) -> None:
+    result, log = _run_child(**variables)
     assert result["applied"] is False
     assert result["faults"] > 10_000, result
     assert "freed memory stays" not in log
-    assert result["state"] == "off: ORTMODULE_REUSE_FREED_MEMORY=0"
-
-
-@glibc_only
-def test_the_users_own_malloc_setting_is_left_alone() -> None:
-    result, log = _run_child(MALLOC_MMAP_THRESHOLD_="131072")
-    assert result["applied"] is False
-    assert result["faults"] > 10_000, result
-    assert "malloc left as configured (MALLOC_MMAP_THRESHOLD_ is set)" in log
-    assert result["state"] == "off: malloc left as configured: MALLOC_MMAP_THRESHOLD_ is set"
+    assert result["state"] == state
 
 
 @pytest.mark.parametrize(
