@@ -1,10 +1,10 @@
 """Eager (also under ortrain's malloc settings) vs torch.compile vs ortrain on the MLP, the tiny
 GPT (SDPA or spelled-out attention), the SFT GPT, an LSTM tagger and a small ResNet: step time,
-first step, peak RSS; then, per model,
-ortrain's tuned placements, the GEMM speed of both libraries on the model's shapes, and where
-ortrain's step goes (ONNX Runtime's profiler by operator type, PyTorch's regions). The logic is
-:mod:`ortrain.bench` (the same as ``ortrain bench``); each (model, competitor, repeat) runs in a
-fresh process, repeats are interleaved and the table reports medians over the repeats.
+first step, peak RSS; then, per model, ortrain's tuned placements, the GEMM speed of both
+libraries on the model's shapes, and where ortrain's step goes (ONNX Runtime's profiler by
+operator type, PyTorch's regions). The logic is :mod:`ortrain.bench` (the same as ``ortrain
+bench``); each (model, competitor, repeat) runs in a fresh process, repeats are interleaved and
+the table reports medians over the repeats.
 
     python benchmarks/bench_ortmodule.py [--repeats 3] [--steps 20] [--quick]
                                          [--models mlp,gpt,gpt-softmax,sft,lstm,cnn]

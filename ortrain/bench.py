@@ -1,4 +1,5 @@
-"""Side-by-side training benchmark: eager PyTorch, ``torch.compile`` and ortrain.
+"""Side-by-side training benchmark: eager PyTorch (also under the malloc settings ortrain makes,
+``eager-malloc``), ``torch.compile`` and ortrain.
 
 Each (model, competitor, repeat) runs in a fresh Python process, so that its peak RSS belongs to
 that competitor alone and no competitor inherits another's warm caches; repeats are interleaved so
