@@ -20,11 +20,10 @@ malloc as it is; so does a malloc setting of the user's own (``MALLOC_*_`` varia
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import logging
 import platform
+
+from ortrain.runtime.memory import libc_function
 
 logger = logging.getLogger("ortrain.runtime.freed_memory_reuse")
 
@@ -44,15 +43,11 @@ _applied: bool | None = None  # None: not decided yet in this process
 _why_not = "no ORTModule created yet in this process"
 
 
-@functools.cache
 def _mallopt():  # type: ignore[no-untyped-def]
+    # glibc's only: musl's mallopt accepts nothing, and other systems' C libraries lack it.
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name).mallopt if name else None
-    except (OSError, AttributeError):
-        return None
+    return libc_function("mallopt")
 
 
 def reuse_freed_memory(enabled: bool, users_setting: str | None) -> bool:

@@ -1,25 +1,29 @@
-"""Give memory freed by Python back to the operating system."""
+"""The C library's allocator, through ctypes: give memory freed by Python back to the operating
+system, and look up its other functions (``ortrain.runtime.freed_memory_reuse``'s ``mallopt``)."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import functools
+from typing import Any
 
 
 @functools.cache
-def _malloc_trim():  # type: ignore[no-untyped-def]
-    name = ctypes.util.find_library("c")
-    if not name:
+def libc_function(name: str) -> Any:
+    """The C library's function ``name``, or None where it has no such function (or no C library
+    is found)."""
+    library = ctypes.util.find_library("c")
+    if not library:
         return None
     try:
-        return ctypes.CDLL(name).malloc_trim
+        return getattr(ctypes.CDLL(library), name)
     except (OSError, AttributeError):
         return None
 
 
 def release_freed_memory() -> None:
     """glibc keeps freed chunks in its heaps; after export that is hundreds of MiB of peak RSS."""
-    trim = _malloc_trim()
+    trim = libc_function("malloc_trim")
     if trim is not None:
         trim(0)
