@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -210,7 +211,8 @@ def run_competitor(
     """Train SGD steps in this process: the first (capture, compile) is timed apart; for ortrain,
     the steps that tune its placement (:mod:`ortrain.runtime.placement_tuning`) are counted and
     timed apart too; then ``steps`` steady steps. Returns ``first_s``, ``step_ms`` (median of the
-    steady steps), ``peak_mib``, and for ortrain ``tuning_steps``, ``tuning_s`` and
+    steady steps), ``faults`` and ``system_ms`` (minor page faults and system time per steady
+    step), ``peak_mib``, and for ortrain ``tuning_steps``, ``tuning_s`` and
     ``placements``; with ``breakdown`` (ortrain only), ``breakdown_ms``: per step, the time of
     each ONNX operator type inside ONNX Runtime and of the regions PyTorch runs."""
     model, batch = build_model(model_name, sizes)
@@ -241,11 +243,17 @@ def run_competitor(
     if breakdown:
         seconds = _profile_executors(model)
     times = []
+    before = resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(steps):
         start = time.perf_counter()
         _train_step(model, optimizer, batch)
         times.append(time.perf_counter() - start)
+    after = resource.getrusage(resource.RUSAGE_SELF)
     result["step_ms"] = statistics.median(times) * 1000
+    # Minor page faults and system time per steady step: what the malloc settings change
+    # (ortrain.runtime.freed_memory_reuse, benchmarks/bench_freed_memory.py).
+    result["faults"] = (after.ru_minflt - before.ru_minflt) / steps
+    result["system_ms"] = (after.ru_stime - before.ru_stime) * 1000 / steps
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a child started by a large
     # driver reported at least the driver's size at the fork (every MLP competitor read 611 MiB).
     result["peak_mib"] = process_memory_mib()[1]

@@ -38,6 +38,7 @@ def test_sft_model_scores_half_the_labels_and_trains() -> None:
     assert (targets == -100).float().mean().item() == 0.5
     result = bench.run_competitor("sft", "eager", steps=2, sizes=bench.QUICK)
     assert result["step_ms"] > 0
+    assert result["faults"] >= 0 and result["system_ms"] >= 0  # per steady step, from getrusage
 
 
 def test_user_model_by_module_and_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
