@@ -3,14 +3,11 @@ graphs (PyTorch runs its fused kernels there), decomposed for ONNX Runtime when 
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
-from _parity import assert_same_state, runs_whole_in_onnxruntime
+from _parity import assert_same_state, runs_whole_in_onnxruntime, train_side_by_side
 from torch import nn
 
-from ortrain import ORTModule
 from ortrain.capture.late_decompositions import LATE_OPS
 from ortrain.export.fx_to_onnx import export_graph
 
@@ -36,15 +33,8 @@ def _targets(graph: torch.fx.GraphModule) -> set[object]:
 def test_kept_whole_in_the_graphs_and_decomposed_for_onnxruntime(transposed: bool) -> None:
     torch.manual_seed(0)
     model = _ConvNet(transposed)
-    eager = copy.deepcopy(model)
-    wrapped = ORTModule(model)
-    for module in (wrapped, eager):
-        optimizer = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
-        torch.manual_seed(1)
-        for _ in range(3):
-            optimizer.zero_grad()
-            module(torch.randn(4, 3, 9, 9)).backward()
-            optimizer.step()
+    batches = [torch.randn(4, 3, 9, 9) for _ in range(3)]
+    _, _, eager, wrapped = train_side_by_side(model, batches, lambda m, x: m(x), lr=0.1)
     assert_same_state(wrapped, eager, atol=1e-4)  # running statistics included
     ((entry,),) = list(wrapped._ortrain_graphs.values())
     forward, backward = entry.capture.forward, entry.capture.backward
