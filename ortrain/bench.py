@@ -107,6 +107,7 @@ class BenchResult:
     # speed of both libraries on the model's matrix shapes.
     tuning_s: float | None = None
     breakdown_ms: dict[str, float] = field(default_factory=dict)
+    profiled_step_ms: float | None = None  # the step of the run that measured the breakdown
     gemm_gflops: dict[str, float] = field(default_factory=dict)
 
 
@@ -341,6 +342,7 @@ def run_benchmark(
                         command = _child_command(model_name, competitor, steps, quick, breakdown=True)
                         profiled = _run_child(command, f"{model_name} / ortrain profile", env)
                         result.breakdown_ms = profiled["breakdown_ms"]
+                        result.profiled_step_ms = profiled["step_ms"]
                         result.gemm_gflops = _gemm_speed(model_name, QUICK if quick else FULL)
                 results.append(result)
     return results
@@ -377,7 +379,10 @@ def format_details(results: list[BenchResult], *, top: int = 8) -> list[str]:
             items = list(r.breakdown_ms.items())
             shown = ", ".join(f"{name} {ms:.1f}" for name, ms in items[:top])
             rest = sum(ms for _, ms in items[top:])
-            lines.append(f"  ortrain ms per step: {shown}, other {rest:.1f}")
+            # The profiled run's own step, beside the unprofiled median, shows what profiling
+            # added (the kernels' sum should be close to it).
+            profiled = f" (profiled step {r.profiled_step_ms:.1f} ms)" if r.profiled_step_ms else ""
+            lines.append(f"  ortrain ms per step{profiled}: {shown}, other {rest:.1f}")
     return lines
 
 
