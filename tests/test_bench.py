@@ -109,6 +109,16 @@ def test_ortrain_breakdown_names_onnx_operators(tmp_path: Path) -> None:
     assert list(tmp_path.glob("ortrain_session*.json"))  # ONNX Runtime's own profiles
 
 
+def test_details_show_the_profiled_runs_own_step_beside_its_breakdown() -> None:
+    run = {"placements": {"forward": "onnxruntime", "backward": "onnxruntime"}}
+    result = bench.BenchResult("gpt", "ortrain", step_ms=147.0, first_s=1.0, peak_mib=800.0, runs=[run])
+    result.breakdown_ms = {"onnxruntime MatMul": 90.0, "onnxruntime Mul": 9.5, "torch (regions)": 2.0}
+    result.profiled_step_ms = 157.0
+    (line,) = [x for x in bench.format_details([result], top=2) if "per step" in x]
+    expected = "(profiled step 157.0 ms): onnxruntime MatMul 90.0, onnxruntime Mul 9.5, other 2.0"
+    assert line == f"  ortrain ms per step {expected}"
+
+
 @pytest.mark.parametrize("name", ["lstm", "cnn"])
 def test_lstm_and_cnn_models_train_under_ortrain_like_eager(name: str) -> None:
     import copy
