@@ -12,6 +12,7 @@ import onnx
 import torch
 
 from ortrain.passes.compute_optimizer import upstream_selections
+from ortrain.passes.erf_gelu import fuse_erf_gelu
 from ortrain.passes.label_sparsity import gather_counted_labels
 from ortrain.passes.linear_cross_entropy import fuse_linear_cross_entropy as fuse_linear_cross_entropy_pass
 from ortrain.passes.loss_head_gradient import rewrite_loss_head_gradient
@@ -57,6 +58,9 @@ def default_passes(*, compute_optimizer: bool) -> list[tuple[str, Pass]]:
         # Correctness, not speed: ONNX Runtime's CPU ScatterND loses additions to a repeated index
         # when it runs on several threads (an embedding's gradient); see scatter_nd_accumulation.py.
         ("serialize_scatter_nd_accumulation", serialize_scatter_nd_accumulation),
+        # One pass over the activation where the exact GELU was five: ONNX Runtime's CPU Gelu
+        # kernel, which its own fusion misses in the exporter's node order (see erf_gelu.py).
+        ("fuse_erf_gelu", fuse_erf_gelu),
     ]
 
 
