@@ -63,15 +63,17 @@ def fuse_erf_gelu(model: onnx.ModelProto) -> onnx.ModelProto:
     """Each exact-GELU chain of ``model`` whose intermediates nothing else reads, as one ``Gelu``."""
     if not any(node.op_type == "Erf" for node in model.graph.node):
         return model
-    graph = ir.serde.deserialize_model(model)
-    used = {name for name, value in graph.graph.initializers.items() if value.uses()}
+    ir_model = ir.serde.deserialize_model(model)
+    initializers = ir_model.graph.initializers
+    read = {name for name, value in initializers.items() if value.uses()}
     # The rule alone: no clean-up passes, so the rest of the graph reaches ONNX Runtime as it was.
-    if not RewritePass(_RULES)(graph).modified:
+    if not RewritePass(_RULES)(ir_model).modified:
         return model
-    for name in used:  # the chains' constants, now read by nothing
-        if not graph.graph.initializers[name].uses():
-            graph.graph.initializers.pop(name)
-    rewritten = ir.serde.serialize_model(graph)
+    for name in read:  # the chains' constants, now read by nothing
+        value = initializers[name]
+        if not value.uses() and not value.is_graph_output():
+            initializers.pop(name)
+    rewritten = ir.serde.serialize_model(ir_model)
     fused = sum(node.op_type == "Gelu" and node.domain == _MS_DOMAIN for node in rewritten.graph.node)
     fused -= sum(node.op_type == "Gelu" and node.domain == _MS_DOMAIN for node in model.graph.node)
     if not any(opset.domain == _MS_DOMAIN for opset in rewritten.opset_import):
