@@ -157,6 +157,39 @@ def test_options_environment_argv_versions_and_switches_miss(
     assert _key(_Block()) == reference
 
 
+def test_installed_distribution_versions_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code in site-packages is keyed by the name and version of each installed distribution, read
+    from the metadata directories' names (a version-less ``.egg-info`` from its metadata)."""
+    site = tmp_path / "site"
+    (site / "somelib-1.0.dist-info").mkdir(parents=True)
+    (site / "devlib.egg-info").mkdir()
+    pkg_info = site / "devlib.egg-info" / "PKG-INFO"
+    pkg_info.write_text("Metadata-Version: 2.1\nName: devlib\nVersion: 0.3\n")
+    monkeypatch.syspath_prepend(str(site))
+
+    def key() -> str | None:
+        capture_key_module.installed_distributions.cache_clear()  # read once per process
+        return _key(_Block())
+
+    try:
+        torch.manual_seed(0)
+        before = key()
+        listed = capture_key_module.installed_distributions()
+        assert f"{site}: somelib-1.0.dist-info" in listed and f"{site}: devlib.egg-info 0.3" in listed
+        assert any("torch-" in entry for entry in listed)
+        torch.manual_seed(0)
+        assert key() == before
+        (site / "somelib-1.0.dist-info").rename(site / "somelib-1.1.dist-info")
+        torch.manual_seed(0)
+        upgraded = key()
+        assert upgraded != before
+        pkg_info.write_text("Metadata-Version: 2.1\nName: devlib\nVersion: 0.4\n")
+        torch.manual_seed(0)
+        assert key() not in (before, upgraded)
+    finally:
+        capture_key_module.installed_distributions.cache_clear()
+
+
 def _load(path: Path, name: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
