@@ -11,13 +11,18 @@ differs from every cached graph's captures again, and :func:`describe_change` sa
 Replacing a parameter by another of the same dtype, device and shape needs no new graph: the
 tensors are bound afresh at every step, so the new one is what runs.
 
-Not watched: state inside objects that are not modules, tensors or plain values (a Hugging Face
-``config`` object, say); after changing such state, set an attribute through the wrapper or call
-``ORTModule.reset_graphs()``.
+Configuration objects are read too: a module attribute holding a Hugging Face config (any
+``PretrainedConfig``) or a dataclass instance is described by its plain values (and its short lists,
+plain-valued dicts and nested configs), once per object and walk, so ``model.config.use_cache =
+False`` or ``self.cfg.scale = 2.0`` between steps is seen like a module's own attribute (until wave
+18 the graph kept the value it was captured with). Not watched: state inside other objects (a
+tokenizer, a custom class instance); after changing such state, set an attribute through the
+wrapper or call ``ORTModule.reset_graphs()``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +43,10 @@ _DEEPSPEED_HOOK_STATE = frozenset({"pre_bwd_fn", "post_bwd_fn", "applied_pre_bac
 # Most of a module's attributes are its own tables (parameters, hooks, ...): their contents are
 # watched where they matter (parameters, buffers, submodules, hook ids).
 _TABLES = frozenset({dict, OrderedDict, set})
+# Configuration objects, read value by value: Hugging Face's config base class (renamed in
+# transformers 5) by name, so that transformers is not imported here, and dataclass instances.
+_CONFIG_BASES = frozenset({"PretrainedConfig", "PreTrainedConfig"})
+_is_config_type: dict[type, bool] = {}
 
 # Per tensor: dtype, device, shape, requires_grad; or, for a second name of the same tensor, the
 # position of its first name.
@@ -85,6 +94,7 @@ def read_state(root: nn.Module) -> ModelState:
     first_position: dict[int, int] = {}
     modules: list[ModuleKey] = []
     uninitialized: list[str] = []
+    configs: dict[int, tuple[Any, ...]] = {}  # each config object is read once a walk
 
     def tensor_key(name: str, tensor: torch.Tensor | None) -> TensorKey:
         if tensor is None:
@@ -125,6 +135,8 @@ def read_state(root: nn.Module) -> ModelState:
                     plain.append((k, tuple(v)))
             elif is_tensor_attribute(v):
                 tensor_attrs.append((k, v))
+            elif _is_config(kind):
+                objects.append((k, id(v), _config_values(v, configs)))
             elif not is_deepspeed_hook_state(k):
                 objects.append((k, id(v)))
         params = tuple(tensor_key(n, p) for n, p in attributes["_parameters"].items())
@@ -135,6 +147,44 @@ def read_state(root: nn.Module) -> ModelState:
         children = [c for c in attributes["_modules"].values() if c is not None]
         stack.extend(reversed(children))
     return ModelState(tensors, (tuple(modules), _global_hook_ids()), bool(uninitialized))
+
+
+def _is_config(kind: type) -> bool:
+    known = _is_config_type.get(kind)
+    if known is None:
+        known = dataclasses.is_dataclass(kind) or any(c.__name__ in _CONFIG_BASES for c in kind.__mro__)
+        _is_config_type[kind] = known
+    return known
+
+
+def _config_values(config: Any, seen: dict[int, tuple[Any, ...]]) -> tuple[Any, ...]:
+    """A config's values: plain ones, short plain lists and dicts, nested configs; others by identity.
+
+    Underscored names too: Hugging Face keeps ``output_attentions`` and the attention
+    implementation behind properties, in ``_output_attentions`` and the like.
+    """
+    done = seen.get(id(config))
+    if done is not None:
+        return done
+    seen[id(config)] = ("cycle",)  # a config that reaches itself again
+    attributes = getattr(config, "__dict__", None)
+    if attributes is None:  # a dataclass with __slots__
+        attributes = {f.name: getattr(config, f.name, None) for f in dataclasses.fields(config)}
+    values: list[tuple[str, Any]] = []
+    for k, v in attributes.items():
+        kind = type(v)
+        if kind in _PLAIN:
+            values.append((k, v))
+        elif kind in _SEQUENCES and len(v) <= _SHORT and all(type(i) in _PLAIN for i in v):
+            values.append((k, tuple(v)))
+        elif kind is dict and len(v) <= _SHORT and all(type(i) in _PLAIN for i in v.values()):
+            values.append((k, tuple(v.items())))
+        elif _is_config(kind):
+            values.append((k, _config_values(v, seen)))
+        else:
+            values.append((k, ("object", id(v))))
+    seen[id(config)] = described = tuple(values)
+    return described
 
 
 def _global_hook_ids() -> tuple[int, ...]:
@@ -196,9 +246,34 @@ def describe_change(root: nn.Module, old: tuple[Any, ...], new: tuple[Any, ...])
         if before[5] != after[5]:
             return _tensor_change(name, "tensor attribute", before[5], after[5])
         if before[6] != after[6]:
-            replaced = sorted(set(before[6]) ^ set(after[6]))
-            return f"attribute {replaced[0][0]!r} of {name!r} was replaced"
+            return _object_change(name, before[6], after[6])
     return "the model changed"
+
+
+def _object_change(module: str, before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+    """Which object attribute was replaced, or which value of a config it holds changed."""
+    old = {entry[0]: entry for entry in before}
+    new = {entry[0]: entry for entry in after}
+    for name in [*new, *(k for k in old if k not in new)]:
+        was, now = old.get(name), new.get(name)
+        if was == now:
+            continue
+        if was is not None and now is not None and was[1] == now[1] and len(was) == len(now) == 3:
+            return f"{_config_change(name, was[2], now[2])} (a config held by {module!r})"
+        return f"attribute {name!r} of {module!r} was replaced"
+    return f"an attribute of {module!r} was replaced"
+
+
+def _config_change(path: str, before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+    old, new = dict(before), dict(after)
+    for name in [*new, *(k for k in old if k not in new)]:
+        was, now = old.get(name), new.get(name)
+        if was == now:
+            continue
+        if type(was) in _PLAIN and type(now) in _PLAIN:
+            return f"{path}.{name} changed from {was!r} to {now!r}"
+        return f"{path}.{name} changed"
+    return f"{path} changed"
 
 
 def _attribute_change(module: str, before: dict[str, Any], after: dict[str, Any]) -> str:

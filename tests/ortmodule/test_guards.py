@@ -7,6 +7,7 @@ and parameters after several steps.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import logging
 import pickle
@@ -134,6 +135,84 @@ def test_a_changed_plain_attribute_below_the_top_level() -> None:
         m.encoder.bn.momentum = 0.5
 
     _train_through(Net(), {2: set_p})
+
+
+@dataclasses.dataclass
+class _Settings:
+    scale: float = 1.0
+    gelu: bool = True
+    nested: dict = dataclasses.field(default_factory=lambda: {"shift": 0.0})
+
+
+class _ConfiguredNet(Net):
+    """Reads its settings in the forward, as models with a config object do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settings = _Settings()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x) * self.settings.scale + self.settings.nested["shift"]
+        h = F.gelu(h) if self.settings.gelu else torch.tanh(h)
+        return F.cross_entropy(self.head(h), y)
+
+
+def test_a_changed_config_value_is_seen_and_named(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A value changed inside a config object the model holds: a new graph, named in the log (the
+    graph used to keep the captured value: the loss stayed that of scale 1)."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")  # ORTModule sets the "ortrain" logger's level
+    torch.manual_seed(0)
+
+    def scale(m: nn.Module) -> None:
+        m.settings.scale = 3.0
+
+    def activation_and_nested(m: nn.Module) -> None:
+        m.settings.gelu = False
+        m.settings.nested["shift"] = 0.5
+
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        _train_through(_ConfiguredNet(), {2: scale, 4: activation_and_nested})
+    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    held = "(a config held by '(the model)')"
+    assert f"capturing a graph: settings.scale changed from 1.0 to 3.0 {held}" in reasons
+    assert f"capturing a graph: settings.gelu changed from True to False {held}" in reasons
+    assert len(reasons) == 3  # the first call and the two changes: an unchanged config captures nothing
+
+
+def test_a_hugging_face_config_flag_set_between_steps_is_seen() -> None:
+    """``model.config.output_hidden_states = True`` after a few steps returns the hidden states, as
+    eager does (the captured graph returned none)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=50, n_positions=16, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, attn_implementation="eager", use_cache=False,
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config)
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    for step in range(4):
+        if step == 2:
+            for m in (wrapped.module, eager):
+                m.config.output_hidden_states = True
+        ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(step))
+        outputs = [m(input_ids=ids, labels=ids) for m in (wrapped, eager)]
+        assert outputs[0].loss.item() == pytest.approx(outputs[1].loss.item(), rel=1e-5)
+        if step < 2:
+            assert outputs[0].hidden_states is None and outputs[1].hidden_states is None
+        else:
+            assert len(outputs[0].hidden_states) == len(outputs[1].hidden_states) == 3
+            for ours, theirs in zip(outputs[0].hidden_states, outputs[1].hidden_states, strict=True):
+                torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+        for m, out in zip((wrapped, eager), outputs, strict=True):
+            m.zero_grad()
+            out.loss.backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= 0.1 * p.grad
+    assert_same_state(wrapped, eager, atol=1e-5)
 
 
 class _Holder(nn.Module):
