@@ -15,8 +15,9 @@ Configuration objects are read too: a module attribute holding a Hugging Face co
 ``PretrainedConfig``) or a dataclass instance is described by its plain values (and its short lists,
 plain-valued dicts and nested configs), once per object and walk, so ``model.config.use_cache =
 False`` or ``self.cfg.scale = 2.0`` between steps is seen like a module's own attribute (until wave
-18 the graph kept the value it was captured with). Not watched: state inside other objects (a
-tokenizer, a custom class instance); after changing such state, set an attribute through the
+18 the graph kept the value it was captured with). So are the plain values set on the classes of
+the modules (``Net.SCALE = 3.0``). Not watched: state inside other objects (a tokenizer, a custom
+class instance, a module-level global); after changing such state, set an attribute through the
 wrapper or call ``ORTModule.reset_graphs()``.
 """
 
@@ -95,6 +96,7 @@ def read_state(root: nn.Module) -> ModelState:
     modules: list[ModuleKey] = []
     uninitialized: list[str] = []
     configs: dict[int, tuple[Any, ...]] = {}  # each config object is read once a walk
+    classes: dict[type, tuple[tuple[str, Any], ...]] = {}  # and each class of a module's MRO
 
     def tensor_key(name: str, tensor: torch.Tensor | None) -> TensorKey:
         if tensor is None:
@@ -143,10 +145,34 @@ def read_state(root: nn.Module) -> ModelState:
         buffers = tuple(tensor_key(n, b) for n, b in attributes["_buffers"].items())
         others = tuple(tensor_key(n, t) for n, t in tensor_attrs)
         identity = (id(m), type(m))  # the class too: ``m.__class__ = ...`` swaps its code
+        if type(m) not in classes:
+            _read_class_values(type(m), classes)
         modules.append((identity, tuple(plain), _hook_ids(m), params, buffers, others, tuple(objects)))
         children = [c for c in attributes["_modules"].values() if c is not None]
         stack.extend(reversed(children))
-    return ModelState(tensors, (tuple(modules), _global_hook_ids()), bool(uninitialized))
+    key = (tuple(modules), _global_hook_ids(), tuple(classes.items()))
+    return ModelState(tensors, key, bool(uninitialized))
+
+
+def _read_class_values(cls: type, classes: dict[type, tuple[tuple[str, Any], ...]]) -> None:
+    """The plain values set on each class of ``cls``'s MRO not read yet (``Net.SCALE = 2.0``, a
+    class-level flag), which the forward reads like the module's attributes. PyTorch's classes hold
+    constants of its code. Each class once a walk: Hugging Face's model classes share large bases."""
+    for klass in cls.__mro__:
+        if klass in classes:
+            continue
+        if klass.__module__.startswith(("torch.", "builtins")):
+            classes[klass] = ()
+            continue
+        values: list[tuple[str, Any]] = []
+        for name, value in vars(klass).items():
+            kind = type(value)
+            if kind in _PLAIN:
+                if not name.startswith("__"):
+                    values.append((f"{klass.__qualname__}.{name}", value))
+            elif kind in _SEQUENCES and len(value) <= _SHORT and all(type(i) in _PLAIN for i in value):
+                values.append((f"{klass.__qualname__}.{name}", tuple(value)))
+        classes[klass] = tuple(values)
 
 
 def _is_config(kind: type) -> bool:
@@ -219,12 +245,24 @@ def binding_order(root: nn.Module, state_names: list[str], prefix: str) -> list[
     return [position[n] for n in state_names]
 
 
+def without_config_values(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A state key with the values of configs and classes left out (the objects themselves stay):
+    what a capture is compared on to tell whether the forward changed only its own configuration."""
+    modules, hooks, classes = key
+    stripped = tuple((*module[:6], tuple(entry[:2] for entry in module[6])) for module in modules)
+    return stripped, hooks, tuple(cls for cls, _ in classes)
+
+
 def describe_change(root: nn.Module, old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
     """Say, in the model's own names, the first thing that differs between two state keys."""
-    old_modules, old_hooks = old
-    new_modules, new_hooks = new
+    old_modules, old_hooks, old_classes = old
+    new_modules, new_hooks, new_classes = new
     if old_hooks != new_hooks:
         return "a global module hook was added or removed"
+    if old_classes != new_classes and [c for c, _ in old_classes] == [c for c, _ in new_classes]:
+        for (_, before), (_, after) in zip(old_classes, new_classes, strict=True):
+            if before != after:
+                return f"class attribute {_value_change(before, after)}"
     names = [name or "(the model)" for name, _ in root.named_modules(remove_duplicate=False)]
     if len(old_modules) != len(new_modules):
         return f"submodules were added or removed ({len(old_modules)} → {len(new_modules)} modules)"
@@ -259,21 +297,22 @@ def _object_change(module: str, before: tuple[Any, ...], after: tuple[Any, ...])
         if was == now:
             continue
         if was is not None and now is not None and was[1] == now[1] and len(was) == len(now) == 3:
-            return f"{_config_change(name, was[2], now[2])} (a config held by {module!r})"
+            return f"{name}.{_value_change(was[2], now[2])} (a config held by {module!r})"
         return f"attribute {name!r} of {module!r} was replaced"
     return f"an attribute of {module!r} was replaced"
 
 
-def _config_change(path: str, before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, Any], ...]) -> str:
+    """The first of two (name, value) lists' differences: "scale changed from 1.0 to 3.0"."""
     old, new = dict(before), dict(after)
     for name in [*new, *(k for k in old if k not in new)]:
         was, now = old.get(name), new.get(name)
         if was == now:
             continue
         if type(was) in _PLAIN and type(now) in _PLAIN:
-            return f"{path}.{name} changed from {was!r} to {now!r}"
-        return f"{path}.{name} changed"
-    return f"{path} changed"
+            return f"{name} changed from {was!r} to {now!r}"
+        return f"{name} changed"
+    return "a value changed"
 
 
 def _attribute_change(module: str, before: dict[str, Any], after: dict[str, Any]) -> str:

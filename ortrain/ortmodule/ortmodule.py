@@ -47,6 +47,7 @@ from ortrain.ortmodule.guards import (
     describe_change,
     is_deepspeed_hook_state,
     read_state,
+    without_config_values,
 )
 from ortrain.ortmodule.inactive_options import announce_inactive_options
 from ortrain.ortmodule.log_output import configure_log_output
@@ -483,7 +484,7 @@ class ORTModule(nn.Module):
             if call.lifted and unread_lifted_inputs(call, entry.capture, key.inputs_alias):
                 self._ortrain_scalars.refuse(call, why="unread")
                 return self._run_on_ort(args, kwargs)
-            cache.add(key, entry, reason)
+            cache.add(self._key_after_capture(key), entry, reason)
         state_tensors = [state.tensors[i] for i in entry.binding]
         if self._ortrain_inspector.enabled:
             self._ortrain_inspector.on_forward(
@@ -499,6 +500,18 @@ class ORTModule(nn.Module):
             ) from error
         watch_for_create_graph(outputs)
         return unflatten(entry.output_spec, list(outputs))
+
+    def _key_after_capture(self, key: GraphKey) -> GraphKey:
+        """The key to keep a new graph under: ``key``, or the model's state as the capture left it
+        when the forward set values on its own configuration while it was traced (Hugging Face's
+        sequence classifiers set ``config.problem_type`` on their first call). Such values are
+        taken as the forward's own initialization, as they were before configs were watched; a
+        graph kept under the old values would be captured again at the next step."""
+        after = read_state(self._ortrain_module).key
+        if after == key.state or without_config_values(after) != without_config_values(key.state):
+            return key
+        logger.debug("the capture set configuration values; its graph is kept for them")
+        return key._replace(state=after)
 
     def _guard(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -181,6 +181,60 @@ def test_a_changed_config_value_is_seen_and_named(
     assert len(reasons) == 3  # the first call and the two changes: an unchanged config captures nothing
 
 
+@dataclasses.dataclass
+class _LazySettings:
+    mode: str | None = None
+
+
+class _LazilyConfiguredNet(Net):
+    """Fills its config on its first call, as Hugging Face's sequence classifiers set
+    ``config.problem_type``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settings = _LazySettings()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.settings.mode is None:
+            self.settings.mode = "tanh" if y.dtype == torch.int64 else "relu"
+        h = self.encoder(x)
+        return F.cross_entropy(self.head(torch.tanh(h) if self.settings.mode == "tanh" else h), y)
+
+
+def test_a_config_value_the_forward_sets_while_captured_needs_no_second_capture() -> None:
+    torch.manual_seed(0)
+
+    def relu(m: nn.Module) -> None:
+        m.settings.mode = "relu"
+
+    wrapped = _train_through(_LazilyConfiguredNet(), {4: relu})
+    assert wrapped.module.settings.mode == "relu"
+    assert len(wrapped._ortrain_graphs) == 2  # the first call's graph, kept for mode "tanh"; then "relu"
+
+
+class _ClassScaledNet(Net):
+    SCALE = 1.0  # a class-level setting, changed at run time below
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(self.encoder(x) * self.SCALE), y)
+
+
+def test_a_changed_class_attribute_is_seen(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Net.SCALE = 3.0`` between steps: a new graph (the captured one kept 1.0)."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    monkeypatch.setattr(_ClassScaledNet, "SCALE", 1.0)  # put back after the test
+    torch.manual_seed(0)
+
+    def scale(m: nn.Module) -> None:
+        _ClassScaledNet.SCALE = 3.0
+
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        _train_through(_ClassScaledNet(), {2: scale})
+    assert "capturing a graph: class attribute _ClassScaledNet.SCALE changed from 1.0 to 3.0" in caplog.text
+
+
 def test_a_hugging_face_config_flag_set_between_steps_is_seen() -> None:
     """``model.config.output_hidden_states = True`` after a few steps returns the hidden states, as
     eager does (the captured graph returned none)."""
