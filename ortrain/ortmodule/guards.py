@@ -161,7 +161,7 @@ def _read_class_values(cls: type, classes: dict[type, tuple[tuple[str, Any], ...
     for klass in cls.__mro__:
         if klass in classes:
             continue
-        if klass.__module__.startswith(("torch.", "builtins")):
+        if str(getattr(klass, "__module__", "")).startswith(("torch.", "builtins")):
             classes[klass] = ()
             continue
         values: list[tuple[str, Any]] = []
