@@ -316,15 +316,16 @@ def installed_distributions() -> tuple[str, ...]:
     """
     found = set()
     for entry in sys.path:
+        folder = entry or "."  # "" is the current directory
         try:
-            with os.scandir(entry or ".") as listing:
+            with os.scandir(folder) as listing:
                 names = [e.name for e in listing if e.name.endswith((".dist-info", ".egg-info"))]
         except OSError:  # a zip file, a path that does not exist
             continue
         for name in names:
             if "-" not in name.rpartition(".")[0]:  # "devlib.egg-info": no version in the name
                 try:
-                    version = importlib.metadata.PathDistribution(Path(entry or ".") / name).version
+                    version = importlib.metadata.PathDistribution(Path(folder) / name).version
                 except Exception:  # no readable metadata: the name alone
                     version = "?"
                 name = f"{name} {version}"

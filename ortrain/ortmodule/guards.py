@@ -48,6 +48,7 @@ _TABLES = frozenset({dict, OrderedDict, set})
 # transformers 5) by name, so that transformers is not imported here, and dataclass instances.
 _CONFIG_BASES = frozenset({"PretrainedConfig", "PreTrainedConfig"})
 _is_config_type: dict[type, bool] = {}
+_NOT_PLAIN = object()
 
 # Per tensor: dtype, device, shape, requires_grad; or, for a second name of the same tensor, the
 # position of its first name.
@@ -166,13 +167,20 @@ def _read_class_values(cls: type, classes: dict[type, tuple[tuple[str, Any], ...
             continue
         values: list[tuple[str, Any]] = []
         for name, value in vars(klass).items():
-            kind = type(value)
-            if kind in _PLAIN:
-                if not name.startswith("__"):
-                    values.append((f"{klass.__qualname__}.{name}", value))
-            elif kind in _SEQUENCES and len(value) <= _SHORT and all(type(i) in _PLAIN for i in value):
-                values.append((f"{klass.__qualname__}.{name}", tuple(value)))
+            plain = _plain_form(value)
+            if plain is not _NOT_PLAIN and not name.startswith("__"):
+                values.append((f"{klass.__qualname__}.{name}", plain))
         classes[klass] = tuple(values)
+
+
+def _plain_form(value: Any) -> Any:
+    """``value`` if plain, a short sequence of plain values as a tuple, else ``_NOT_PLAIN``."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind in _SEQUENCES and len(value) <= _SHORT and all(type(i) in _PLAIN for i in value):
+        return tuple(value)
+    return _NOT_PLAIN
 
 
 def _is_config(kind: type) -> bool:
@@ -198,11 +206,9 @@ def _config_values(config: Any, seen: dict[int, tuple[Any, ...]]) -> tuple[Any, 
         attributes = {f.name: getattr(config, f.name, None) for f in dataclasses.fields(config)}
     values: list[tuple[str, Any]] = []
     for k, v in attributes.items():
-        kind = type(v)
-        if kind in _PLAIN:
-            values.append((k, v))
-        elif kind in _SEQUENCES and len(v) <= _SHORT and all(type(i) in _PLAIN for i in v):
-            values.append((k, tuple(v)))
+        kind, plain = type(v), _plain_form(v)
+        if plain is not _NOT_PLAIN:
+            values.append((k, plain))
         elif kind is dict and len(v) <= _SHORT and all(type(i) in _PLAIN for i in v.values()):
             values.append((k, tuple(v.items())))
         elif _is_config(kind):
@@ -290,39 +296,43 @@ def describe_change(root: nn.Module, old: tuple[Any, ...], new: tuple[Any, ...])
 
 def _object_change(module: str, before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
     """Which object attribute was replaced, or which value of a config it holds changed."""
-    old = {entry[0]: entry for entry in before}
-    new = {entry[0]: entry for entry in after}
-    for name in [*new, *(k for k in old if k not in new)]:
-        was, now = old.get(name), new.get(name)
-        if was == now:
-            continue
-        if was is not None and now is not None and was[1] == now[1] and len(was) == len(now) == 3:
-            return f"{name}.{_value_change(was[2], now[2])} (a config held by {module!r})"
-        return f"attribute {name!r} of {module!r} was replaced"
-    return f"an attribute of {module!r} was replaced"
+    found = _first_difference({entry[0]: entry for entry in before}, {entry[0]: entry for entry in after})
+    if found is None:
+        return f"an attribute of {module!r} was replaced"
+    name, was, now = found
+    if isinstance(was, tuple) and isinstance(now, tuple) and was[1] == now[1] and len(was) == len(now) == 3:
+        return f"{name}.{_value_change(was[2], now[2])} (a config held by {module!r})"
+    return f"attribute {name!r} of {module!r} was replaced"
 
 
 def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, Any], ...]) -> str:
     """The first of two (name, value) lists' differences: "scale changed from 1.0 to 3.0"."""
-    old, new = dict(before), dict(after)
-    for name in [*new, *(k for k in old if k not in new)]:
-        was, now = old.get(name), new.get(name)
-        if was == now:
-            continue
-        if type(was) in _PLAIN and type(now) in _PLAIN:
-            return f"{name} changed from {was!r} to {now!r}"
-        return f"{name} changed"
-    return "a value changed"
+    found = _first_difference(dict(before), dict(after))
+    if found is None:
+        return "a value changed"
+    name, was, now = found
+    if type(was) in _PLAIN and type(now) in _PLAIN:
+        return f"{name} changed from {was!r} to {now!r}"
+    return f"{name} changed"
 
 
 def _attribute_change(module: str, before: dict[str, Any], after: dict[str, Any]) -> str:
-    for key in sorted(set(before) | set(after)):
-        old, new = before.get(key, "<unset>"), after.get(key, "<unset>")
-        if old != new:
-            if key == "training":
-                return f"submodule {module!r} was switched to {'train' if new else 'eval'} mode"
-            return f"{module}.{key} changed from {old!r} to {new!r}"
-    return f"attributes of {module!r} changed"
+    found = _first_difference(before, after)
+    if found is None:
+        return f"attributes of {module!r} changed"
+    key, old, new = found
+    if key == "training":
+        return f"submodule {module!r} was switched to {'train' if new else 'eval'} mode"
+    return f"{module}.{key} changed from {old!r} to {new!r}"
+
+
+def _first_difference(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """The first name, in sorted order, whose value differs, with both values ("<unset>" where absent)."""
+    for name in sorted(set(before) | set(after)):
+        was, now = before.get(name, "<unset>"), after.get(name, "<unset>")
+        if was != now:
+            return name, was, now
+    return None
 
 
 def _tensor_change(module: str, kind: str, before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
