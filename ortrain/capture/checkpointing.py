@@ -37,6 +37,15 @@ REGION_KEY = "ortrain_checkpoint_region"
 ALLOW_VARIABLE = "ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT"
 
 
+# Non-reentrant checkpointing re-runs the forward in the backward pass and stops it with this
+# exception once every tensor the backward needs is back: the checkpoint's control flow, which a
+# wrapped model run inside ``checkpoint(...)`` must let through untouched (not an ONNX Runtime
+# failure for the fallback policy).
+RECOMPUTATION_STOPS: tuple[type[Exception], ...] = tuple(
+    cls for cls in (getattr(torch_checkpoint, "_StopRecomputationError", None),) if cls is not None
+)
+
+
 class UnsupportedCheckpointError(RuntimeError):
     """A form of checkpointing the traced default cannot reproduce."""
 

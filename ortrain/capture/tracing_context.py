@@ -19,6 +19,11 @@
   a capture that fails is handled (the user's own error from eager PyTorch for bad inputs, the
   fallback policy otherwise, the capture's error at DEBUG), and a wrong input shape printed
   forty lines of ERROR before PyTorch's one-line answer.
+- Saved-tensor hooks around the wrapper (``torch.utils.checkpoint.checkpoint(model, x)``,
+  ``torch.autograd.graph.save_on_cpu``) do not see what tracing saves: a first step captured
+  inside a non-reentrant checkpoint counted the trace's fake tensors as saved by the forward
+  and failed ("a different number of tensors was saved during the original forward and
+  recomputation"). The hooks see what the captured forward saves when it runs, as for eager.
 """
 
 from __future__ import annotations
@@ -79,6 +84,16 @@ def _counted() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def saved_tensor_hooks_ignored() -> Iterator[None]:
+    """The user's saved-tensor hooks are skipped while tracing, as TorchDynamo skips them."""
+    previous = torch._C._autograd._saved_tensors_hooks_set_tracing(True)
+    try:
+        yield
+    finally:
+        torch._C._autograd._saved_tensors_hooks_set_tracing(previous)
+
+
+@contextlib.contextmanager
 def tracing_context() -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(_counted())
@@ -86,4 +101,5 @@ def tracing_context() -> Iterator[None]:
         stack.enter_context(hf_masks_traceable())
         stack.enter_context(reports_compiling())
         stack.enter_context(meta_failures_unlogged())
+        stack.enter_context(saved_tensor_hooks_ignored())
         yield

@@ -19,6 +19,7 @@ from ortrain.cache.cached_export import exports_run
 from ortrain.cache.capture_key import capture_key
 from ortrain.capture.aot_capture import Capture, GraphSlot, capture
 from ortrain.capture.buffer_assignments import buffers_before, keep_assignments_as_updates
+from ortrain.capture.checkpointing import RECOMPUTATION_STOPS
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.functorch_transforms import functorch_transform_active
 from ortrain.capture.huggingface import register_hf_cache_types
@@ -493,6 +494,8 @@ class ORTModule(nn.Module):
         entry.capture.refuse_writes_into_leaves(call.inputs)
         try:
             outputs = entry.capture(state_tensors, call.inputs)
+        except RECOMPUTATION_STOPS:
+            raise
         except Exception as error:
             self._raise_if_user_error(args, kwargs)
             raise ORTModuleONNXModelException(
