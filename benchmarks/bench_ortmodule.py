@@ -7,7 +7,7 @@ bench``); each (model, competitor, repeat) runs in a fresh process, repeats are 
 the table reports medians over the repeats.
 
     python benchmarks/bench_ortmodule.py [--repeats 3] [--steps 20] [--quick]
-                                         [--models mlp,gpt,gpt-softmax,sft,lstm,cnn]
+                                         [--models mlp,gpt,gpt-softmax,gpt-dropout,sft,lstm,cnn]
                                          [--competitors eager,eager-malloc,compile,ortrain]
 """
 

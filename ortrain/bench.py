@@ -6,7 +6,8 @@ that competitor alone and no competitor inherits another's warm caches; repeats 
 that drift in machine load hits all competitors alike, and the table reports medians.
 
 Models: ``mlp``, ``gpt`` (a tiny GPT, next-token loss), ``gpt-softmax`` (the same GPT with
-attention spelled out: matmul, mask, softmax, matmul), ``sft`` (the tiny GPT with half of the
+attention spelled out: matmul, mask, softmax, matmul), ``gpt-dropout`` (the tiny GPT with
+dropout 0.1, as Hugging Face's models train), ``sft`` (the tiny GPT with half of the
 labels ``-100``, as in supervised fine-tuning where the prompt is not scored), ``lstm`` (a
 2-layer LSTM tagger), ``cnn`` (a small ResNet on 32 × 32 images), or a user's ``module:factory``.
 The factory takes no argument and returns ``(model, batch)``: ``batch`` is a
@@ -53,11 +54,12 @@ COMPETITOR_LABELS = {
     "compile": "torch.compile",
     "ortrain": "ortrain",
 }
-BUILTIN_MODELS = ("mlp", "gpt", "gpt-softmax", "sft", "lstm", "cnn")
+BUILTIN_MODELS = ("mlp", "gpt", "gpt-softmax", "gpt-dropout", "sft", "lstm", "cnn")
 MODEL_LABELS = {
     "mlp": "MLP",
     "gpt": "tiny GPT",
     "gpt-softmax": "GPT, spelled-out attention",
+    "gpt-dropout": "GPT, dropout 0.1",
     "sft": "SFT GPT",
     "lstm": "LSTM tagger",
     "cnn": "small ResNet",
@@ -137,7 +139,7 @@ def build_model(name: str, sizes: ModelSizes = FULL) -> tuple[nn.Module, Batch]:
             layers += [nn.Linear(sizes.mlp_width, sizes.mlp_width), nn.ReLU()]
         data = (torch.randn(sizes.mlp_batch, sizes.mlp_width), torch.randn(sizes.mlp_batch, sizes.mlp_width))
         return _LossOf(nn.Sequential(*layers[:-1]), _mse), data
-    if name in ("gpt", "gpt-softmax", "sft"):
+    if name in ("gpt", "gpt-softmax", "gpt-dropout", "sft"):
         from ortrain.models.tiny_gpt import GPTConfig, TinyGPT, TinyGPTLoss
 
         config = GPTConfig(
@@ -147,6 +149,9 @@ def build_model(name: str, sizes: ModelSizes = FULL) -> tuple[nn.Module, Batch]:
             n_head=sizes.gpt_heads,
             d_model=sizes.gpt_d_model,
             attention="softmax" if name == "gpt-softmax" else "sdpa",
+            # As Hugging Face's GPT-2 and BERT train: after the embeddings, each attention
+            # projection and each MLP (9 dropouts).
+            dropout=0.1 if name == "gpt-dropout" else 0.0,
         )
         idx = torch.randint(0, sizes.gpt_vocab, (sizes.gpt_batch, sizes.gpt_seq))
         targets = torch.roll(idx, -1, dims=1)

@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     bench.add_argument(
         "--models",
-        help="comma-separated: mlp, gpt, gpt-softmax, sft (half the labels -100), lstm, cnn, or "
+        help="comma-separated: mlp, gpt, gpt-softmax, gpt-dropout (dropout 0.1), sft (half the labels -100), "
+        "lstm, cnn, or "
         "module:factory returning (model, batch) where model(*batch) returns the loss "
         "(default: mlp,gpt,sft; mlp with --quick)",
     )

@@ -5,8 +5,12 @@ one process-wide generator seeded from the clock: the same script trained twice 
 ``torch.manual_seed`` got other dropout masks, other losses, and could not be compared with itself
 (or with a cached run). Before each run of a session that holds such an operator, ortrain reseeds
 that generator with a number drawn from PyTorch's default generator, so the masks follow the
-user's seed (and ``torch.random.fork_rng`` / ``get_rng_state`` work as for eager dropout). The
-masks still differ from eager PyTorch's, which uses another algorithm.
+user's seed (and ``torch.random.fork_rng`` / ``get_rng_state`` work as for eager dropout).
+
+Since wave 19 no operator ortrain exports draws from that generator: dropout and the other random
+operators run in PyTorch (:mod:`ortrain.runtime.torch_native_ops`), whose masks do not depend on
+the placement or the graph. The reseeding stays for a graph that holds such an operator anyway
+(a custom translation, an ONNX model from elsewhere).
 """
 
 from __future__ import annotations

@@ -30,14 +30,21 @@ Six kinds of nodes are PyTorch's:
   than the kernel saves. (onnxscript's own translation of the forward fills the log-sum-exp with
   zeros, so a backward reading them computes wrong gradients: tiny GPT, errors of 1e4.)
 
-- **Random numbers** other than dropout's (``rand``, ``randn``, ``randint``, ``normal``,
+- **Random numbers** (``native_dropout``, ``rand``, ``randn``, ``randint``, ``normal``,
   ``uniform``, ``bernoulli``, ``multinomial``, ...): ONNX Runtime's ``RandomUniformLike`` and
   ``RandomNormalLike`` seed their generator once, when the session is made, so they ignored
   ``torch.manual_seed`` (the same seed drew other numbers at every step and in every process), and
   its CPU ``Bernoulli`` kernel (1.32) returns 1 with probability 1 − p: ``torch.bernoulli`` of 0.8
   averaged 0.2. Drawn by PyTorch, they come from the user's generator with eager's distributions.
-  Dropout stays in ONNX Runtime, whose generator ortrain reseeds from PyTorch's before each run
-  (:mod:`ortrain.runtime.random_seed`).
+  Dropout is drawn by PyTorch too (wave 19): its masks are eager's own under the same seed, and
+  they no longer depend on the placement or on the graph that draws them. With ONNX Runtime's
+  Dropout (reseeded from PyTorch's generator before each run) the masks depended on both: op
+  tuning switches a graph between placements from call to call, so a model run inside
+  ``torch.utils.checkpoint.checkpoint`` recomputed its forward with other masks than the forward's
+  and trained on wrong gradients (off by 2e-2 where they were 1e-1), and a reentrant checkpoint,
+  whose forward runs the no-grad graph and whose recompute the training graph, could not agree
+  either. The cost is a crossing between executors at each dropout of a forward graph (tiny GPT
+  with dropout 0.1 everywhere, 13 dropouts: see the README's *Random numbers*).
 
 - **Grid sampling** (``grid_sampler_2d`` / ``_3d`` and their backward, behind ``F.grid_sample``):
   the backward has no ONNX translation, and the ways around it were not PyTorch's numbers.
@@ -121,6 +128,7 @@ FUSED_ATTENTION: frozenset[object] = frozenset(
 
 RANDOM: frozenset[object] = frozenset(
     {
+        aten.native_dropout,
         aten.bernoulli,
         aten.cauchy,
         aten.exponential,

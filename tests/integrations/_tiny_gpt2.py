@@ -12,12 +12,11 @@ def tiny_gpt2(seed: int = 0) -> torch.nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    # Dropout off: ONNX Runtime draws its own masks, so runs with dropout cannot match eager. One
-    # block: these tests are about the Trainer's use of the model, and capture and export time
-    # grows with the blocks (the parity zoo trains a two-block GPT-2).
+    # GPT-2's own dropout (0.1): ortrain draws eager's masks under the Trainer's seed, so the runs
+    # still match. One block: these tests are about the Trainer's use of the model, and capture
+    # and export time grows with the blocks (the parity zoo trains a two-block GPT-2).
     config = GPT2Config(
-        n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+        n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ, bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
     model = GPT2LMHeadModel(config)
     assert model.lm_head.weight is model.transformer.wte.weight

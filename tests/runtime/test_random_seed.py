@@ -1,4 +1,4 @@
-"""ONNX Runtime's dropout follows torch.manual_seed: the same seed trains the same run again."""
+"""Dropout follows torch.manual_seed: the same seed trains the same run again, other seeds other masks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ortrain import ORTModule
 @pytest.fixture(autouse=True)
 def _no_silent_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
-    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")  # dropout stays in ONNX Runtime
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")  # one placement: the linear layers in ONNX Runtime
 
 
 def _train(seed: int) -> tuple[list[float], list[torch.Tensor]]:

@@ -1,0 +1,98 @@
+"""Dropout draws eager's masks, and a wrapped model trains inside ``torch.utils.checkpoint``.
+
+Dropout runs in PyTorch (``runtime/torch_native_ops.py``): under one seed its masks are eager's,
+whichever placement op tuning runs and whichever graph (no-grad or training) draws them. A
+checkpoint around the wrapper (each layer an ``ORTModule``, the loop checkpointing them) then
+recomputes the forward with the forward's own masks, and its first step may capture inside it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ortrain import ORTModule
+
+
+class Block(nn.Module):
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.up = nn.Linear(16, 64)
+        self.down = nn.Linear(64, 16)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.down(self.drop(torch.nn.functional.gelu(self.up(x)))))
+
+
+class Stack(nn.Module):
+    """Blocks run one by one, each inside a checkpoint when ``checkpointing`` names the kind."""
+
+    def __init__(self, blocks: list[nn.Module], checkpointing: str | None) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.checkpointing = checkpointing
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            if self.checkpointing is None:
+                x = block(x)
+            else:
+                x = checkpoint(block, x, use_reentrant=self.checkpointing == "reentrant")
+        return x.square().mean()
+
+
+def _train(model: nn.Module, steps: int) -> tuple[list[float], list[torch.Tensor]]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    generator = torch.Generator().manual_seed(1)
+    losses = []
+    for step in range(steps):
+        # A reentrant checkpoint sees gradients only through inputs that require them.
+        x = torch.randn(8, 5, 16, generator=generator).requires_grad_(True)
+        torch.manual_seed(100 + step)
+        loss = model(x)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def _assert_same_training(eager: nn.Module, wrapped: nn.Module, steps: int) -> None:
+    eager_losses, eager_params = _train(eager, steps)
+    losses, params = _train(wrapped, steps)
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=1e-6)
+    for got, expected in zip(params, eager_params, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_dropout_masks_are_eagers_under_the_same_seed() -> None:
+    """ONNX Runtime's Dropout drew its own masks (reseeded from torch's generator, but another
+    algorithm): losses differed from eager's from the first step. Op tuning switches placements
+    in these steps, and the masks must not follow it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(0.3), Block(0.3))
+    eager = Stack([copy.deepcopy(b) for b in model], checkpointing=None)
+    wrapped = ORTModule(Stack([copy.deepcopy(b) for b in model], checkpointing=None))
+    _assert_same_training(eager, wrapped, steps=8)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3], ids=["no-dropout", "dropout"])
+@pytest.mark.parametrize("kind", ["non-reentrant", "reentrant"])
+def test_wrapped_layers_inside_checkpoint_train_like_eager(kind: str, p: float) -> None:
+    """Each layer an ORTModule, checkpointed from outside. Non-reentrant: the first step captured
+    inside the checkpoint, whose hooks counted the trace's tensors as saved ("a different number of
+    tensors was saved during the original forward and recomputation"), and the recompute's early
+    stop was taken for an ONNX Runtime failure. With dropout, the recompute ran another placement
+    than the forward (op tuning), so other masks: wrong gradients. Reentrant: the forward runs the
+    no-grad graph, the recompute the training graph; they must draw the same masks."""
+    torch.manual_seed(0)
+    blocks = [Block(p) for _ in range(3)]
+    eager = Stack([copy.deepcopy(b) for b in blocks], checkpointing=kind)
+    wrapped = Stack([ORTModule(copy.deepcopy(b)) for b in blocks], checkpointing=kind)
+    _assert_same_training(eager, wrapped, steps=6)
+    assert all(block._ortrain_graphs for block in wrapped.blocks)  # they ran on graphs
