@@ -213,3 +213,7 @@ def _small_flash_attention(node: torch.fx.Node) -> bool:
 
 def is_torch_native(node: torch.fx.Node) -> bool:
     return torch_native_reason(node) is not None
+
+
+def is_random(node: torch.fx.Node) -> bool:
+    return torch_native_reason(node) == "random numbers"

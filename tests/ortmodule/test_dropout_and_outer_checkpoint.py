@@ -96,3 +96,49 @@ def test_wrapped_layers_inside_checkpoint_train_like_eager(kind: str, p: float) 
     wrapped = Stack([ORTModule(copy.deepcopy(b)) for b in blocks], checkpointing=kind)
     _assert_same_training(eager, wrapped, steps=6)
     assert all(block._ortrain_graphs for block in wrapped.blocks)  # they ran on graphs
+
+
+class _AttentionThenDropout(nn.Module):
+    """``nn.MultiheadAttention(batch_first=True)`` returns a transposed view: eager's dropout after
+    it draws its mask in that memory order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.2, batch_first=True)
+        self.attention = nn.MultiheadAttention(32, 4, dropout=0.2, batch_first=True)
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return self.drop(self.attention(h, h, h)[0]).square().mean()
+
+
+@pytest.mark.parametrize("tuning", ["0", "automatic"])
+def test_dropout_after_a_transpose_draws_eagers_masks(monkeypatch: pytest.MonkeyPatch, tuning: str) -> None:
+    """A value from ONNX Runtime is contiguous where eager's was a transposed view: PyTorch's
+    dropout drew other masks from it (losses off by 6e-4 at once), and other masks in the
+    all-PyTorch placement than in ONNX Runtime's. Random operators now get the recorded layout."""
+    if tuning == "0":
+        monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")  # ONNX Runtime's placement from the start
+    torch.manual_seed(0)
+    model = _AttentionThenDropout()
+    eager, wrapped = copy.deepcopy(model), ORTModule(copy.deepcopy(model))
+    eager_losses, eager_params = _train_on(eager, steps=5)
+    losses, params = _train_on(wrapped, steps=5)
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=1e-6)
+    for got, expected in zip(params, eager_params, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def _train_on(model: nn.Module, steps: int) -> tuple[list[float], list[torch.Tensor]]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(4, 10, 32, generator=torch.Generator().manual_seed(2))
+    losses = []
+    for step in range(steps):
+        torch.manual_seed(step)
+        loss = model(x)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]

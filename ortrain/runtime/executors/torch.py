@@ -9,6 +9,7 @@ import torch
 
 from ortrain.runtime.executors.base import Runner
 from ortrain.runtime.inplace_scatter import scatter_in_place
+from ortrain.runtime.random_op_layouts import with_random_op_layouts
 
 _VIEWS = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default})
 
@@ -33,6 +34,9 @@ class TorchExecutor:
                 if node.op == "call_function" and node.target in _VIEWS:
                     node.target = torch.ops.aten.reshape.default
             region.recompile()
+            # For the same reason a random operator gets its inputs back in the captured layout:
+            # it draws in memory order.
+            region = with_random_op_layouts(region)
 
         def run(args: list[Any]) -> list[Any]:
             return list(region(*args))

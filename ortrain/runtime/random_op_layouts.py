@@ -1,0 +1,102 @@
+"""Random operators in PyTorch see their inputs in the memory layout the capture recorded.
+
+PyTorch draws a random tensor "like" its input (dropout's mask, ``rand_like``, ``bernoulli``) in
+the input's memory order: ``empty_like`` keeps a transposed input's strides and the generator
+fills memory front to back, so the same seed gives other masks for a transposed input than for a
+contiguous one with the same values. Eager PyTorch's dropout after a ``transpose`` (the output of
+``nn.MultiheadAttention`` with ``batch_first=True``) draws in the transposed order; a value that
+reaches PyTorch from ONNX Runtime is contiguous. So a region run by PyTorch after ONNX Runtime drew
+other masks than eager and than the all-PyTorch placement: under ``torch.utils.checkpoint``, with
+op tuning switching placements between the forward and its recompute, the recompute's masks were
+not the forward's (a wrong gradient).
+
+Before such an operator, its tensor inputs are put back in the dimension order the capture
+recorded for them (a copy only when the run-time layout differs), which makes the draws eager's
+and the same in every placement. Recorded layouts that are not dense (a broadcast input, a slice
+with gaps) are left as they come: their draws may differ from eager's, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from ortrain.capture.lazy_recompile import graph_module
+from ortrain.runtime.torch_native_ops import is_random
+
+logger = logging.getLogger("ortrain.runtime")
+
+
+def _hint(value: object) -> int | None:
+    """A size or stride as the capture saw it (a symbolic one by its example value)."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.SymInt):
+        hint = value.node.hint
+        return int(hint) if hint is not None else None
+    return None
+
+
+def recorded_dim_order(value: object) -> tuple[int, ...] | None:
+    """The dimensions of a recorded tensor from outermost to innermost in memory, when its layout is
+    dense, not contiguous, and known; otherwise None (nothing to restore)."""
+    if not isinstance(value, torch.Tensor) or value.dim() < 2:
+        return None
+    sizes = [_hint(s) for s in value.shape]
+    strides = [_hint(s) for s in value.stride()]
+    if None in sizes or None in strides:
+        return None
+    order = sorted(range(value.dim()), key=lambda d: -strides[d])  # type: ignore[operator]
+    expected = 1
+    for d in reversed(order):  # dense: each stride is the product of the sizes inside it
+        if sizes[d] != 1 and strides[d] != expected:
+            return None
+        expected *= sizes[d]  # type: ignore[operator]
+    if order == list(range(value.dim())):
+        return None
+    return tuple(order)
+
+
+def in_dim_order(tensor: torch.Tensor, order: Sequence[int]) -> torch.Tensor:
+    """``tensor`` with the same values, laid out densely in ``order`` (itself when it already is)."""
+    permuted = tensor.permute(*order)
+    if permuted.is_contiguous():
+        return tensor
+    inverse = [0] * len(order)
+    for position, d in enumerate(order):
+        inverse[d] = position
+    return permuted.contiguous().permute(*inverse)
+
+
+def with_random_op_layouts(region: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``region``, or a copy of it (the plan keeps describing the partition) where
+    :func:`in_dim_order` comes before each random operator's tensor inputs whose recorded layout is
+    not contiguous."""
+    needed = [
+        node
+        for node in region.graph.nodes
+        if node.op == "call_function"
+        and is_random(node)
+        and any(isinstance(a, torch.fx.Node) and recorded_dim_order(a.meta.get("val")) for a in node.args)
+    ]
+    if not needed:
+        return region
+    graph = torch.fx.Graph()
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+    graph.output(graph.graph_copy(region.graph, copies))
+    wrapped = 0
+    for original in needed:
+        node = copies[original]
+        for arg in dict.fromkeys(a for a in node.args if isinstance(a, torch.fx.Node)):
+            order = recorded_dim_order(arg.meta.get("val"))
+            if order is None:
+                continue
+            with graph.inserting_before(node):
+                laid_out = graph.call_function(in_dim_order, (arg, order))
+            laid_out.meta["val"] = arg.meta.get("val")
+            node.replace_input_with(arg, laid_out)
+            wrapped += 1
+    logger.debug("random operators: %d input(s) restored to their recorded layout", wrapped)
+    return graph_module(region, graph)
