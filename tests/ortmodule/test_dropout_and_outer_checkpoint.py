@@ -142,3 +142,66 @@ def _train_on(model: nn.Module, steps: int) -> tuple[list[float], list[torch.Ten
         optimizer.zero_grad()
         losses.append(loss.item())
     return losses, [p.detach().clone() for p in model.parameters()]
+
+
+class _Classifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Linear(16, 32),
+            nn.GELU(),
+            nn.Dropout(0.3),
+            nn.Linear(32, 32),
+            nn.LayerNorm(32),
+            nn.Dropout(0.3),
+        )
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.head(self.body(x)), y)
+
+
+def _change(model: nn.Module, step: int) -> None:
+    """What people do between steps: freeze and unfreeze, swap the head, switch one dropout off,
+    change a rate, change the dtype."""
+    if step == 2:
+        model.body[0].requires_grad_(False)
+    if step == 4:
+        model.body[0].requires_grad_(True)
+    if step == 5:
+        torch.manual_seed(77)
+        model.head = nn.Linear(32, 4)
+    if step == 7:
+        model.body[2].eval()
+    if step == 8:
+        model.body[2].train()
+        model.body[5].p = 0.6
+    if step == 10:
+        model.double()
+
+
+def test_model_changes_with_dropout_train_like_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With eager's masks, a model with dropout can be held to eager's losses through the changes
+    a training script makes (before, only dropout-free models could)."""
+    # The default policy: ONNX Runtime's CPU kernels lack float64 GELU and LayerNorm, which then
+    # run in PyTorch after the model turns double.
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    torch.manual_seed(0)
+    base = _Classifier()
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+
+    def run(model: nn.Module, inner: nn.Module) -> list[float]:
+        losses = []
+        for step in range(12):
+            _change(inner, step)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            torch.manual_seed(step)
+            loss = model(x.to(next(model.parameters()).dtype), y)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
+    eager = copy.deepcopy(base)
+    wrapped = ORTModule(copy.deepcopy(base))
+    torch.testing.assert_close(run(wrapped, wrapped.module), run(eager, eager), rtol=1e-5, atol=1e-6)
