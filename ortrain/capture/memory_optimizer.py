@@ -18,12 +18,11 @@ default partitioner then copies them into the backward graph, so the recompute r
 Runtime like every other node, never by re-running the user's Python.
 
 Random ops (dropout: ``native_dropout``, ``bernoulli``...) and python ops are never recomputed:
-ONNX Runtime's Dropout draws from its own generator, which the exported backward graph cannot
-replay from a seed, so a recomputed mask would differ from the forward's and the gradient would
-be wrong. Their outputs are stashed; plans that need them see them as boundaries. Dropout gets one
-better: its mask (one byte an element) is stashed anyway for its own backward, so the planner
-offers ``DropoutFromMask+``, which rebuilds the float output as ``input * mask * scale`` (what
-ONNX Runtime's Dropout kernel computes) instead of stashing it.
+the backward graph runs after other draws from the generator, so a recomputed mask would differ
+from the forward's and the gradient would be wrong. Their outputs are stashed; plans that need
+them see them as boundaries. Dropout gets one better: its mask (one byte an element) is stashed
+anyway for its own backward, so the planner offers ``DropoutFromMask+``, which rebuilds the float
+output as ``input * mask * scale`` (what the dropout kernel computes) instead of stashing it.
 """
 
 from __future__ import annotations

@@ -303,7 +303,7 @@ def test_bad_config_is_an_error_naming_the_entry(monkeypatch: pytest.MonkeyPatch
         runtime_options()
 
 
-def _train_with_ort_seed(
+def _train_with_one_seed(
     monkeypatch: pytest.MonkeyPatch, level: int, steps: int = 2
 ) -> tuple[list[float], ORTModule]:
     monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", str(level))
@@ -311,7 +311,7 @@ def _train_with_ort_seed(
     config = GPTConfig(64, block_size=16, n_layer=1, n_head=2, d_model=16, dropout=0.3, attention="softmax")
     model = ORTModule(TinyGPT(config))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    # ONNX Runtime's Dropout draws its masks from a generator ortrain seeds from torch's.
+    # Dropout draws its masks from torch's generator, as in eager.
     losses = []
     for step in range(steps):
         idx = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(step))
@@ -325,8 +325,8 @@ def _train_with_ort_seed(
 
 def test_dropout_outputs_are_rebuilt_from_their_stashed_masks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Level 1 recomputes dropout outputs from the forward's masks: same training as level 0."""
-    losses_0, model_0 = _train_with_ort_seed(monkeypatch, 0)
-    losses_1, model_1 = _train_with_ort_seed(monkeypatch, 1)
+    losses_0, model_0 = _train_with_one_seed(monkeypatch, 0)
+    losses_1, model_1 = _train_with_one_seed(monkeypatch, 1)
     (report,) = memory_reports(model_1)
     assert report.plan("DropoutFromMask+").applied == 1  # the attention probabilities' dropout
     # Not bitwise (the graphs differ, so do ONNX Runtime's fusions), but a redrawn mask (30%
