@@ -18,12 +18,14 @@ from torch.overrides import TorchFunctionMode
 from ortrain.capture.decompositions_ctc import ctc_loss_function
 from ortrain.capture.decompositions_rnn import recurrent_overrides
 from ortrain.capture.recurrent_layers import recurrent_python_ops
+from ortrain.capture.storage_views import OVERRIDES as STORAGE_VIEWS
 
 
 def _overrides(recurrent_as_python_ops: bool) -> dict[Callable[..., Any], Callable[..., Any]]:
     unrolled = recurrent_overrides()
     recurrent = recurrent_python_ops(unrolled) if recurrent_as_python_ops else unrolled
-    return {torch.nn.functional.ctc_loss: ctc_loss_function, **recurrent}
+    # as_strided on a permuted tensor: see capture/storage_views.py
+    return {torch.nn.functional.ctc_loss: ctc_loss_function, **recurrent, **STORAGE_VIEWS}
 
 
 class _Overrides(TorchFunctionMode):

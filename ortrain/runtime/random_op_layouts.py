@@ -24,39 +24,10 @@ from collections.abc import Sequence
 import torch
 
 from ortrain.capture.lazy_recompile import graph_module
+from ortrain.capture.memory_layouts import inverse_order, permuted_dim_order
 from ortrain.runtime.torch_native_ops import is_random
 
 logger = logging.getLogger("ortrain.runtime")
-
-
-def _hint(value: object) -> int | None:
-    """A size or stride as the capture saw it (a symbolic one by its example value)."""
-    if isinstance(value, int):
-        return value
-    if isinstance(value, torch.SymInt):
-        hint = value.node.hint
-        return int(hint) if hint is not None else None
-    return None
-
-
-def recorded_dim_order(value: object) -> tuple[int, ...] | None:
-    """The dimensions of a recorded tensor from outermost to innermost in memory, when its layout is
-    dense, not contiguous, and known; otherwise None (nothing to restore)."""
-    if not isinstance(value, torch.Tensor) or value.dim() < 2:
-        return None
-    sizes = [_hint(s) for s in value.shape]
-    strides = [_hint(s) for s in value.stride()]
-    if None in sizes or None in strides:
-        return None
-    order = sorted(range(value.dim()), key=lambda d: -strides[d])  # type: ignore[operator]
-    expected = 1
-    for d in reversed(order):  # dense: each stride is the product of the sizes inside it
-        if sizes[d] != 1 and strides[d] != expected:
-            return None
-        expected *= sizes[d]  # type: ignore[operator]
-    if order == list(range(value.dim())):
-        return None
-    return tuple(order)
 
 
 def in_dim_order(tensor: torch.Tensor, order: Sequence[int]) -> torch.Tensor:
@@ -64,10 +35,7 @@ def in_dim_order(tensor: torch.Tensor, order: Sequence[int]) -> torch.Tensor:
     permuted = tensor.permute(*order)
     if permuted.is_contiguous():
         return tensor
-    inverse = [0] * len(order)
-    for position, d in enumerate(order):
-        inverse[d] = position
-    return permuted.contiguous().permute(*inverse)
+    return permuted.contiguous().permute(*inverse_order(order))
 
 
 def with_random_op_layouts(region: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -79,7 +47,7 @@ def with_random_op_layouts(region: torch.fx.GraphModule) -> torch.fx.GraphModule
         for node in region.graph.nodes
         if node.op == "call_function"
         and is_random(node)
-        and any(isinstance(a, torch.fx.Node) and recorded_dim_order(a.meta.get("val")) for a in node.args)
+        and any(isinstance(a, torch.fx.Node) and permuted_dim_order(a.meta.get("val")) for a in node.args)
     ]
     if not needed:
         return region
@@ -90,7 +58,7 @@ def with_random_op_layouts(region: torch.fx.GraphModule) -> torch.fx.GraphModule
     for original in needed:
         node = copies[original]
         for arg in dict.fromkeys(a for a in node.args if isinstance(a, torch.fx.Node)):
-            order = recorded_dim_order(arg.meta.get("val"))
+            order = permuted_dim_order(arg.meta.get("val"))
             if order is None:
                 continue
             with graph.inserting_before(node):

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from ortrain.runtime.random_op_layouts import in_dim_order, recorded_dim_order
+from ortrain.capture.memory_layouts import permuted_dim_order
+from ortrain.runtime.random_op_layouts import in_dim_order
 
 
-def test_recorded_dim_order_names_a_dense_permuted_layout_only() -> None:
+def test_permuted_dim_order_names_a_dense_permuted_layout_only() -> None:
     transposed = torch.empty(10, 4, 32).transpose(0, 1)  # (4, 10, 32), strides (32, 128, 1)
-    assert recorded_dim_order(transposed) == (1, 0, 2)
-    assert recorded_dim_order(torch.empty(4, 10, 32)) is None  # contiguous: nothing to restore
-    assert recorded_dim_order(torch.empty(4, 1).expand(4, 8)) is None  # broadcast: not dense
-    assert recorded_dim_order(torch.empty(4, 10)[:, ::2]) is None  # gaps: not dense
-    assert recorded_dim_order(torch.empty(7)) is None
+    assert permuted_dim_order(transposed) == (1, 0, 2)
+    assert permuted_dim_order(torch.empty(4, 10, 32)) is None  # contiguous: nothing to restore
+    assert permuted_dim_order(torch.empty(4, 1).expand(4, 8)) is None  # broadcast: not dense
+    assert permuted_dim_order(torch.empty(4, 10)[:, ::2]) is None  # gaps: not dense
+    assert permuted_dim_order(torch.empty(7)) is None
 
 
 def test_in_dim_order_keeps_values_and_draws_like_eager() -> None:

@@ -1,0 +1,84 @@
+"""``torch.as_strided`` / ``as_strided_scatter`` on tensors whose memory is not in logical order."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from ortrain import ORTModule
+from ortrain.ortmodule import ORTModuleTorchModelException
+
+
+class _Net(nn.Module):
+    def __init__(self, body: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(self.linear(x)).square().sum()
+
+
+BODIES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    # A transposed view: as_strided indexes the memory of the linear layer's output.
+    "transposed": lambda h: torch.as_strided(h.t(), (4, 2), (1, 4)),
+    # A layout-preserving elementwise result of a transposed view is transposed in memory too.
+    "elementwise of transposed": lambda h: (h.t() * 2).as_strided((3, 3), (2, 5), 1),
+    # A slice of whole rows starts at an offset; the call addresses within it.
+    "row slice at an offset": lambda h: torch.as_strided(h[2:6], (2, 4), (8, 1), 16 + 3),
+    # Eager PyTorch scatters into a non-contiguous tensor only where it needs no gradient.
+    "scatter into transposed": lambda h: (
+        torch.as_strided_scatter(h.detach().t() * 3, torch.ones(2, 2), (2, 2), (1, 8), 3) * h.t()
+    ),
+}
+
+
+@pytest.mark.parametrize("tuning", ["0", "automatic"])
+@pytest.mark.parametrize("body", list(BODIES))
+def test_as_strided_matches_eager_in_every_placement(
+    monkeypatch: pytest.MonkeyPatch, body: str, tuning: str
+) -> None:
+    """ONNX Runtime's tensors are contiguous and its as_strided indexes values in logical order:
+    the transposed case computed 2.28 where eager computes 6.01, in ONNX Runtime's placement only."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    if tuning == "0":
+        monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
+    torch.manual_seed(0)
+    eager = _Net(BODIES[body])
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(8, 8)
+    for _ in range(4):  # the automatic tuner switches placements in these calls
+        for model in (eager, wrapped):
+            model.zero_grad()
+        expected, got = eager(x), wrapped(x)
+        expected.backward()
+        got.backward()
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(wrapped.module.linear.weight.grad, eager.linear.weight.grad)
+
+
+def _past_the_slice(h: torch.Tensor) -> torch.Tensor:
+    return torch.as_strided(h[:2], (4, 8), (8, 1))  # rows 2 and 3 are the original tensor's
+
+
+def test_memory_outside_the_tensor_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    model = ORTModule(_Net(_past_the_slice))
+    with pytest.raises(
+        ORTModuleTorchModelException, match=r"torch.as_strided reaches memory outside.*\.contiguous\(\)"
+    ):
+        model(torch.randn(8, 8))
+
+
+def test_memory_outside_the_tensor_trains_in_pytorch_by_default(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    eager = _Net(_past_the_slice)
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(8, 8)
+    with caplog.at_level("WARNING", logger="ortrain"):
+        torch.testing.assert_close(wrapped(x), eager(x))
+    assert "as_strided reaches memory outside" in caplog.text
