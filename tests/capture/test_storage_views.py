@@ -45,8 +45,8 @@ def test_as_strided_matches_eager_in_every_placement(
     """ONNX Runtime's tensors are contiguous and its as_strided indexes values in logical order:
     the transposed case computed 2.28 where eager computes 6.01, in ONNX Runtime's placement only."""
     monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
-    if tuning == "0":
-        monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
+    if tuning == "automatic":  # the first calls run PyTorch's placement, later ONNX Runtime's
+        monkeypatch.delenv("ORTMODULE_ENABLE_TUNING", raising=False)
     torch.manual_seed(0)
     eager = _Net(BODIES[body])
     wrapped = ORTModule(copy.deepcopy(eager))
@@ -74,7 +74,10 @@ def test_memory_outside_the_tensor_is_refused_by_name(monkeypatch: pytest.Monkey
         model(torch.randn(8, 8))
 
 
-def test_memory_outside_the_tensor_trains_in_pytorch_by_default(caplog: pytest.LogCaptureFixture) -> None:
+def test_memory_outside_the_tensor_trains_in_pytorch_by_default(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)  # the default policy
     torch.manual_seed(0)
     eager = _Net(_past_the_slice)
     wrapped = ORTModule(copy.deepcopy(eager))
