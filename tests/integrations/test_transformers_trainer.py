@@ -139,6 +139,26 @@ def test_plain_trainer_trains_like_eager_evaluates_saves_a_loadable_checkpoint_a
         torch.testing.assert_close(value, final[name], rtol=1e-5, atol=1e-6)
 
 
+def test_plain_trainer_with_bf16_mixed_precision_trains_like_eager(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bf16=True``: accelerate wraps the model's forward in CPU autocast, under which ortrain
+    captures (autocast is part of the graph key). ONNX Runtime's CPU build lacks most bfloat16
+    kernels: the default policy runs those operators in PyTorch, naming them once."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    train = token_dataset(16)
+    eager = Trainer(model=tiny_gpt2(), args=_args(tmp_path / "eager", bf16=True), train_dataset=train)
+    eager.train()
+    model = ORTModule(tiny_gpt2())
+    trainer = Trainer(model=model, args=_args(tmp_path / "run", bf16=True), train_dataset=train)
+    trainer.train()
+    assert any(key.autocast == ("cpu", torch.bfloat16) for key, _ in model._ortrain_graphs.items())
+    losses, expected = _losses(trainer), _losses(eager)
+    assert len(losses) == len(expected) == 4
+    for got, want in zip(losses, expected, strict=True):
+        assert abs(got - want) <= 1e-3 * abs(want)  # bfloat16 rounds to 3 significant digits
+
+
 def test_ort_trainer_fused_adam_accumulation_checkpointing_eval_save_limit_resume(tmp_path: Path) -> None:
     from ortrain.optim import FusedAdam
     from ortrain.transformers import ORTTrainer, ORTTrainingArguments
