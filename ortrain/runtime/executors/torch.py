@@ -10,6 +10,7 @@ import torch
 from ortrain.runtime.executors.base import Runner
 from ortrain.runtime.inplace_scatter import scatter_in_place
 from ortrain.runtime.random_op_layouts import with_random_op_layouts
+from ortrain.runtime.recorded_input_layouts import RecordedInputLayouts
 
 _VIEWS = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default})
 
@@ -38,7 +39,12 @@ class TorchExecutor:
             # it draws in memory order.
             region = with_random_op_layouts(region)
 
+        # The original graph keeps its views as traced: its inputs come in the captured strides.
+        layouts = RecordedInputLayouts(region) if whole else None
+
         def run(args: list[Any]) -> list[Any]:
+            if layouts is not None:
+                args = layouts.restore(args)
             return list(region(*args))
 
         run.region = region  # type: ignore[attr-defined]
