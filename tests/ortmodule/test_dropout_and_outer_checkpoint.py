@@ -53,13 +53,11 @@ class Stack(nn.Module):
         return x.square().mean()
 
 
-def _train(model: nn.Module, steps: int) -> tuple[list[float], list[torch.Tensor]]:
+def _train(model: nn.Module, batches: list[torch.Tensor]) -> tuple[list[float], list[torch.Tensor]]:
+    """SGD over ``batches``, the generator seeded before each step."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    generator = torch.Generator().manual_seed(1)
     losses = []
-    for step in range(steps):
-        # A reentrant checkpoint sees gradients only through inputs that require them.
-        x = torch.randn(8, 5, 16, generator=generator).requires_grad_(True)
+    for step, x in enumerate(batches):
         torch.manual_seed(100 + step)
         loss = model(x)
         loss.backward()
@@ -69,9 +67,14 @@ def _train(model: nn.Module, steps: int) -> tuple[list[float], list[torch.Tensor
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
-def _assert_same_training(eager: nn.Module, wrapped: nn.Module, steps: int) -> None:
-    eager_losses, eager_params = _train(eager, steps)
-    losses, params = _train(wrapped, steps)
+def _batches(steps: int, shape: tuple[int, ...], *, requires_grad: bool = False) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randn(shape, generator=generator).requires_grad_(requires_grad) for _ in range(steps)]
+
+
+def _assert_same_training(eager: nn.Module, wrapped: nn.Module, batches: list[torch.Tensor]) -> None:
+    eager_losses, eager_params = _train(eager, batches)
+    losses, params = _train(wrapped, batches)
     torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=1e-6)
     for got, expected in zip(params, eager_params, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
@@ -85,7 +88,7 @@ def test_dropout_masks_are_eagers_under_the_same_seed() -> None:
     model = nn.Sequential(Block(0.3), Block(0.3))
     eager = Stack([copy.deepcopy(b) for b in model], checkpointing=None)
     wrapped = ORTModule(Stack([copy.deepcopy(b) for b in model], checkpointing=None))
-    _assert_same_training(eager, wrapped, steps=8)
+    _assert_same_training(eager, wrapped, _batches(8, (8, 5, 16)))
 
 
 @pytest.mark.parametrize("p", [0.0, 0.3], ids=["no-dropout", "dropout"])
@@ -101,7 +104,8 @@ def test_wrapped_layers_inside_checkpoint_train_like_eager(kind: str, p: float) 
     blocks = [Block(p) for _ in range(3)]
     eager = Stack([copy.deepcopy(b) for b in blocks], checkpointing=kind)
     wrapped = Stack([ORTModule(copy.deepcopy(b)) for b in blocks], checkpointing=kind)
-    _assert_same_training(eager, wrapped, steps=6)
+    # A reentrant checkpoint sees gradients only through inputs that require them.
+    _assert_same_training(eager, wrapped, _batches(6, (8, 5, 16), requires_grad=True))
     assert all(block._ortrain_graphs for block in wrapped.blocks)  # they ran on graphs
 
 
@@ -130,25 +134,7 @@ def test_dropout_after_a_transpose_draws_eagers_masks(monkeypatch: pytest.Monkey
     torch.manual_seed(0)
     model = _AttentionThenDropout()
     eager, wrapped = copy.deepcopy(model), ORTModule(copy.deepcopy(model))
-    eager_losses, eager_params = _train_on(eager, steps=5)
-    losses, params = _train_on(wrapped, steps=5)
-    torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=1e-6)
-    for got, expected in zip(params, eager_params, strict=True):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
-
-
-def _train_on(model: nn.Module, steps: int) -> tuple[list[float], list[torch.Tensor]]:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    x = torch.randn(4, 10, 32, generator=torch.Generator().manual_seed(2))
-    losses = []
-    for step in range(steps):
-        torch.manual_seed(step)
-        loss = model(x)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses, [p.detach().clone() for p in model.parameters()]
+    _assert_same_training(eager, wrapped, _batches(5, (4, 10, 32)))
 
 
 class _Classifier(nn.Module):
