@@ -8,8 +8,8 @@ was not contiguous (wave 19: the loss 2.28 where eager's was 6.01, in ONNX Runti
 
 While capturing, a call on a tensor whose elements are laid out without gaps in some order of
 dimensions (a transposed or permuted result, a slice that starts at an offset) is rewritten to
-index those elements in memory order explicitly: ``as_strided(h.permute(order).reshape(-1), ...)``
-with the offset taken from the tensor's first element, the same numbers in every executor. A call
+index those elements in memory order explicitly: ``h.permute(order).reshape(-1)[positions]``, the
+positions counted from the tensor's first element, the same numbers in every executor. A call
 that reaches memory outside the tensor's own elements (past the end of a slice, into the rest of
 the tensor it was taken from), or on a tensor with gaps, has memory the graph cannot reproduce:
 the capture refuses it by name (the fallback policy then trains the model in PyTorch), where
@@ -66,13 +66,26 @@ def _in_storage_order(tensor: torch.Tensor, order: tuple[int, ...] | None) -> to
     return tensor.reshape(-1) if order is None else tensor.permute(*order).reshape(-1)
 
 
+def _positions(size: Sequence[Any], stride: Sequence[Any], offset: Any) -> torch.Tensor:
+    """The memory position (from the tensor's first element) of each element ``as_strided`` reads.
+
+    An index, not a second ``as_strided``: PyTorch would read a view at its own storage offset
+    (a slice's rows start past zero), ONNX Runtime's translation at the value's first element."""
+    positions = torch.full([int(n) if isinstance(n, int) else n for n in size], offset, dtype=torch.int64)
+    for d, (n, k) in enumerate(zip(size, stride, strict=True)):
+        shape = [1] * len(size)
+        shape[d] = n
+        positions = positions + (torch.arange(n, dtype=torch.int64) * k).view(shape)
+    return positions
+
+
 def as_strided(
     input: torch.Tensor, size: Sequence[Any], stride: Sequence[Any], storage_offset: Any = None
 ) -> Any:
     order, offset = _addressing(input, size, stride, storage_offset, "torch.as_strided")
     if order is None and offset == input.storage_offset() == 0:
         return NotImplemented  # the tensor is its memory, in logical order
-    return torch.as_strided(_in_storage_order(input, order), size, stride, offset)
+    return _in_storage_order(input, order)[_positions(size, stride, offset)]
 
 
 def as_strided_scatter(
@@ -85,7 +98,8 @@ def as_strided_scatter(
     order, offset = _addressing(input, size, stride, storage_offset, "torch.as_strided_scatter")
     if order is None and offset == input.storage_offset() == 0:
         return NotImplemented
-    flat = torch.as_strided_scatter(_in_storage_order(input, order), src, size, stride, offset)
+    positions = _positions(size, stride, offset).reshape(-1)
+    flat = _in_storage_order(input, order).index_put((positions,), src.reshape(-1))
     if order is None:
         return flat.view(input.shape)
     permuted_shape = [input.shape[d] for d in order]
