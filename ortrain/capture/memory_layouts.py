@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 
-def _hint(value: object) -> int | None:
+def size_hint(value: object) -> int | None:
     """A size or stride as the capture saw it (a symbolic one by its example value)."""
     if isinstance(value, int):
         return value
@@ -27,8 +27,8 @@ def dense_dim_order(value: object) -> tuple[int, ...] | None:
     sizes are unknown."""
     if not isinstance(value, torch.Tensor):
         return None
-    sizes = [_hint(s) for s in value.shape]
-    strides = [_hint(s) for s in value.stride()]
+    sizes = [size_hint(s) for s in value.shape]
+    strides = [size_hint(s) for s in value.stride()]
     if None in sizes or None in strides:
         return None
     order = sorted(range(value.dim()), key=lambda d: -strides[d])  # type: ignore[operator]

@@ -23,19 +23,11 @@ from typing import Any
 
 import torch
 
-from ortrain.capture.memory_layouts import dense_dim_order, inverse_order
+from ortrain.capture.memory_layouts import dense_dim_order, inverse_order, size_hint
 
 
 class StorageViewError(RuntimeError):
     """``as_strided`` on a tensor whose storage the captured graph cannot reproduce."""
-
-
-def _hint(value: Any) -> int | None:
-    if isinstance(value, int):
-        return value
-    if isinstance(value, torch.SymInt) and value.node.hint is not None:
-        return int(value.node.hint)
-    return None
 
 
 def _addressing(
@@ -47,12 +39,11 @@ def _addressing(
     order = dense_dim_order(tensor)
     start = tensor.storage_offset()
     offset = start if storage_offset is None else storage_offset
-    reach = [_hint(offset - start)] + [
-        None if _hint(n) is None or _hint(k) is None else (_hint(n) - 1) * _hint(k)  # type: ignore[operator]
-        for n, k in zip(size, stride, strict=True)
-        if _hint(n) != 0
-    ]
-    if order is None or None in reach or reach[0] < 0 or sum(reach) >= tensor.numel():  # type: ignore[arg-type, operator]
+    first = size_hint(offset - start)
+    hints = [(size_hint(n), size_hint(k)) for n, k in zip(size, stride, strict=True)]
+    known = first is not None and all(n is not None and k is not None for n, k in hints)
+    last = first + sum((n - 1) * k for n, k in hints if n) if known else None  # type: ignore[operator]
+    if order is None or last is None or first < 0 or last >= tensor.numel():  # type: ignore[operator]
         raise StorageViewError(
             f"{name} reaches memory outside the tensor it is given (sizes {tuple(tensor.shape)}, "
             f"strides {tensor.stride()}, offset {start}; asked for sizes {tuple(size)}, strides "
@@ -71,7 +62,7 @@ def _positions(size: Sequence[Any], stride: Sequence[Any], offset: Any) -> torch
 
     An index, not a second ``as_strided``: PyTorch would read a view at its own storage offset
     (a slice's rows start past zero), ONNX Runtime's translation at the value's first element."""
-    positions = torch.full([int(n) if isinstance(n, int) else n for n in size], offset, dtype=torch.int64)
+    positions = torch.full(list(size), offset, dtype=torch.int64)
     for d, (n, k) in enumerate(zip(size, stride, strict=True)):
         shape = [1] * len(size)
         shape[d] = n
