@@ -74,8 +74,8 @@ def as_strided(
     input: torch.Tensor, size: Sequence[Any], stride: Sequence[Any], storage_offset: Any = None
 ) -> Any:
     order, offset = _addressing(input, size, stride, storage_offset, "torch.as_strided")
-    if order is None and offset == input.storage_offset() == 0:
-        return NotImplemented  # the tensor is its memory, in logical order
+    if order is None and input.storage_offset() == 0:
+        return NotImplemented  # the tensor is its memory, in logical order: the same everywhere
     return _in_storage_order(input, order)[_positions(size, stride, offset)]
 
 
@@ -87,7 +87,7 @@ def as_strided_scatter(
     storage_offset: Any = None,
 ) -> Any:
     order, offset = _addressing(input, size, stride, storage_offset, "torch.as_strided_scatter")
-    if order is None and offset == input.storage_offset() == 0:
+    if order is None and input.storage_offset() == 0:
         return NotImplemented
     positions = _positions(size, stride, offset).reshape(-1)
     flat = _in_storage_order(input, order).index_put((positions,), src.reshape(-1))
