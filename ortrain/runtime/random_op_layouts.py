@@ -42,29 +42,22 @@ def with_random_op_layouts(region: torch.fx.GraphModule) -> torch.fx.GraphModule
     """``region``, or a copy of it (the plan keeps describing the partition) where
     :func:`in_dim_order` comes before each random operator's tensor inputs whose recorded layout is
     not contiguous."""
-    needed = [
-        node
+    restores = [
+        (node, arg, order)
         for node in region.graph.nodes
-        if node.op == "call_function"
-        and is_random(node)
-        and any(isinstance(a, torch.fx.Node) and permuted_dim_order(a.meta.get("val")) for a in node.args)
+        if node.op == "call_function" and is_random(node)
+        for arg in dict.fromkeys(a for a in node.args if isinstance(a, torch.fx.Node))
+        if (order := permuted_dim_order(arg.meta.get("val"))) is not None
     ]
-    if not needed:
+    if not restores:
         return region
     graph = torch.fx.Graph()
     copies: dict[torch.fx.Node, torch.fx.Node] = {}
     graph.output(graph.graph_copy(region.graph, copies))
-    wrapped = 0
-    for original in needed:
-        node = copies[original]
-        for arg in dict.fromkeys(a for a in node.args if isinstance(a, torch.fx.Node)):
-            order = permuted_dim_order(arg.meta.get("val"))
-            if order is None:
-                continue
-            with graph.inserting_before(node):
-                laid_out = graph.call_function(in_dim_order, (arg, order))
-            laid_out.meta["val"] = arg.meta.get("val")
-            node.replace_input_with(arg, laid_out)
-            wrapped += 1
-    logger.debug("random operators: %d input(s) restored to their recorded layout", wrapped)
+    for node, arg, order in restores:
+        with graph.inserting_before(copies[node]):
+            laid_out = graph.call_function(in_dim_order, (copies[arg], order))
+        laid_out.meta["val"] = arg.meta.get("val")
+        copies[node].replace_input_with(copies[arg], laid_out)
+    logger.debug("random operators: %d input(s) restored to their recorded layout", len(restores))
     return graph_module(region, graph)
