@@ -1,3 +1,4 @@
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,23 @@ class TruncatingModel(nn.Module):
 @pytest.fixture
 def truncating_model() -> type[nn.Module]:
     return TruncatingModel
+
+
+def _calls_like_eager(eager: nn.Module, wrapped: nn.Module, batches: Sequence[torch.Tensor]) -> None:
+    """Each call of ``wrapped`` (an ORTModule of a copy of ``eager``) returns eager's loss and gives
+    eager's gradients, and the wrapper still runs its graphs at the end (no fallback)."""
+    for x in batches:
+        for model in (eager, wrapped):
+            model.zero_grad()
+        expected, got = eager(x), wrapped(x)
+        expected.backward()
+        got.backward()
+        torch.testing.assert_close(got, expected)
+        for p, q in zip(wrapped.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+    assert not wrapped._ortrain_fallback.active  # still on the graphs
+
+
+@pytest.fixture
+def calls_like_eager() -> Callable[[nn.Module, nn.Module, Sequence[torch.Tensor]], None]:
+    return _calls_like_eager
