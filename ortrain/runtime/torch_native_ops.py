@@ -43,8 +43,8 @@ Six kinds of nodes are PyTorch's:
   ``torch.utils.checkpoint.checkpoint`` recomputed its forward with other masks than the forward's
   and trained on wrong gradients (off by 2e-2 where they were 1e-1), and a reentrant checkpoint,
   whose forward runs the no-grad graph and whose recompute the training graph, could not agree
-  either. The cost is a crossing between executors at each dropout of a forward graph (tiny GPT
-  with dropout 0.1 everywhere, 13 dropouts: see the README's *Random numbers*).
+  either. The cost is a crossing between executors at each dropout of a forward graph where ONNX
+  Runtime runs the rest (``gpt-dropout``, 9 dropouts: the README's *Dropout in PyTorch*).
 
 - **Grid sampling** (``grid_sampler_2d`` / ``_3d`` and their backward, behind ``F.grid_sample``):
   the backward has no ONNX translation, and the ways around it were not PyTorch's numbers.
