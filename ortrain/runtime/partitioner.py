@@ -32,6 +32,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from ortrain.capture.backward_segments import backward_segments
 from ortrain.capture.lazy_recompile import graph_module
 from ortrain.capture.view_ops import RELAYOUTS
+from ortrain.runtime.draw_order import draw_epochs, order_by_epoch, split_by_epoch
 from ortrain.runtime.executors.base import Executor
 
 _LAYOUT_ONLY = RELAYOUTS | {operator.getitem}
@@ -121,6 +122,9 @@ def partition(gm: torch.fx.GraphModule, executors: Sequence[Executor], *, segmen
             return _whole(gm, executors[index], placeholders)
     work = graph_module(gm, _copy(gm.graph))
     regions: dict[str, Executor] = {}
+    # Random operators must draw in the graph's order (see ortrain.runtime.draw_order).
+    epochs = draw_epochs(gm.graph)
+    region_epochs: dict[str, int] = {}
     for index, executor in enumerate(executors):
         mine = {n for n in work.graph.nodes if owners.get(n.name) == index}
         if not mine:
@@ -147,10 +151,17 @@ def partition(gm: torch.fx.GraphModule, executors: Sequence[Executor], *, segmen
             ]
         if not groups:
             continue
+        if epochs is not None:
+            parts = split_by_epoch(groups, epochs)
+            groups = [part for _, part in parts]
+            region_epochs.update({f"{key}_{i}": epoch for i, (epoch, _) in enumerate(parts)})
         fuse_by_partitions(
             work, [dict.fromkeys(g) for g in groups], prefix=f"{key}_", always_return_tuple=True
         )
         regions.update({f"{key}_{i}": executor for i in range(len(groups))})
+    if epochs is not None:
+        order_by_epoch(work.graph, region_epochs)
+        work.recompile()
     return _plan(work, regions, placeholders, gm.graph.nodes)
 
 
