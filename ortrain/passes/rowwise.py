@@ -27,6 +27,8 @@ from typing import Any
 import sympy
 import torch
 
+from ortrain.passes.selected_dropout import draws_a_mask, eager_mask
+
 logger = logging.getLogger("ortrain.passes")
 
 aten = torch.ops.aten
@@ -276,7 +278,11 @@ def push_selection_up(graph: torch.fx.Graph, selection_node: torch.fx.Node) -> l
             if node.target in LAST_DIM_ARG:
                 position = LAST_DIM_ARG[node.target]
                 args[position] = [-1] if isinstance(args[position], (list, tuple)) else -1
-            new = graph.call_function(node.target, tuple(args), dict(node.kwargs))
+            mask = eager_mask(graph, node, next(iter(selected))) if draws_a_mask(node) and selected else None
+            if mask is not None:
+                new = graph.call_function(aten.mul.Tensor, (args[0], selection.apply(graph, mask)))
+            else:
+                new = graph.call_function(node.target, tuple(args), dict(node.kwargs))
             rebuilt[node] = new
     selection_node.replace_all_uses_with(rebuilt[top])
     graph.erase_node(selection_node)

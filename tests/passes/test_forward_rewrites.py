@@ -159,6 +159,62 @@ def test_classifier_on_first_token_runs_last_mlp_on_that_token() -> None:
     _assert_same_loss_and_grads(flat, gm, inputs)
 
 
+class _FirstTokenWithDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(6, 6)
+        self.mlp = nn.Sequential(nn.Linear(6, 12), nn.GELU(), nn.Dropout(0.4), nn.Linear(12, 6))
+        self.drop = nn.Dropout(0.4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x).softmax(dim=1)  # over the tokens: stands for attention
+        h = self.drop(h + self.mlp(h))
+        return F.cross_entropy(h[:, 0], y)
+
+
+def test_dropout_on_selected_rows_draws_eagers_mask() -> None:
+    """The selection moves past both dropouts and the MLP; each mask is drawn for the dense rows
+    (as eager draws it) and its selected rows applied, so one seed gives eager's loss and gradients."""
+    torch.manual_seed(0)
+    flat = Flat(_FirstTokenWithDropout())
+    inputs = [torch.randn(4, 5, 6), torch.tensor([0, 1, 2, 5])]
+    gm, changes = _rewrite(flat, inputs, [upstream_selections])
+    assert changes == [
+        "compute optimizer: moved a select up past 6 token-wise ops (2 linear, 2 dropout, 1 gelu, 1 add)"
+    ]
+    linears = [n for n in gm.graph.nodes if n.target is aten.linear.default]
+    assert [_depends_on(n, aten.select.int) for n in linears] == [False, True, True]
+    masks = [n for n in gm.graph.nodes if n.target is aten.dropout.default]
+    assert len(masks) == 2 and all(m.args[0].target is aten.ones_like.default for m in masks)
+    torch.manual_seed(7)
+    reference = copy.deepcopy(flat)
+    expected = reference(*inputs)[0]
+    torch.manual_seed(7)
+    got = gm(_state(flat), *inputs)[0]
+    torch.testing.assert_close(got, expected)
+    expected.backward()
+    got.backward()
+    for p, q in zip(flat.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_dropout_of_a_permuted_input_still_runs_on_the_selected_rows() -> None:
+    """Eager draws a transposed input's mask in its memory order, which ones laid out
+    contiguously do not reproduce: that dropout runs on the selected rows, as before."""
+
+    class Permuted(nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            h = x.transpose(0, 1).contiguous().transpose(0, 1)  # (batch, tokens), tokens outermost
+            return F.cross_entropy(F.dropout(h, 0.4)[:, 0], y)
+
+    gm, changes = _rewrite(
+        Flat(Permuted()), [torch.randn(4, 5, 6), torch.tensor([0, 1, 2, 5])], [upstream_selections]
+    )
+    assert changes == ["compute optimizer: moved a select up past 1 token-wise ops (1 dropout)"]
+    (dropout,) = [n for n in gm.graph.nodes if n.target is aten.dropout.default]
+    assert dropout.args[0].target is aten.select.int
+
+
 def test_only_reshapes_between_is_no_change() -> None:
     class Head(nn.Module):
         def __init__(self) -> None:
