@@ -4,7 +4,7 @@ When a row selection moves up past a dropout (:mod:`ortrain.passes.rowwise`: a c
 the first token), running the dropout on the selected rows only draws a smaller mask: other
 numbers than eager's for those rows, and every later draw of the step shifted, so a model with
 dropout could not be held to eager's losses (ViT, DistilBERT and BERT classifiers: losses off by
-5e-3 at the first step). The generator fills a mask in memory order, so the rows' own mask is
+5e-3 to 1e-2 at the first step). The generator fills a mask in memory order, so the rows' own mask is
 found only in the full one.
 
 So the mask is drawn as eager draws it: the dropout of a tensor of ones with the dense input's
