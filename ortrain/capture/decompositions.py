@@ -173,6 +173,18 @@ def refuse_sparse(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     )
 
 
+def random_from_to(
+    x: torch.Tensor, low: int, high: int | None = None, *, generator: torch.Generator | None = None
+) -> Any:
+    """``x.random_(low, high)`` as ``randint_like``, which draws the same numbers (it fills an
+    ``empty_like`` with ``random_``): the functional ``aten.random.from`` is named after a Python
+    keyword, and torch.fx writes it into the code it generates for a region, which then does not
+    compile ("invalid syntax")."""
+    if high is None or generator is not None:
+        return NotImplemented
+    return aten.randint_like.low_dtype(x, low, high)
+
+
 def _first_of(*decompositions: Callable[..., Any]) -> Callable[..., Any]:
     """The first of ``decompositions`` that applies (does not return NotImplemented)."""
 
@@ -279,6 +291,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten._embedding_bag_per_sample_weights_backward.default] = (
         embedding.embedding_bag_per_sample_weights_backward
     )
+    table[getattr(aten.random, "from")] = random_from_to  # `from` is a keyword
     table.update(view_scatter.view_scatter_table())
     table.update(break_decompositions())
     return table

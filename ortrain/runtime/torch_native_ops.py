@@ -129,7 +129,10 @@ FUSED_ATTENTION: frozenset[object] = frozenset(
 RANDOM: frozenset[object] = frozenset(
     {
         aten.native_dropout,
+        aten._sample_dirichlet,
+        aten._standard_gamma,
         aten.bernoulli,
+        aten.binomial,
         aten.cauchy,
         aten.exponential,
         aten.geometric,
@@ -143,7 +146,9 @@ RANDOM: frozenset[object] = frozenset(
         aten.randint_like,
         aten.randn,
         aten.randn_like,
+        aten.random,
         aten.randperm,
+        aten.rrelu_with_noise,
         aten.uniform,
     }
 )
