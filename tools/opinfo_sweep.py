@@ -30,6 +30,7 @@ handful of captures cover all of them (``check_grouped``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import logging
@@ -38,7 +39,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -148,6 +149,22 @@ class Result:
     executors: list[str] = field(default_factory=list)
 
 
+@contextlib.contextmanager
+def _without_reseeding() -> Iterator[None]:
+    """OpInfo wraps random ops in ``wrapper_set_seed``, which reseeds torch's generator inside the
+    call so that two eager runs agree; the sweep seeds before each run itself. Inside a forward a
+    reseed is Python that a captured graph cannot repeat (ORTModule trains such a model through
+    graph breaks), which is not what the sweep measures: the op runs unwrapped."""
+    from torch.testing._internal import common_methods_invocations as opinfo
+
+    wrapper = opinfo.wrapper_set_seed
+    opinfo.wrapper_set_seed = lambda op, *args, **kwargs: op(*args, **kwargs)
+    try:
+        yield
+    finally:
+        opinfo.wrapper_set_seed = wrapper
+
+
 class OpsModule(nn.Module):
     """Applies each case's op to its sample, with the sample's differentiable tensors as parameters."""
 
@@ -186,7 +203,8 @@ class OpsModule(nn.Module):
                 else:
                     leaves.append(ref)
             sample_input, args, kwargs = pytree.tree_unflatten(leaves, spec)
-            out = case.op(sample_input, *args, **kwargs)
+            with _without_reseeding():
+                out = case.op(sample_input, *args, **kwargs)
             outputs.append(case.sample.output_process_fn_grad(out))
         return tuple(outputs)
 

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch.autograd.function import _is_setup_context_defined
 
+from ortrain.capture.generator_resets import opaque_code
+
 logger = logging.getLogger("ortrain.capture")
 
 NAMESPACE = "ortrain"
@@ -149,7 +151,8 @@ def learn_outputs(call: FunctionCall, inputs: list[torch.Tensor]) -> None:
     """Run the Function's own forward on the traced tensors, without recording it, to learn the
     metadata of its outputs and the marks it puts on ``ctx``; raises naming the Function."""
     try:
-        _learn_outputs(call, inputs)
+        with opaque_code():  # the Function runs as itself at every step: its generator calls too
+            _learn_outputs(call, inputs)
     except UnsupportedFunctionError:
         raise
     except Exception as error:

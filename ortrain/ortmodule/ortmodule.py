@@ -22,6 +22,7 @@ from ortrain.capture.buffer_assignments import buffers_before, keep_assignments_
 from ortrain.capture.checkpointing import RECOMPUTATION_STOPS
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.functorch_transforms import functorch_transform_active
+from ortrain.capture.generator_resets import GeneratorResetError, refusing_generator_resets, user_forward
 from ortrain.capture.huggingface import register_hf_cache_types
 from ortrain.capture.lazy_recompile import graph_modules_compiled_on_first_call
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
@@ -130,7 +131,8 @@ class _FlatCall(nn.Module):
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args, kwargs = unflatten(self.input_spec, list(tensors))
         buffers = buffers_before(self.module)
-        out = self.module(*args, **kwargs)
+        with user_forward():
+            out = self.module(*args, **kwargs)
         keep_assignments_as_updates(buffers)  # self.ema = ...: an update of the buffer, not lost
         flat, self.output_spec = flatten_outputs(out)
         return tuple(flat)
@@ -680,27 +682,29 @@ class ORTModule(nn.Module):
         *,
         package: bool,
     ) -> tuple[Capture, Spec]:
-        try:
-            with timed("capture"):
-                captured = capture(
-                    flat_module,
-                    inputs,
-                    training=training,
-                    dynamic_dims=dynamic,
-                    opaque_functions=key.opaque_functions,
-                    checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
-                    skipped_functions=self._ortrain_options.skipped_autograd_functions,
-                    memory=MemoryOptimizerConfig(
-                        self._ortrain_options.memory_opt_level, self._ortrain_options.memory_opt_config
-                    ),
-                    forward_rewrites=_forward_rewrites(self._ortrain_options),
-                    trace_forward_graph=self._ortrain_options.print_input_density,
-                    package=package,
-                )
-        except ORTModuleIOError:
-            raise  # an output ortrain cannot pass back: FALLBACK_UNSUPPORTED_DATA decides, not TORCH_MODEL
-        except Exception as error:
-            raise ORTModuleTorchModelException(f"capture failed: {type(error).__name__}: {error}") from error
+        with refusing_generator_resets():
+            try:
+                with timed("capture"):
+                    captured = capture(
+                        flat_module,
+                        inputs,
+                        training=training,
+                        dynamic_dims=dynamic,
+                        opaque_functions=key.opaque_functions,
+                        checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
+                        skipped_functions=self._ortrain_options.skipped_autograd_functions,
+                        memory=MemoryOptimizerConfig(
+                            self._ortrain_options.memory_opt_level, self._ortrain_options.memory_opt_config
+                        ),
+                        forward_rewrites=_forward_rewrites(self._ortrain_options),
+                        trace_forward_graph=self._ortrain_options.print_input_density,
+                        package=package,
+                    )
+            except ORTModuleIOError:
+                raise  # an output ortrain cannot pass back: FALLBACK_UNSUPPORTED_DATA decides
+            except Exception as error:
+                failure = f"capture failed: {type(error).__name__}: {error}"
+                raise ORTModuleTorchModelException(failure) from error
         if flat_module.output_spec is None:
             raise ORTModuleTorchModelException("capture did not run the model's forward")
         if captured.sized_on_first_use:
@@ -778,7 +782,7 @@ class ORTModule(nn.Module):
     def _switch_to_graph_breaks(self) -> bool:
         """After a capture failed on data-dependent Python: train through TorchDynamo's graph breaks."""
         error = sys.exc_info()[1]
-        if isinstance(error, PythonRandomnessError):
+        if isinstance(error, (PythonRandomnessError, GeneratorResetError)):
             logger.info(
                 "%s; the model trains through TorchDynamo's graph breaks, which draw at every step", error
             )

@@ -1,5 +1,6 @@
-"""Random operators beyond dropout draw eager's numbers: sampling from distributions inside a
-forward (mixup's Beta, a Gamma's reparametrised sample, Dirichlet, Binomial) and ``random_``."""
+"""Random numbers drawn inside a forward are eager's: sampling from distributions (mixup's Beta, a
+Gamma's reparametrised sample, Dirichlet, Binomial), ``random_``, and forwards that set the
+generator themselves (``manual_seed``, ``set_rng_state``, ``fork_rng``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,29 @@ import torch
 from torch import nn
 
 from ortrain import ORTModule
+from ortrain.capture.generator_resets import GeneratorResetError, refusing_generator_resets, user_forward
+
+
+def _trains_like_eager(model: nn.Module) -> ORTModule:
+    """Three SGD steps of ``model`` and of an ORTModule of a copy, the generator seeded alike
+    before each: the same losses and parameters. Returns the wrapper."""
+    eager, wrapped = copy.deepcopy(model), ORTModule(copy.deepcopy(model))
+    eager_opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    x = torch.randn(8, 6)
+    for step in range(3):
+        losses = []
+        for module, optimizer in ((eager, eager_opt), (wrapped, opt)):
+            torch.manual_seed(step)
+            loss = module(x)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss)
+        torch.testing.assert_close(losses[1], losses[0])
+    for p, q in zip(wrapped.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+    return wrapped
 
 
 class _Sampling(nn.Module):
@@ -45,22 +69,57 @@ def test_sampling_in_the_forward_draws_eagers_numbers(kind: str) -> None:
     outside the ordering of draws. ``random_(low, high)`` is traced as ``aten.random.from``, which
     torch.fx writes into a region's code as ``torch.ops.aten.random.from(...)``: a SyntaxError."""
     torch.manual_seed(0)
-    model = _Sampling(kind)
-    eager, wrapped = copy.deepcopy(model), ORTModule(copy.deepcopy(model))
-    eager_opt = torch.optim.SGD(eager.parameters(), lr=0.1)
-    opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
-    x = torch.randn(8, 6)
-    for step in range(3):
-        losses = []
-        for module, optimizer in ((eager, eager_opt), (wrapped, opt)):
-            torch.manual_seed(step)
-            loss = module(x)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(loss)
-        torch.testing.assert_close(losses[1], losses[0])
-    for p, q in zip(wrapped.parameters(), eager.parameters(), strict=True):
-        torch.testing.assert_close(p, q)
+    wrapped = _trains_like_eager(_Sampling(kind))
     # On ortrain's graphs (Beta's argument checks send it through graph breaks), not PyTorch's.
     assert not wrapped._ortrain_fallback.active
+
+
+class _Reseeding(nn.Module):
+    """Forwards that set PyTorch's generator, as people write them."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.linear = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "manual_seed":  # the same mask at every step
+            torch.manual_seed(123)
+            return nn.functional.dropout(self.linear(x), 0.5).square().mean()
+        if self.kind == "replay":  # one mask drawn twice, as reversible layers do
+            state = torch.get_rng_state()
+            first = nn.functional.dropout(self.linear(x), 0.5)
+            torch.set_rng_state(state)
+            return (first * nn.functional.dropout(self.linear(2 * x), 0.5)).mean()
+        with torch.random.fork_rng():  # "fork_rng": these numbers are drawn again after it
+            noise = torch.randn_like(x)
+        return nn.functional.dropout(self.linear(x + noise), 0.3).square().mean()
+
+
+@pytest.mark.parametrize("kind", ["manual_seed", "replay", "fork_rng"])
+def test_a_forward_that_sets_the_generator_trains_like_eager(kind: str) -> None:
+    """The captured graph set the generator once, while it was traced, and drew other masks than
+    eager's at every step (step 0's gradients off by 0.02-0.05): the model trained on another
+    function than the one written. Now such a capture is refused and the model trains through
+    TorchDynamo's graph breaks, which call these functions at every step."""
+    torch.manual_seed(0)
+    wrapped = _trains_like_eager(_Reseeding(kind))
+    assert wrapped._ortrain_graph_breaks is not None and not wrapped._ortrain_fallback.active
+
+
+def test_generator_resets_are_named_and_the_functions_put_back() -> None:
+    setters = (torch.manual_seed, torch.set_rng_state, torch.seed)
+    with pytest.raises(GeneratorResetError, match=r"torch\.manual_seed, torch\.set_rng_state"):
+        with refusing_generator_resets(), user_forward():
+            state = torch.get_rng_state()
+            torch.manual_seed(3)
+            torch.set_rng_state(state)
+    assert (torch.manual_seed, torch.set_rng_state, torch.seed) == setters
+    assert torch.random.manual_seed is torch.manual_seed
+    with refusing_generator_resets():
+        with user_forward():  # drawing and reading the state set nothing
+            torch.get_rng_state()
+            torch.rand(3)
+        # Outside the user's forward (AOTAutograd around its traces, ortrain's trial runs).
+        with torch.random.fork_rng():
+            torch.manual_seed(5)
