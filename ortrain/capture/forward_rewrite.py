@@ -132,7 +132,23 @@ def trace_forward(
     if foreign:
         logger.info("forward rewrites skipped: the graph holds %s", ", ".join(foreign))
         return None
+    lost = sorted(str(n.target) for n in gm.graph.nodes if n.op == "get_attr" and _is_fake(gm, n.target))
+    if lost:
+        # A fake constant is a value the trace computed without recording how: pre-dispatch
+        # tracing does not follow torch.vmap (torch's generic associative_scan, which Hugging
+        # Face's Mamba uses under tracing, is one), so the graph reads a placeholder where it
+        # should compute. AOTAutograd's own trace follows it; the module is captured as written.
+        logger.info(
+            "forward rewrites skipped: the pre-dispatch trace lost the computation of %s (torch.vmap?)",
+            ", ".join(lost),
+        )
+        return None
     return ForwardTrace(gm, len(tensors))
+
+
+def _is_fake(gm: torch.fx.GraphModule, target: str) -> bool:
+    owner, _, name = target.rpartition(".")
+    return isinstance(getattr(gm.get_submodule(owner) if owner else gm, name, None), FakeTensor)
 
 
 _SIZE_FUNCTIONS = {torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_float, torch.sym_int, torch.sym_ite}

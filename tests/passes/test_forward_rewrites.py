@@ -286,3 +286,40 @@ def test_saved_onnx_shows_the_gather(tmp_path: Path, monkeypatch: pytest.MonkeyP
     forward = onnx.load(tmp_path / "sparse_forward_optimized_training.onnx")
     ops = {n.op_type for n in forward.graph.node}
     assert {"NonZero", "Gather"} <= ops
+
+
+class _PerSampleGate(nn.Module):
+    """A forward that maps a function over the batch with torch.vmap, then a head and a loss that
+    ignores labels (label sparsity would rewrite it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(20, 8)
+        self.head = nn.Linear(8, 20)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        hidden = torch.vmap(lambda row: row * row.sum(-1, keepdim=True).sigmoid())(self.embedding(idx))
+        return F.cross_entropy(self.head(hidden).flatten(0, 1), targets.flatten(), ignore_index=-100)
+
+
+def test_a_vmap_in_the_forward_is_captured_as_written(caplog: pytest.LogCaptureFixture) -> None:
+    # The pre-dispatch trace does not follow torch.vmap: its graph read the mapped values as fake
+    # constants, and the rewritten forward failed in AOTAutograd ("Mixing fake modes"), so the
+    # whole model (Hugging Face's Mamba among them) fell back to PyTorch.
+    torch.manual_seed(0)
+    idx = torch.randint(0, 20, (2, 6))
+    targets = _targets(idx, 5)
+    with caplog.at_level("INFO", logger="ortrain.capture"):
+        assert trace_forward(Flat(_PerSampleGate()), [idx, targets]) is None
+    assert "lost the computation" in caplog.text
+    model = _PerSampleGate()
+    eager = copy.deepcopy(model)
+    ort = ORTModule(model)  # FALLBACK_DISABLE (conftest): a failed capture raises
+    for step in range(2):
+        targets = _targets(idx, 3 + step)
+        expected, got = eager(idx, targets), ort(idx, targets)
+        torch.testing.assert_close(got, expected)
+        expected.backward()
+        got.backward()
+        for p, q in zip(ort.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
