@@ -15,12 +15,6 @@ from ortrain.runtime.startup_timings import timed
 
 logger = logging.getLogger("ortrain.cache")
 KIND = "export"
-_exports_run = 0
-
-
-def exports_run() -> int:
-    """How many graphs this process has exported (not loaded from the cache) so far."""
-    return _exports_run
 
 
 def export_graph_cached(
@@ -53,7 +47,5 @@ def export_graph_cached(
 
 
 def _export(gm: torch.fx.GraphModule, *, opset_version: int, name: str) -> ExportedGraph:
-    global _exports_run
-    _exports_run += 1
     with timed("export", name):
         return export_graph(gm, opset_version=opset_version)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import gc
 import logging
 import sys
 import weakref
@@ -15,7 +14,6 @@ import torch
 from torch import nn
 
 from ortrain.cache.cached_capture import load_capture, save_capture
-from ortrain.cache.cached_export import exports_run
 from ortrain.cache.capture_key import capture_key
 from ortrain.capture.aot_capture import Capture, GraphSlot, capture
 from ortrain.capture.buffer_assignments import buffers_before, keep_assignments_as_updates
@@ -76,7 +74,7 @@ from ortrain.ortmodule.signature import (
 from ortrain.ortmodule.zero3 import zero3_gathered, zero3_parameters
 from ortrain.passes.pipeline import ForwardRewrite, StageSaver, default_passes, forward_rewrites
 from ortrain.runtime.freed_memory_reuse import reuse_freed_memory
-from ortrain.runtime.full_collections import full_collections_deferred
+from ortrain.runtime.full_collections import collect_compile_garbage, full_collections_deferred
 from ortrain.runtime.memory import release_freed_memory
 from ortrain.runtime.placement import memory_level_declined
 from ortrain.runtime.placement_tuning import TunedRunner, TuningSettings, build_tuned_graph_executor
@@ -616,7 +614,6 @@ class ORTModule(nn.Module):
         if captured.backward is not None:
             slots.append(("backward", captured.backward))
         device = next((t.device for t in (*inputs, *state.tensors)), torch.device("cpu"))
-        exports_before = exports_run()
         for name, slot in slots:
             slot.runner = build_tuned_graph_executor(
                 slot.graph,
@@ -632,11 +629,11 @@ class ORTModule(nn.Module):
                 segments=self._ortrain_options.backward_segments if name == "backward" else 1,
                 declined=memory_level_declined(self._ortrain_options.memory_opt_level, name),
             )
-        # Export keeps example tensors alive until collected; give their memory back now. Graphs
-        # all loaded from ORTMODULE_CACHE_DIR made none, and the collection alone costs 0.4 s.
-        if exports_run() != exports_before:
-            gc.collect()
-            release_freed_memory()
+        # Capture and export leave their objects (and torch.onnx.export its example tensors) in
+        # reference cycles: give their memory back now. A collection of the compile's own objects
+        # (full_collections.py) also leaves Python's collector no full collection due after it.
+        collect_compile_garbage()
+        release_freed_memory()
         sizes = captured.input_sizes(inputs, aliased=key.inputs_alias)
         pinned = [
             f"input {i} dim {d}" for i, dims in dynamic.items() for d in dims if sizes[i][d] is not None

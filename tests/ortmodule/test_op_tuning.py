@@ -4,6 +4,7 @@ and the choices round-trip through ORTMODULE_TUNING_RESULTS_PATH."""
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import logging
 from pathlib import Path
@@ -131,8 +132,19 @@ def test_the_first_steps_run_in_pytorch_and_onnxruntime_is_built_on_the_third(
 ) -> None:
     """Automatic tuning: the first two calls of a graph run all-torch (no export), ONNX Runtime's
     placement is built on the third, with the debug ONNX files; the losses are eager's throughout.
-    A policy that forbids running in PyTorch what ONNX Runtime cannot run builds it at once."""
+    A policy that forbids running in PyTorch what ONNX Runtime cannot run builds it at once.
+    Built in the middle of a step, its garbage is collected as a capture's: the process's older
+    objects frozen, not walked."""
     from ortrain import DebugOptions
+
+    frozen_at_collection: list[bool] = []
+    collect = placement_tuning.collect_compile_garbage
+
+    def recording_collect() -> int:
+        frozen_at_collection.append(gc.get_freeze_count() > 0)
+        return collect()
+
+    monkeypatch.setattr(placement_tuning, "collect_compile_garbage", recording_collect)
 
     monkeypatch.delenv("ORTMODULE_ENABLE_TUNING")
     if policy is None:
@@ -162,6 +174,8 @@ def test_the_first_steps_run_in_pytorch_and_onnxruntime_is_built_on_the_third(
         elif step >= 2 or policy is not None:
             # (after the second call a graph quicker than 2 ms builds it too, to keep it)
             assert built == {True} and saved, step
+    assert frozen_at_collection == ([True, True] if policy is None else [])  # forward, backward
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_results_file_of_another_format_is_ignored_with_a_warning(
