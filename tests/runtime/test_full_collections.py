@@ -3,6 +3,7 @@ own collection walks the objects made during it only."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import weakref
 
@@ -106,3 +107,31 @@ def test_objects_the_user_froze_stay_frozen(
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+
+
+def test_the_compile_backend_collects_the_compiles_garbage_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ortrain.backend
+
+    frozen_at_collection: list[bool] = []
+    collect = ortrain.backend.collect_compile_garbage
+
+    def recording_collect() -> int:
+        frozen_at_collection.append(gc.get_freeze_count() > 0)
+        return collect()
+
+    monkeypatch.setattr(ortrain.backend, "collect_compile_garbage", recording_collect)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    try:
+        x = torch.randn(2, 4)
+        torch.compile(model, backend=ortrain.backend.OrtrainBackend())(x).sum().backward()
+    finally:
+        torch._dynamo.reset()
+    eager(x).sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+    # The forward graph, the whole compile around it, then the backward graph at the backward.
+    assert frozen_at_collection == [True, True, True]
+    assert gc.get_freeze_count() == 0
