@@ -18,6 +18,7 @@ import linecache
 import logging
 import re
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -145,6 +146,22 @@ def backend_failure(error: BaseException) -> BaseException | None:
 _BREAK_LOGGERS = ("torch._dynamo.symbolic_convert.__graph_breaks", "torch._dynamo.exc.__graph_breaks")
 _LOCATION = re.compile(r"in user code at (?P<file>.+?):(?P<line>\d+)")
 _REASON = re.compile(r"Graph Break Reason: (?P<reason>.+)")
+_FIRST_SENTENCE = re.compile(r"(?P<sentence>.+?\.`?)(?=\s+[A-Z]|$)")
+# What TorchDynamo tells torch.compile's users about a graph break, once per process, beside the
+# break itself: a 12-line warning to set `capture_scalar_outputs` after `.item()`, and a
+# UserWarning to "file an issue on GitHub" for `random.random`. On ORTModule's path the break is
+# ortrain's report (one line, its source line), and the advice is for torch.compile, not for it.
+_DYNAMO_NOTICES = {"torch._dynamo.variables.tensor": "Graph break from `Tensor.item()`"}
+_DYNAMO_WARNING = r"Dynamo does not know how to trace the builtin"
+
+
+class _DropNotice(logging.Filter):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
 
 
 class _BreakHandler(logging.Handler):
@@ -158,28 +175,51 @@ class _BreakHandler(logging.Handler):
             return
         message = record.getMessage()
         location = _LOCATION.search(message)
-        reason = _REASON.search(message)
         if location is None:
             return
-        first_line = reason.group("reason").splitlines()[0] if reason else "unsupported Python"
-        self.report(location.group("file"), int(location.group("line")), first_line)
+        self.report(location.group("file"), int(location.group("line")), break_reason(message))
+
+
+def break_reason(message: str) -> str:
+    """The break's title and the first sentence of its explanation, from Dynamo's log of a break
+    (whose first line names only the bytecode it stopped at: "Encountered graph break when
+    attempting to trace CALL: a function call")."""
+    reason = _REASON.search(message)
+    if reason is None:
+        return "unsupported Python"
+    text = message[reason.start("reason") :].split("User code traceback:")[0]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("Encountered graph break"):
+        lines = lines[1:]
+    explanation = next((line for line in lines[1:] if line.startswith("Explanation:")), "")
+    sentence = _FIRST_SENTENCE.match(explanation.removeprefix("Explanation:").strip())
+    first_sentence = sentence.group("sentence").removesuffix(".") if sentence else ""
+    return f"{lines[0]} ({first_sentence})" if first_sentence else lines[0]
 
 
 @contextlib.contextmanager
 def graph_breaks_reported(report: Callable[[str, int, str], None]) -> Iterator[None]:
-    """Call ``report(file, line, reason)`` for each graph break Dynamo finds in this thread meanwhile."""
+    """Call ``report(file, line, reason)`` for each graph break Dynamo finds in this thread meanwhile;
+    TorchDynamo's own notices of those breaks (advice for torch.compile) are not shown meanwhile."""
     handler = _BreakHandler(report)
     loggers = [logging.getLogger(name) for name in _BREAK_LOGGERS]
     saved = [(lg.level, lg.propagate) for lg in loggers]
+    notices = [(logging.getLogger(name), _DropNotice(prefix)) for name, prefix in _DYNAMO_NOTICES.items()]
     for lg in loggers:
         lg.addHandler(handler)
         if not lg.isEnabledFor(logging.DEBUG):
             # Off unless TORCH_LOGS asked for it: turn it on for our handler only, not for torch's.
             lg.setLevel(logging.DEBUG)
             lg.propagate = False
+    for lg, drop in notices:
+        lg.addFilter(drop)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_DYNAMO_WARNING, category=UserWarning)
+            yield
     finally:
+        for lg, drop in notices:
+            lg.removeFilter(drop)
         for lg, (level, propagate) in zip(loggers, saved, strict=True):
             lg.removeHandler(handler)
             lg.setLevel(level)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import logging
+import random
 import subprocess
 import sys
 import tomllib
+import warnings
 from pathlib import Path
 
 import pytest
@@ -133,17 +135,49 @@ def test_torch_compile_backend_with_parity(case: str) -> None:
     assert backend.graphs_compiled == expected_graphs
 
 
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+class ItemAndPythonRandom(ItemControlFlow):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = super().forward(x)
+        if random.random() < 2.0:  # always: a break on Python's generator, not a branch
+            h = h + 1.0
+        return h
+
+
 def test_graph_break_is_logged_with_its_source_line(caplog: pytest.LogCaptureFixture) -> None:
+    """One INFO line per break, with its source line and the reason in a few words; TorchDynamo's
+    own notices of those breaks (advice for torch.compile's users, once per process) stay unshown."""
     torch.manual_seed(0)
     torch._dynamo.reset()
-    model = ORTModule(ItemControlFlow(), DebugOptions(log_level=LogLevel.INFO))
-    with caplog.at_level(logging.INFO, logger="ortrain"):
-        for batch in _item_batches():  # both branches, and a recompilation: still one line
-            model(batch[0]).sum().backward()
-    torch._dynamo.reset()
+    # Dynamo shows each notice once per process: forget that any was shown.
+    torch._dynamo.variables.tensor.TensorVariable._warn_capture_scalar_outputs.cache_clear()
+    torch._dynamo.utils.warn_once_cache.clear()
+    dynamo_log = _Records()
+    logging.getLogger("torch._dynamo.variables.tensor").addHandler(dynamo_log)
+    model = ORTModule(ItemAndPythonRandom(), DebugOptions(log_level=LogLevel.INFO))
+    try:
+        with caplog.at_level(logging.INFO, logger="ortrain"), warnings.catch_warnings(record=True) as shown:
+            warnings.simplefilter("always")
+            for batch in _item_batches():  # both branches, and a recompilation: still one line each
+                model(batch[0]).sum().backward()
+    finally:
+        logging.getLogger("torch._dynamo.variables.tensor").removeHandler(dynamo_log)
+        torch._dynamo.reset()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("graph break at")]
-    assert len(lines) == 1
+    assert len(lines) == 2
     assert f"{__file__}:" in lines[0] and "`if h.mean().item() > 0:`" in lines[0]
+    assert "Unsupported Tensor.item() call" in lines[0]  # not the bytecode Dynamo stopped at
+    assert "`if random.random() < 2.0:" in lines[1] and "Random.random" in lines[1]
+    assert not [m for m in dynamo_log.messages if "Graph break from `Tensor.item()`" in m]
+    assert not [w for w in shown if "Dynamo does not know how to trace" in str(w.message)]
 
 
 def test_whole_graph_capture_stays_first_choice() -> None:
