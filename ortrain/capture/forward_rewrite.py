@@ -122,9 +122,14 @@ def trace_forward(
         with fx_traceback.preserve_node_meta(module_paths):
             gm = make_fx(call, pre_dispatch=True, tracing_mode="symbolic")(tensors, *example)
     except Exception as error:  # any failure means: capture the module as it is
+        # The first line: torch's errors go on with pages of debugging advice for its own users.
+        first_line = next((line for line in str(error).splitlines() if line.strip()), "")
         logger.info(
-            "forward rewrites skipped: the pre-dispatch trace failed (%s: %s)", type(error).__name__, error
+            "forward rewrites skipped: the pre-dispatch trace failed (%s: %s)",
+            type(error).__name__,
+            first_line,
         )
+        logger.debug("the pre-dispatch trace's error", exc_info=error)
         return None
     foreign = sorted(
         {str(n.target) for n in gm.graph.nodes if n.op == "call_function" and not _is_plain_op(n.target)}

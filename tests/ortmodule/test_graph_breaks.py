@@ -178,6 +178,11 @@ def test_graph_break_is_logged_with_its_source_line(caplog: pytest.LogCaptureFix
     assert "`if random.random() < 2.0:" in lines[1] and "Random.random" in lines[1]
     assert not [m for m in dynamo_log.messages if "Graph break from `Tensor.item()`" in m]
     assert not [w for w in shown if "Dynamo does not know how to trace" in str(w.message)]
+    # Why the whole-graph capture gave way, in one line (torch's error goes on for pages).
+    skipped = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("forward rewrites skipped")
+    ]
+    assert skipped and all("\n" not in m and "data-dependent" in m for m in skipped)
 
 
 def test_whole_graph_capture_stays_first_choice() -> None:
