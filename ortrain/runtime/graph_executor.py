@@ -40,7 +40,7 @@ from ortrain.errors import FallbackPolicy, ORTModuleDeviceException, ORTModuleON
 from ortrain.export.python_op_view import PythonOpNode, TorchRegionNode, ViewSegment, python_op_view
 from ortrain.passes.pipeline import Pass, StageSaver
 from ortrain.runtime.executors.base import RegionRejected, Runner, fx_target_name, fx_target_name_of
-from ortrain.runtime.executors.ort import OnnxRuntimeExecutor, OrtSessionRunner
+from ortrain.runtime.executors.ort import OnnxRuntimeExecutor, OrtSessionRunner, missing_low_precision_kernel
 from ortrain.runtime.executors.python_op import PythonOpExecutor
 from ortrain.runtime.executors.torch import TorchExecutor
 from ortrain.runtime.partitioner import Plan, Slot, Step, partition
@@ -139,7 +139,11 @@ def build_graph_executor(
         onnxruntime.forget_builds()
         refused = _refused(plan, onnxruntime)
         if refused and announce:
-            logger.warning(_refusal_message(name, refused, disabled=False))
+            # A 16-bit float the provider has no kernels for is the user's choice of precision
+            # (autocast), and PyTorch's kernels are the ones eager would run: nothing to fix.
+            chosen_precision = all(missing_low_precision_kernel(why) for _, why in refused.values())
+            level = logging.INFO if chosen_precision else logging.WARNING
+            logger.log(level, _refusal_message(name, refused, disabled=False))
     if announce:
         announce_plan(plan, name, openmp_passive=openmp_passive)
         _announce_declined(plan, name, declined)

@@ -136,13 +136,21 @@ def _mlp() -> nn.Module:
 
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.bfloat16, 2e-2), (torch.float16, 2e-3)])
-def test_low_precision_mlp_trains_with_each_node_where_it_can_run(monkeypatch, dtype, tolerance) -> None:
+def test_low_precision_mlp_trains_with_each_node_where_it_can_run(
+    monkeypatch, caplog, dtype, tolerance
+) -> None:
     monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
     torch.manual_seed(0)
     batches = [(torch.randn(8, 16).to(dtype), torch.randint(0, 4, (8,))) for _ in range(4)]
-    got, want, eager, wrapped = _train(
-        _mlp().to(dtype), batches, lambda m, b: F.cross_entropy(m(b[0]).float(), b[1])
-    )
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        got, want, eager, wrapped = _train(
+            _mlp().to(dtype), batches, lambda m, b: F.cross_entropy(m(b[0]).float(), b[1])
+        )
+    # The precision is the user's choice and PyTorch's kernels are eager's: said at INFO, no warning.
+    named = [r for r in caplog.records if "run in PyTorch because" in r.getMessage()]
+    assert len(named) == 2 and {r.levelno for r in named} == {logging.INFO}
+    assert f"kernel for {str(dtype).removeprefix('torch.')}" in named[0].getMessage()
     torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=tolerance, atol=tolerance)
     _assert_close_state(wrapped, eager, rtol=tolerance, atol=tolerance)
     assert wrapped._ortrain_fallback.reason is None

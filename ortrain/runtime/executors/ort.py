@@ -360,6 +360,19 @@ def _sees_types_of(node: torch.fx.Node, why: str) -> bool:
     return set(named.group(1).split("/")) <= seen
 
 
+_NAMED_TYPES = re.compile(r" kernel for (?P<types>[a-z0-9/]+)")
+_LOW_PRECISION = {"bfloat16", "float16"}
+
+
+def missing_low_precision_kernel(why: str) -> bool:
+    """Whether a refusal is only that the provider has no kernel for a 16-bit float type (the CPU
+    provider's matrix products and most arithmetic under bf16/fp16 autocast; a ``Where`` names
+    its boolean condition beside the 16-bit values)."""
+    named = _NAMED_TYPES.search(why)
+    types = set(named.group("types").split("/")) if named else set()
+    return bool(types & _LOW_PRECISION) and types <= _LOW_PRECISION | {"bool"}
+
+
 # (provider, operator, dtypes) -> why ONNX Runtime cannot run it: learned once per process, so
 # later regions and graphs do not export a node only to reject it again.
 _learned_refusals: dict[tuple[Any, ...], str] = {}
