@@ -32,8 +32,7 @@ from ortrain.ortmodule.options import (
 )
 from ortrain.passes.pipeline import StageSaver, default_passes
 from ortrain.runtime.freed_memory_reuse import reuse_freed_memory
-from ortrain.runtime.full_collections import collect_compile_garbage, full_collections_deferred
-from ortrain.runtime.memory import release_freed_memory
+from ortrain.runtime.full_collections import compile_garbage_collected
 from ortrain.runtime.placement import memory_level_declined
 from ortrain.runtime.placement_tuning import TuningSettings, build_tuned_graph_executor
 
@@ -62,19 +61,14 @@ class OrtrainBackend:
 
         def compile_graph(graph: torch.fx.GraphModule, name: str, number: int) -> Any:
             # The backward graph is built at the first backward, after the call below returned.
-            with full_collections_deferred():
-                runner = _graph_runner(graph, name, number, options, self.debug_options, device)
-                collect_compile_garbage()
-            return runner
+            with compile_garbage_collected():
+                return _graph_runner(graph, name, number, options, self.debug_options, device)
 
         memory = MemoryOptimizerConfig(options.memory_opt_level, options.memory_opt_config)
         # As ORTModule's compile: no full collection of the whole process while AOTAutograd
         # traces and the forward is exported, and one of the compile's own objects after it.
-        with full_collections_deferred():
-            compiled = aot_backend(gm, example_inputs, compile_graph, memory)
-            collect_compile_garbage()
-        release_freed_memory()
-        return compiled
+        with compile_garbage_collected():
+            return aot_backend(gm, example_inputs, compile_graph, memory)
 
 
 def _graph_runner(

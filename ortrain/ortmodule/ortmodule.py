@@ -74,8 +74,7 @@ from ortrain.ortmodule.signature import (
 from ortrain.ortmodule.zero3 import zero3_gathered, zero3_parameters
 from ortrain.passes.pipeline import ForwardRewrite, StageSaver, default_passes, forward_rewrites
 from ortrain.runtime.freed_memory_reuse import reuse_freed_memory
-from ortrain.runtime.full_collections import collect_compile_garbage, full_collections_deferred
-from ortrain.runtime.memory import release_freed_memory
+from ortrain.runtime.full_collections import compile_garbage_collected
 from ortrain.runtime.placement import memory_level_declined
 from ortrain.runtime.placement_tuning import TunedRunner, TuningSettings, build_tuned_graph_executor
 from ortrain.runtime.startup_timings import timed
@@ -577,14 +576,16 @@ class ORTModule(nn.Module):
         self, key: GraphKey, inputs: list[torch.Tensor], entries: list[_CompiledEntry], state: ModelState
     ) -> _CompiledEntry:
         # Capture patches process-wide state and torch.export is not thread-safe: one at a time.
-        # Tracing may draw random numbers; the user's generator must not see it. No automatic full
-        # garbage collection while compiling: the one after export is enough (0.6 s of a first step).
+        # Tracing may draw random numbers; the user's generator must not see it. No full garbage
+        # collection of the whole process while compiling (0.6 s of a first step); capture and
+        # export leave their objects (torch.onnx.export its example tensors) in reference cycles,
+        # collected when the compile ends.
         # Graph modules generate their Python code only if something runs them in PyTorch.
         with (
             COMPILE_LOCK,
             refusing_python_randomness(),
             torch.random.fork_rng(devices=[]),
-            full_collections_deferred(),
+            compile_garbage_collected(),
             graph_modules_compiled_on_first_call(),
         ):
             return self._compile_locked(key, inputs, entries, state)
@@ -629,11 +630,6 @@ class ORTModule(nn.Module):
                 segments=self._ortrain_options.backward_segments if name == "backward" else 1,
                 declined=memory_level_declined(self._ortrain_options.memory_opt_level, name),
             )
-        # Capture and export leave their objects (and torch.onnx.export its example tensors) in
-        # reference cycles: give their memory back now. A collection of the compile's own objects
-        # (full_collections.py) also leaves Python's collector no full collection due after it.
-        collect_compile_garbage()
-        release_freed_memory()
         sizes = captured.input_sizes(inputs, aliased=key.inputs_alias)
         pinned = [
             f"input {i} dim {d}" for i, dims in dynamic.items() for d in dims if sizes[i][d] is not None

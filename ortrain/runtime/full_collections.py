@@ -6,7 +6,7 @@ in the process: torch, onnxscript and onnxruntime alone make that 0.2-0.3 s on t
 EPYC, 0.6 s of the tiny GPT's first step. While a compile runs, automatic collections stay on for
 the young generations (most garbage dies there) but not for the oldest.
 
-The compile ends with one collection of its own garbage (``collect_compile_garbage``): capture and
+The compile ends with one collection of its own garbage (``compile_garbage_collected``): capture and
 export leave 60 000 to 130 000 objects in reference cycles (the tiny GPT's captures), memory
 ortrain gives back before training goes on. The objects that existed before the compile are frozen
 meanwhile (``gc.freeze``), so that collection walks the compile's objects only. Measured on the
@@ -29,6 +29,8 @@ import contextlib
 import gc
 import threading
 from collections.abc import Iterator
+
+from ortrain.runtime.memory import release_freed_memory
 
 _LOCK = threading.Lock()
 _DEPTH = 0  # nested compiles (a graph break inside a compile): the outermost restores
@@ -66,3 +68,14 @@ def collect_compile_garbage() -> int:
     """Collect the garbage of the compile running now: inside ``full_collections_deferred`` only
     the objects made since it began are walked. Returns the number of objects collected."""
     return gc.collect()
+
+
+@contextlib.contextmanager
+def compile_garbage_collected() -> Iterator[None]:
+    """What every compile runs in (a capture, op tuning's lazy export, a graph of the compile
+    backend): ``full_collections_deferred``, closed by a collection of the compile's own garbage
+    while the older objects are still frozen, then the freed memory handed back to the system."""
+    with full_collections_deferred():
+        yield
+        collect_compile_garbage()
+    release_freed_memory()

@@ -52,9 +52,8 @@ from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.unused_tangents import has_size_symbols, size_symbols
 from ortrain.errors import FallbackPolicy
 from ortrain.runtime import tuning_results
-from ortrain.runtime.full_collections import collect_compile_garbage, full_collections_deferred
+from ortrain.runtime.full_collections import compile_garbage_collected
 from ortrain.runtime.graph_executor import PlanRunner, announce_plan, build_graph_executor
-from ortrain.runtime.memory import release_freed_memory
 from ortrain.runtime.placement import DEFAULT, Placement, candidates
 
 logger = logging.getLogger("ortrain.runtime")
@@ -133,11 +132,8 @@ def build_tuned_graph_executor(
         # An export in the middle of a step, like a capture's: one at a time, the user's random
         # generator untouched, and its garbage collected as a capture's (left to Python, it made
         # full collections of the whole process at the next steps: 0.8 s for the tiny GPT).
-        with COMPILE_LOCK, torch.random.fork_rng(devices=[]), full_collections_deferred():
-            runner = build_graph_executor(graph, name=name, **build_options)
-            collect_compile_garbage()
-        release_freed_memory()
-        return runner
+        with COMPILE_LOCK, torch.random.fork_rng(devices=[]), compile_garbage_collected():
+            return build_graph_executor(graph, name=name, **build_options)
 
     policy = build_options.get("policy")
     # Without a fallback to PyTorch the user asked to learn at once whether ONNX Runtime can run
