@@ -242,6 +242,11 @@ def capture(
     with contextlib.ExitStack() as stack:
         stack.enter_context(grad_mode)
         stack.enter_context(tracing_context())
+        # torch.compile'd code in the model (``torch.compile(model)`` or ``submodule.compile()``
+        # before wrapping) is traced as the Python it compiles: a compiled frame run under the
+        # trace failed ("Attempting to use FunctionalTensor on its own") and sent the model to
+        # the fallback.
+        stack.enter_context(torch.compiler.set_stance("force_eager"))
         stack.enter_context(tensor_attributes_as_buffers(module))
         stack.enter_context(annotate_module_paths(module))
         # ctc_loss, recurrent layers: see capture/function_overrides.py

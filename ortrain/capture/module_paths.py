@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,8 @@ import torch.fx.traceback as fx_traceback
 MODULE_KEY = "ortrain_module"
 
 # The first numbered component of a path is a layer of a repeated stack: "blocks.3.mlp.0" -> "blocks.3".
+_COMPILED_MODULE_HOOK_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
+
 _LAYER = re.compile(r"^(.*?\.\d+)(?:\.|$)")
 
 
@@ -74,7 +77,11 @@ def annotate_module_paths(root: torch.nn.Module) -> Iterator[None]:
     pre = torch.nn.modules.module.register_module_forward_pre_hook(enter)
     post = torch.nn.modules.module.register_module_forward_hook(leave)
     try:
-        yield
+        with warnings.catch_warnings():
+            # A torch.compile'd submodule warns that global hooks fire twice: these are ortrain's
+            # own, and twice only writes the same path twice.
+            warnings.filterwarnings("ignore", message=_COMPILED_MODULE_HOOK_WARNING)
+            yield
     finally:
         pre.remove()
         post.remove()

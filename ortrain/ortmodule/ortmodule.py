@@ -413,6 +413,11 @@ class ORTModule(nn.Module):
         fallback: FallbackManager = self._ortrain_fallback
         if fallback.active:
             return self._ortrain_module(*args, **kwargs)
+        if torch.compiler.is_dynamo_compiling():
+            # torch.compile(ORTModule(model)): Dynamo traces through the wrapper, and its backend
+            # compiles the model; ortrain's graphs would run on Dynamo's traced values.
+            _warn_once_compiled_around()
+            return self._ortrain_module(*args, **kwargs)
         if functorch_transform_active():
             _warn_once_under_transforms()
             return self._ortrain_module(*args, **kwargs)
@@ -808,6 +813,20 @@ def _info_once_under_parametrization_cache() -> None:
     logger.info(
         "ORTModule runs the model in PyTorch inside torch.nn.utils.parametrize.cached(), which "
         "computes each parametrized tensor once for the whole block; calls outside it run on the graphs"
+    )
+
+
+_compiled_around_warned = [False]
+
+
+def _warn_once_compiled_around() -> None:
+    if _compiled_around_warned[0]:
+        return
+    _compiled_around_warned[0] = True
+    logger.warning(
+        "torch.compile traces through ORTModule: the model runs as torch.compile's backend "
+        'compiles it (on ONNX Runtime only with backend="ortrain"); call ORTModule(model) '
+        'without torch.compile, or torch.compile(model, backend="ortrain")'
     )
 
 
