@@ -13,8 +13,8 @@ running statistics. The copy is made without gradient: the buffer holds the valu
 that computed it (a forward that read it at the next step would, in eager PyTorch, backpropagate
 into a graph already freed). A plain tensor attribute is a buffer during a capture
 (:mod:`ortrain.capture.tensor_attributes`), so ``self.last = h.detach()`` is kept the same way;
-one that requires grad (pruning's ``weight``, recomputed by its pre-hook before each use) is left
-as it was.
+one that requires grad (pruning's ``weight``, recomputed by its pre-hook before each use) or views
+a parameter (spectral_norm's ``weight``, the same) is left as it was.
 An assignment that changes the shape, dtype or device cannot be an update of the same input, and
 is refused with what to do.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ortrain.capture.tensor_attributes import is_parameter_view
 from ortrain.errors import ORTModuleTorchModelException
 
 Buffers = list[tuple[nn.Module, str, torch.Tensor]]
@@ -43,10 +44,11 @@ def keep_assignments_as_updates(before: Buffers) -> None:
     """After the forward: copy each newly assigned buffer into the tensor it replaced."""
     for module, name, old in before:
         new = module._buffers.get(name)
-        if new is old or old.requires_grad:
+        if new is old or old.requires_grad or is_parameter_view(module, name):
             # A tensor attribute that requires grad is a value some forward computes from the
             # parameters (pruning's ``weight = weight_orig * mask``, set by its pre-hook before each
-            # use): updating it in place would tie this step's graph to the one that made it.
+            # use): updating it in place would tie this step's graph to the one that made it. One
+            # that views a parameter would have the update written into the parameter.
             continue
         if not isinstance(new, torch.Tensor) or (new.dtype, new.device) != (old.dtype, old.device):
             raise ORTModuleTorchModelException(_refusal(module, name, old, new))

@@ -6,6 +6,12 @@ FakeTensors first"). For the duration of a capture each such attribute is regist
 non-persistent buffer of its module, so it becomes a graph input like a buffer, bound afresh at
 every step: an attribute replaced by another tensor later is what the next step reads. Afterwards
 the module is put back exactly as it was (the attribute in ``__dict__``, not in ``_buffers``).
+
+An attribute that shares its storage with a parameter is a view of it that some hook replaces
+before each use: ``torch.nn.utils.spectral_norm`` sets ``weight = weight_orig.data`` and its
+pre-hook assigns the normalized weight before every forward. Such an attribute is remembered
+(:func:`is_parameter_view`) so that the assignment is not written back into it, which would write
+into the parameter (AOTAutograd refused the capture: "non-differentiable view input mutations").
 """
 
 from __future__ import annotations
@@ -36,18 +42,39 @@ def tensor_attributes(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [(name, value) for name, value in module.__dict__.items() if is_tensor_attribute(value)]
 
 
+_parameter_views: set[tuple[int, str]] = set()
+
+
+def is_parameter_view(module: nn.Module, name: str) -> bool:
+    """Whether ``module.name`` was, when the capture began, a tensor attribute viewing a parameter."""
+    return (id(module), name) in _parameter_views
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a tensor subclass without storage
+        return 0
+
+
 @contextlib.contextmanager
 def tensor_attributes_as_buffers(root: nn.Module) -> Iterator[int]:
     """Register every module's plain tensor attributes as buffers; yields how many."""
     moved: list[tuple[nn.Module, str, torch.Tensor]] = []
+    parameter_storages: set[int] | None = None
     try:
         for module in root.modules():
             for name, value in tensor_attributes(module):
+                if parameter_storages is None:
+                    parameter_storages = {_storage(p) for p in root.parameters()} - {0}
+                if _storage(value) in parameter_storages:
+                    _parameter_views.add((id(module), name))
                 del module.__dict__[name]
                 moved.append((module, name, value))
                 module.register_buffer(name, value, persistent=False)
         yield len(moved)
     finally:
+        _parameter_views.clear()
         for module, name, value in reversed(moved):
             module._buffers.pop(name, None)
             module._non_persistent_buffers_set.discard(name)

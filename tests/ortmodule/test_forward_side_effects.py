@@ -269,6 +269,39 @@ def test_pruning_hooks_stay_in_the_captured_graph() -> None:
     assert wrapped._ortrain_graph_breaks is None and len(wrapped._ortrain_graphs) == 1
 
 
+class _SpectralNormCritic(nn.Module):
+    """A GAN critic normalized by the hook-based ``torch.nn.utils.spectral_norm`` (SNGAN)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.utils.spectral_norm(nn.Conv2d(2, 4, 3))
+        self.head = nn.utils.spectral_norm(nn.Linear(4, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.conv(x)).mean((2, 3))).square().mean()
+
+
+def test_spectral_norm_power_iteration_is_captured() -> None:
+    """Wave 23: its ``weight`` attribute views ``weight_orig`` until the first forward, and the
+    capture wrote the pre-hook's assignment back into it, a write into the parameter that
+    AOTAutograd refused: every SNGAN critic trained in PyTorch."""
+    eager, model = (_SpectralNormCritic(), _SpectralNormCritic())  # a deep copy breaks the view
+    model.load_state_dict(eager.state_dict())
+    assert model.conv.weight.data_ptr() == model.conv.weight_orig.data_ptr()
+    wrapped = ORTModule(model)
+    for step in range(3):
+        x = torch.randn(3, 2, 6, 6, generator=torch.Generator().manual_seed(step))
+        assert _step(wrapped, x) == pytest.approx(_step(eager, x), rel=1e-5)
+        assert_same_state(wrapped, eager)  # weight_orig, and the power iteration's weight_u, weight_v
+    for module in (eager, wrapped):
+        module.eval()  # no power iteration: u and v stay
+    x = torch.randn(3, 2, 6, 6)
+    with torch.no_grad():
+        assert wrapped(x).item() == pytest.approx(eager(x).item(), rel=1e-5)
+    assert_same_state(wrapped, eager)
+    assert not wrapped._ortrain_fallback.active and len(wrapped._ortrain_graphs) == 2
+
+
 class _LayerDrop(nn.Module):
     """Stochastic depth drawn with Python's ``random``, a scale with NumPy's."""
 
