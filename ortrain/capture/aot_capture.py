@@ -26,6 +26,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 from ortrain.capture.capture_package import GraphCode, recording_entries
 from ortrain.capture.checkpointing import CheckpointRegions
 from ortrain.capture.cumulative_batch_norm import cumulative_batch_norm_traceable
+from ortrain.capture.data_assignments import data_assignments_as_copies
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.forward_rewrite import ForwardRewrite, ForwardTrace, rewrite_forward
 from ortrain.capture.function_calls import intercept_functions
@@ -248,6 +249,7 @@ def capture(
         # the fallback.
         stack.enter_context(torch.compiler.set_stance("force_eager"))
         stack.enter_context(tensor_attributes_as_buffers(module))
+        stack.enter_context(data_assignments_as_copies(module))
         stack.enter_context(annotate_module_paths(module))
         # ctc_loss, recurrent layers: see capture/function_overrides.py
         stack.enter_context(function_overrides(recurrent_as_python_ops=opaque_functions))

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ortrain.capture.data_assignments import IN_PLACE_ADVICE
 from ortrain.capture.dynamo_backend import (
     backend_failure,
     graph_breaks_reported,
@@ -57,7 +58,7 @@ class GraphBreakPath:
                     raise inner from error
                 if inner is not None:  # AOTAutograd's capture of a graph failed
                     raise ORTModuleTorchModelException(
-                        f"capture of a graph between graph breaks failed: {type(inner).__name__}: {inner}"
+                        f"capture of a graph between graph breaks failed: {_described(inner)}"
                     ) from error
                 raise
 
@@ -66,3 +67,12 @@ class GraphBreakPath:
             return
         self.breaks.append((file, line, reason))
         logger.info("graph break at %s:%d `%s`: %s", file, line, source_line(file, line), reason)
+
+
+def _described(error: BaseException) -> str:
+    """The error, led by what to change where its own text does not say (AOTAutograd's assertions)."""
+    text = f"{type(error).__name__}: {error}"
+    if "set_ on a graph input" in text:
+        # TorchDynamo traced `p.data = value` as a set_ (MoCo's momentum encoder)
+        return f"the forward assigns `tensor.data = value`: {IN_PLACE_ADVICE} ({text.splitlines()[0]})"
+    return text
