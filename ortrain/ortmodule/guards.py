@@ -12,18 +12,20 @@ Replacing a parameter by another of the same dtype, device and shape needs no ne
 tensors are bound afresh at every step, so the new one is what runs.
 
 Configuration objects are read too: a module attribute holding a Hugging Face config (any
-``PretrainedConfig``) or a dataclass instance is described by its plain values (and its short lists,
-plain-valued dicts and nested configs), once per object and walk, so ``model.config.use_cache =
-False`` or ``self.cfg.scale = 2.0`` between steps is seen like a module's own attribute (until wave
-18 the graph kept the value it was captured with). So are the plain values set on the classes of
-the modules (``Net.SCALE = 3.0``). Not watched: state inside other objects (a tokenizer, a custom
-class instance, a module-level global); after changing such state, set an attribute through the
-wrapper or call ``ORTModule.reset_graphs()``.
+``PretrainedConfig``), a dataclass instance or a ``SimpleNamespace`` is described by its plain
+values (and its short lists, plain-valued dicts and nested configs), once per object and walk,
+so ``model.config.use_cache = False`` or ``self.cfg.scale = 2.0`` between steps is seen like a
+module's own attribute (until wave 18 the graph kept the value it was captured with). So are the
+plain values set on the classes of the modules (``Net.SCALE = 3.0``), and a module's own short
+dicts and sets of plain values (``self.loss_weights["kl"] = 0.5``). Not watched: state inside
+other objects (a tokenizer, a custom class instance, a module-level global); after changing such
+state, set an attribute through the wrapper or call ``ORTModule.reset_graphs()``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -132,7 +134,8 @@ def read_state(root: nn.Module) -> ModelState:
                 if not k.startswith("_"):
                     plain.append((k, v))
             elif kind in _TABLES:
-                continue
+                if not k.startswith("_"):  # the user's own table (``self.weights = {"kl": 0.1}``)
+                    objects.append((k, id(v), _table_values(v)))
             elif kind in _SEQUENCES and len(v) <= _SHORT and all(type(i) in _PLAIN for i in v):
                 if not k.startswith("_"):
                     plain.append((k, tuple(v)))
@@ -186,9 +189,24 @@ def _plain_form(value: Any) -> Any:
 def _is_config(kind: type) -> bool:
     known = _is_config_type.get(kind)
     if known is None:
-        known = dataclasses.is_dataclass(kind) or any(c.__name__ in _CONFIG_BASES for c in kind.__mro__)
+        known = (
+            dataclasses.is_dataclass(kind)
+            or kind is types.SimpleNamespace
+            or any(c.__name__ in _CONFIG_BASES for c in kind.__mro__)
+        )
         _is_config_type[kind] = known
     return known
+
+
+def _table_values(table: dict[Any, Any] | set[Any]) -> tuple[Any, ...]:
+    """A short dict or set of plain values by its values; any other by identity alone."""
+    if len(table) > _SHORT:
+        return ()
+    if isinstance(table, set):
+        plain = all(type(i) in _PLAIN for i in table)
+        return (("members", tuple(sorted(map(repr, table)))),) if plain else ()
+    values = tuple((k, _plain_form(v)) for k, v in table.items())
+    return () if any(v is _NOT_PLAIN or type(k) not in _PLAIN for k, v in values) else values
 
 
 def _config_values(config: Any, seen: dict[int, tuple[Any, ...]]) -> tuple[Any, ...]:

@@ -12,6 +12,7 @@ import io
 import logging
 import pickle
 import threading
+import types
 from collections.abc import Callable
 
 import pytest
@@ -179,6 +180,48 @@ def test_a_changed_config_value_is_seen_and_named(
     assert f"capturing a graph: settings.scale changed from 1.0 to 3.0 {held}" in reasons
     assert f"capturing a graph: settings.gelu changed from True to False {held}" in reasons
     assert len(reasons) == 3  # the first call and the two changes: an unchanged config captures nothing
+
+
+class _TableConfiguredNet(Net):
+    """Settings kept in a plain dict, a set and a SimpleNamespace on the module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loss_weights = {"main": 1.0, "l2": 0.0}
+        self.flags: set[str] = set()
+        self.schedule = types.SimpleNamespace(scale=1.0)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x) * self.schedule.scale
+        h = F.gelu(h) if "gelu" in self.flags else torch.tanh(h)
+        loss = F.cross_entropy(self.head(h), y) * self.loss_weights["main"]
+        return loss + self.loss_weights["l2"] * h.square().mean()
+
+
+def test_a_changed_dict_set_or_namespace_value_is_seen(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Wave 23: a module's dicts and sets were not watched at all and a SimpleNamespace by identity
+    only: the graph kept the values it was captured with (an l2 weight that never came on)."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+
+    def weight(m: nn.Module) -> None:
+        m.loss_weights["l2"] = 0.5
+
+    def flag(m: nn.Module) -> None:
+        m.flags.add("gelu")
+
+    def scale(m: nn.Module) -> None:
+        m.schedule.scale = 2.0
+
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        _train_through(_TableConfiguredNet(), {1: weight, 2: flag, 4: scale})
+    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    assert len(reasons) == 4, reasons
+    assert "loss_weights.l2 changed from 0.0 to 0.5" in reasons[1]
+    assert "flags.members changed" in reasons[2]
+    assert "schedule.scale changed from 1.0 to 2.0" in reasons[3]
 
 
 @dataclasses.dataclass
