@@ -7,7 +7,8 @@ conservative: anything it cannot describe makes the capture uncacheable (the exp
 serves), and anything that might matter is in it, so a miss is the usual price of a doubt:
 
 - the model: every submodule's class and the plain values set on its own classes
-  (``Net.SCALE = ...`` at start-up), its plain and config-like attributes (described
+  (``Net.SCALE = ...`` at start-up) or in the module-level globals its forward's code names
+  (``ortrain.capture.global_reads``), its plain and config-like attributes (described
   recursively: a Hugging Face ``config`` object is read attribute by attribute; a function
   attribute by its code, closure and default arguments, a bound method with the object it is
   bound to), every parameter's, buffer's and tensor attribute's name, dtype, device, shape,
@@ -25,8 +26,9 @@ serves), and anything that might matter is in it, so a miss is the usual price o
   and ortrain.
 
 Not covered, so not to be relied upon: Python state that no file, argument, environment variable
-or module attribute determines (a global changed at run time, a random choice made in Python
-while tracing). ``ORTMODULE_CACHE_CAPTURE=0`` keeps the export cache and traces every start.
+or module attribute determines (state inside objects the forward reads that the model does not
+hold, a random choice made in Python while tracing). ``ORTMODULE_CACHE_CAPTURE=0`` keeps the
+export cache and traces every start.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from torch.nn.modules import module as torch_module
 
 import ortrain
 from ortrain.cache.graph_key import tensor_digest, versions
+from ortrain.capture.global_reads import global_reads
 from ortrain.capture.tensor_attributes import tensor_attributes
 
 logger = logging.getLogger("ortrain.cache")
@@ -233,6 +236,9 @@ def describe_model(root: nn.Module, *, depth: int = 0, by_value: bool = False) -
                 "name": name,
                 "class": f"{cls.__module__}.{cls.__qualname__}",
                 "class attributes": _class_attributes(cls),
+                "globals read": {
+                    label: describe(namespace.get(name)) for label, namespace, name in global_reads(cls)
+                },
                 "attributes": attributes,
                 "parameters": [_tensor(seen, f"{name}.{n}", p, by_value) for n, p in m._parameters.items()],
                 "buffers": [_tensor(seen, f"{name}.{n}", b, by_value) for n, b in m._buffers.items()],

@@ -17,9 +17,10 @@ values (and its short lists, plain-valued dicts and nested configs), once per ob
 so ``model.config.use_cache = False`` or ``self.cfg.scale = 2.0`` between steps is seen like a
 module's own attribute (until wave 18 the graph kept the value it was captured with). So are the
 plain values set on the classes of the modules (``Net.SCALE = 3.0``), and a module's own short
-dicts and sets of plain values (``self.loss_weights["kl"] = 0.5``). Not watched: state inside
-other objects (a tokenizer, a custom class instance, a module-level global); after changing such
-state, set an attribute through the wrapper or call ``ORTModule.reset_graphs()``.
+dicts and sets of plain values (``self.loss_weights["kl"] = 0.5``), and the module-level plain
+values the forward's code names (:mod:`ortrain.capture.global_reads`). Not watched: state inside
+other objects (a tokenizer, a custom class instance); after changing such state, set an attribute
+through the wrapper or call ``ORTModule.reset_graphs()``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
 
+from ortrain.capture.global_reads import global_reads
 from ortrain.capture.tensor_attributes import is_tensor_attribute, tensor_attributes
 
 _PLAIN = frozenset({bool, int, float, str, type(None)})
@@ -99,7 +101,8 @@ def read_state(root: nn.Module) -> ModelState:
     modules: list[ModuleKey] = []
     uninitialized: list[str] = []
     configs: dict[int, tuple[Any, ...]] = {}  # each config object is read once a walk
-    classes: dict[type, tuple[tuple[str, Any], ...]] = {}  # and each class of a module's MRO
+    # and each class of a module's MRO; (class, "globals") for the globals its forward reads
+    classes: dict[Any, tuple[tuple[str, Any], ...]] = {}
 
     def tensor_key(name: str, tensor: torch.Tensor | None) -> TensorKey:
         if tensor is None:
@@ -151,6 +154,8 @@ def read_state(root: nn.Module) -> ModelState:
         identity = (id(m), type(m))  # the class too: ``m.__class__ = ...`` swaps its code
         if type(m) not in classes:
             _read_class_values(type(m), classes)
+        if (type(m), "globals") not in classes:
+            classes[(type(m), "globals")] = _global_values(type(m))
         modules.append((identity, tuple(plain), _hook_ids(m), params, buffers, others, tuple(objects)))
         children = [c for c in attributes["_modules"].values() if c is not None]
         stack.extend(reversed(children))
@@ -158,7 +163,7 @@ def read_state(root: nn.Module) -> ModelState:
     return ModelState(tensors, key, bool(uninitialized))
 
 
-def _read_class_values(cls: type, classes: dict[type, tuple[tuple[str, Any], ...]]) -> None:
+def _read_class_values(cls: type, classes: dict[Any, tuple[tuple[str, Any], ...]]) -> None:
     """The plain values set on each class of ``cls``'s MRO not read yet (``Net.SCALE = 2.0``, a
     class-level flag), which the forward reads like the module's attributes. PyTorch's classes hold
     constants of its code. Each class once a walk: Hugging Face's model classes share large bases."""
@@ -174,6 +179,13 @@ def _read_class_values(cls: type, classes: dict[type, tuple[tuple[str, Any], ...
             if plain is not _NOT_PLAIN and not name.startswith("__"):
                 values.append((f"{klass.__qualname__}.{name}", plain))
         classes[klass] = tuple(values)
+
+
+def _global_values(cls: type) -> tuple[tuple[str, Any], ...]:
+    """The module-level plain values ``cls``'s forward reads (see :mod:`global_reads`), read now."""
+    return tuple(
+        (label, _plain_form(namespace.get(name, _NOT_PLAIN))) for label, namespace, name in global_reads(cls)
+    )
 
 
 def _plain_form(value: Any) -> Any:
@@ -286,7 +298,8 @@ def describe_change(root: nn.Module, old: tuple[Any, ...], new: tuple[Any, ...])
     if old_classes != new_classes and [c for c, _ in old_classes] == [c for c, _ in new_classes]:
         for (_, before), (_, after) in zip(old_classes, new_classes, strict=True):
             if before != after:
-                return f"class attribute {_value_change(before, after)}"
+                change = _value_change(before, after)
+                return change if change.startswith("global ") else f"class attribute {change}"
     names = [name or "(the model)" for name, _ in root.named_modules(remove_duplicate=False)]
     if len(old_modules) != len(new_modules):
         return f"submodules were added or removed ({len(old_modules)} → {len(new_modules)} modules)"

@@ -249,6 +249,25 @@ def test_undescribable_attribute_is_not_cached() -> None:
     assert _key(model) is None
 
 
+SHARPNESS = 1.0  # a module-level value the forward reads, set at start-up
+
+
+class _ReadsGlobal(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * SHARPNESS
+
+
+def test_a_global_the_forward_reads_misses(monkeypatch: pytest.MonkeyPatch) -> None:
+    reference = _key(_ReadsGlobal())
+    assert reference is not None and _key(_ReadsGlobal()) == reference
+    monkeypatch.setattr(f"{__name__}.SHARPNESS", 2.0)
+    assert _key(_ReadsGlobal()) != reference
+
+
 class _Scaler:
     def __init__(self, factor: float) -> None:
         self.factor = factor

@@ -1,0 +1,123 @@
+"""The module-level values a model's forward reads (``TEMPERATURE = 0.5``, set by a schedule).
+
+A captured graph bakes in every Python value its forward read. Values kept on the modules, their
+classes and their configs are watched by the guards (:mod:`ortrain.ortmodule.guards`); a global of
+the model's own file was not, and a script that anneals a module-level temperature trained on the
+first value for good (wave 23).
+
+The forward's code is read, not run: starting from the class's ``forward``, every name it uses is
+looked up in its module's globals, and followed into the functions and methods it names (helpers
+of the same file, ``self._attend(...)``) and into the attributes of modules it imports
+(``settings.TEMPERATURE``). Plain values found there (numbers, strings, booleans, ``None``, short
+tuples of them) are what the guards read at every step. PyTorch's and the standard library's code
+is not followed: its globals are its own constants. This over-approximates (a name used as an
+attribute elsewhere is watched too, which costs a lookup) and misses values reached in ways code
+does not name (``globals()[key]``, ``getattr(module, name)``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import sysconfig
+import types
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+# (label, namespace, name): read ``namespace[name]`` at every step, reported as ``label``.
+Read = tuple[str, dict[str, Any], str]
+
+_PLAIN = (bool, int, float, str, type(None))
+_SHORT = 64
+_LIBRARY_PREFIXES = ("torch.", "torch", "ortrain.", "ortrain", "builtins", "typing")
+_STDLIB = sysconfig.get_paths()["stdlib"]
+_FUNCTIONS_AT_MOST = 400  # a bound on the walk: Hugging Face's forwards call a few dozen
+_cache: weakref.WeakKeyDictionary[type, tuple[Read, ...]] = weakref.WeakKeyDictionary()
+
+
+def is_plain(value: Any) -> bool:
+    if type(value) in _PLAIN:
+        return True
+    return type(value) in (tuple, list) and len(value) <= _SHORT and all(type(v) in _PLAIN for v in value)
+
+
+def global_reads(cls: type) -> tuple[Read, ...]:
+    """The plain module-level values ``cls.forward`` may read, directly or through code it names."""
+    reads = _cache.get(cls)
+    if reads is None:
+        reads = _cache[cls] = tuple(_walk(cls))
+    return reads
+
+
+def _is_library(module_name: str, code: types.CodeType) -> bool:
+    return module_name.split(".")[0] in _LIBRARY_PREFIXES or code.co_filename.startswith(_STDLIB)
+
+
+def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):  # comprehensions, lambdas, nested functions
+            yield from _codes(const)
+
+
+def _function(value: Any) -> types.FunctionType | None:
+    if isinstance(value, staticmethod | classmethod):
+        value = value.__func__
+    elif isinstance(value, property):
+        value = value.fget
+    value = inspect.unwrap(value) if callable(value) else value
+    return value if isinstance(value, types.FunctionType) else None
+
+
+def _walk(cls: type) -> Iterator[Read]:
+    todo = [_function(inspect.getattr_static(cls, "forward", None))]
+    seen_functions: set[types.CodeType] = set()
+    found: set[tuple[int, str]] = set()
+    while todo and len(seen_functions) < _FUNCTIONS_AT_MOST:
+        function = todo.pop()
+        if function is None or function.__code__ in seen_functions:
+            continue
+        seen_functions.add(function.__code__)
+        if _is_library(str(function.__module__), function.__code__):
+            continue
+        namespace = function.__globals__
+        for code in _codes(function.__code__):
+            names = code.co_names
+            for name in names:
+                if name.startswith("__"):
+                    continue
+                for klass in cls.__mro__:  # self.name(...) or super().name(...): the class's methods
+                    method = _function(klass.__dict__.get(name))
+                    if method is not None:
+                        todo.append(method)
+                if name not in namespace:
+                    continue
+                value = namespace[name]
+                if is_plain(value):
+                    if (id(namespace), name) not in found:
+                        found.add((id(namespace), name))
+                        yield f"global {namespace.get('__name__', '?')}.{name}", namespace, name
+                elif isinstance(value, types.FunctionType):
+                    todo.append(value)
+                elif isinstance(value, types.ModuleType) and not _is_module_library(value):
+                    yield from _module_attributes(value, names, found)
+
+
+def _is_module_library(module: types.ModuleType) -> bool:
+    name = module.__name__
+    path = getattr(module, "__file__", None) or ""
+    return (
+        name.split(".")[0] in _LIBRARY_PREFIXES or name in sys.stdlib_module_names or path.startswith(_STDLIB)
+    )
+
+
+def _module_attributes(
+    module: types.ModuleType, names: tuple[str, ...], found: set[tuple[int, str]]
+) -> Iterator[Read]:
+    """``settings.TEMPERATURE``: the plain attributes of an imported module named in the same code."""
+    namespace = vars(module)
+    for name in names:
+        if name in namespace and is_plain(namespace[name]) and (id(namespace), name) not in found:
+            found.add((id(namespace), name))
+            yield f"global {module.__name__}.{name}", namespace, name
