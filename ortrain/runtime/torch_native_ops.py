@@ -126,6 +126,10 @@ FUSED_ATTENTION: frozenset[object] = frozenset(
     }
 )
 
+# Every op PyTorch tags ``nondeterministic_seeded`` is here, in FUSED_ATTENTION, or never reaches a
+# captured graph (tests/runtime/test_torch_native_ops.py checks it against the installed torch).
+# The ``_functional`` forms are what an in-place draw becomes in a graph (``x.normal_()``,
+# ``nn.init.normal_``): missing, such a draw ran in ONNX Runtime, from its own generator.
 RANDOM: frozenset[object] = frozenset(
     {
         aten.native_dropout,
@@ -139,6 +143,7 @@ RANDOM: frozenset[object] = frozenset(
         aten.log_normal,
         aten.multinomial,
         aten.normal,
+        aten.normal_functional,
         aten.poisson,
         aten.rand,
         aten.rand_like,
@@ -149,6 +154,7 @@ RANDOM: frozenset[object] = frozenset(
         aten.random,
         aten.randperm,
         aten.rrelu_with_noise,
+        aten.rrelu_with_noise_functional,
         aten.uniform,
     }
 )

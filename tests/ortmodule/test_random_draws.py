@@ -74,6 +74,39 @@ def test_sampling_in_the_forward_draws_eagers_numbers(kind: str) -> None:
     assert not wrapped._ortrain_fallback.active
 
 
+class _InPlaceDraws(nn.Module):
+    """Draws written in place: a noise layer filling a tensor, a buffer re-drawn each step, RReLU."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.linear = nn.Linear(6, 6)
+        self.register_buffer("offset", torch.zeros(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        if self.kind == "normal_":  # Gaussian noise injection
+            h = h + torch.empty_like(h).normal_(0.0, 0.1)
+        elif self.kind == "init.normal_":
+            with torch.no_grad():
+                nn.init.normal_(self.offset)
+            h = h + self.offset
+        else:  # "rrelu_"
+            h = nn.functional.rrelu(h, training=True, inplace=True)
+        return h.square().mean()
+
+
+@pytest.mark.parametrize("kind", ["normal_", "init.normal_", "rrelu_"])
+def test_draws_in_place_are_eagers_numbers(kind: str) -> None:
+    """Wave 23: an in-place draw is ``normal_functional`` / ``rrelu_with_noise_functional`` in the
+    graph, which were not known as random: ONNX Runtime drew them with its own generator from the
+    third step on (the first two run the graph in PyTorch), so the noise was not eager's and
+    PyTorch's generator was left where it was."""
+    torch.manual_seed(0)
+    wrapped = _trains_like_eager(_InPlaceDraws(kind))
+    assert not wrapped._ortrain_fallback.active
+
+
 class _Reseeding(nn.Module):
     """Forwards that set PyTorch's generator, as people write them."""
 
