@@ -30,6 +30,8 @@ from torch._dynamo.exc import BackendCompilerFailed
 from ortrain.capture.aot_capture import GraphRunner
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.decompositions import decomposition_table
+from ortrain.capture.function_overrides import storage_view_overrides
+from ortrain.capture.input_views import input_view_chains, make_views
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import UnsupportedFunctionError
@@ -71,6 +73,8 @@ def aot_backend(
             # Runtime: ortrain.capture.size_carriers, applied by the exporter.)
             plain = torch.fx.GraphModule(graph, graph.graph)
             scalars = _scalar_inputs(plain)
+            # Outputs that view inputs: AOTAutograd remakes them from the strides returned.
+            views = input_view_chains(plain.graph) if tag == "forward" else {}
             with COMPILE_LOCK:
                 runner = _in_fresh_thread(lambda: compile_graph(plain, tag, number))
 
@@ -78,7 +82,12 @@ def aot_backend(
                 for position, dtype in scalars:
                     if args[position].dtype != dtype:
                         args[position] = args[position].to(dtype)
-                return runner(args)
+                if not views:
+                    return runner(args)
+                inputs = list(args)  # the runner may empty the boxed list
+                outputs = list(runner(args))
+                make_views(views, plain.graph, inputs, outputs)
+                return outputs
 
             run._boxed_call = True  # type: ignore[attr-defined]
             return run
@@ -92,7 +101,7 @@ def aot_backend(
         partition_fn=functools.partial(partition, memory=memory),
         decompositions=decomposition_table(),
     )
-    with COMPILE_LOCK, tracing_context():
+    with COMPILE_LOCK, tracing_context(), storage_view_overrides():
         return backend(gm, example_inputs)
 
 

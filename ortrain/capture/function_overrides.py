@@ -29,9 +29,9 @@ def _overrides(recurrent_as_python_ops: bool) -> dict[Callable[..., Any], Callab
 
 
 class _Overrides(TorchFunctionMode):
-    def __init__(self, recurrent_as_python_ops: bool) -> None:
+    def __init__(self, table: dict[Callable[..., Any], Callable[..., Any]]) -> None:
         super().__init__()
-        self.table = _overrides(recurrent_as_python_ops)
+        self.table = table
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -47,5 +47,15 @@ class _Overrides(TorchFunctionMode):
 def function_overrides(*, recurrent_as_python_ops: bool) -> Iterator[None]:
     """``recurrent_as_python_ops``: recurrent layers over padded batches run as one opaque op each
     (:mod:`ortrain.capture.recurrent_layers`); otherwise, and for packed sequences, unrolled."""
-    with _Overrides(recurrent_as_python_ops):
+    with _Overrides(_overrides(recurrent_as_python_ops)):
+        yield
+
+
+@contextlib.contextmanager
+def storage_view_overrides() -> Iterator[None]:
+    """The ``as_strided`` rewrites alone, for the graphs TorchDynamo hands to ortrain's backend:
+    without them an ``as_strided`` on a permuted tensor (Longformer's overlapping chunks of a
+    transposed query) indexed its values in logical order in ONNX Runtime, not its memory (wave 23:
+    off by up to 22 where ORTModule's own capture was exact)."""
+    with _Overrides(dict(STORAGE_VIEWS)):
         yield

@@ -70,9 +70,23 @@ def _positions(size: Sequence[Any], stride: Sequence[Any], offset: Any) -> torch
     return positions
 
 
+def _unknown_reach_in_logical_order(
+    tensor: torch.Tensor, size: Sequence[Any], stride: Sequence[Any], storage_offset: Any
+) -> bool:
+    """A contiguous tensor at the start of its storage, addressed with sizes that depend on values
+    (Longformer's chunk count, a 0-d tensor): where its reach cannot be checked, its memory is its
+    values in logical order, which every executor's ``as_strided`` reads alike."""
+    if not tensor.is_contiguous() or tensor.storage_offset() != 0:
+        return False
+    numbers = [*size, *stride, 0 if storage_offset is None else storage_offset]
+    return any(size_hint(n) is None for n in numbers)
+
+
 def as_strided(
     input: torch.Tensor, size: Sequence[Any], stride: Sequence[Any], storage_offset: Any = None
 ) -> Any:
+    if _unknown_reach_in_logical_order(input, size, stride, storage_offset):
+        return NotImplemented
     order, offset = _addressing(input, size, stride, storage_offset, "torch.as_strided")
     if order is None and input.storage_offset() == 0:
         return NotImplemented  # the tensor is its memory, in logical order: the same everywhere

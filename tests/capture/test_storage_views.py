@@ -82,3 +82,46 @@ def test_memory_outside_the_tensor_trains_in_pytorch_by_default(
     with caplog.at_level("WARNING", logger="ortrain"):
         torch.testing.assert_close(wrapped(x), eager(x))
     assert "as_strided reaches memory outside" in caplog.text
+
+
+def _overlapping_chunks(x: torch.Tensor) -> torch.Tensor:
+    """Longformer's ``_chunk``: windows that overlap by half, read from the tensor's memory."""
+    size, stride = list(x.size()), list(x.stride())
+    size[1], stride[1] = size[1] * 2 - 1, stride[1] // 2
+    return x.as_strided(size, stride)
+
+
+def test_graphs_of_torch_compile_read_memory_as_eager() -> None:
+    """Wave 23: the graphs TorchDynamo hands to ortrain's backend were traced without the rewrite,
+    so an as_strided on a transposed tensor indexed its values in logical order (off by 7)."""
+    x = torch.randn(8, 4).t()
+    for body in (lambda h: (h * 2).as_strided((4, 3, 2), (1, 8, 4)), BODIES["overlapping"]):
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(body, backend="ortrain")(x), body(x))
+
+
+def test_an_output_viewing_an_input_keeps_its_strides_at_a_new_size() -> None:
+    """Wave 23: AOTAutograd makes such an output again from the input with the strides of what the
+    graph returned; ONNX Runtime's contiguous copy read past the input's storage once a second
+    size made the graph dynamic ("setStorage: ... out of bounds")."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_overlapping_chunks, backend="ortrain")
+    for chunks in (5, 7, 9):
+        x = torch.randn(2, chunks, 4, 1)
+        got = compiled(x)
+        assert got.stride() == _overlapping_chunks(x).stride()
+        torch.testing.assert_close(got, _overlapping_chunks(x))
+
+
+def test_as_strided_with_sizes_from_values_on_a_contiguous_tensor() -> None:
+    """A size that is a 0-d tensor (Longformer's chunk count, ``torch.div(seq, w)``) cannot be
+    checked against the tensor's end at capture; on a contiguous tensor the call reads its values
+    in logical order everywhere, and is no longer refused."""
+
+    def windows(h: torch.Tensor) -> torch.Tensor:
+        count = torch.div(h.size(1), 2, rounding_mode="trunc") - 1
+        return h.contiguous().as_strided((h.size(0), count, 4), (h.size(1), 2, 1)).square().sum()
+
+    torch._dynamo.reset()
+    x = torch.randn(3, 12)
+    torch.testing.assert_close(torch.compile(windows, backend="ortrain")(x), windows(x))
