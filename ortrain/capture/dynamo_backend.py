@@ -33,6 +33,7 @@ from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.function_overrides import storage_view_overrides
 from ortrain.capture.input_views import input_view_chains, make_views
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
+from ortrain.capture.output_layouts import in_traced_layouts, traced_layouts
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import UnsupportedFunctionError
 from ortrain.capture.tracing_context import tracing_context
@@ -73,8 +74,10 @@ def aot_backend(
             # Runtime: ortrain.capture.size_carriers, applied by the exporter.)
             plain = torch.fx.GraphModule(graph, graph.graph)
             scalars = _scalar_inputs(plain)
-            # Outputs that view inputs: AOTAutograd remakes them from the strides returned.
+            # Outputs AOTAutograd remakes views from, with the strides returned: views of inputs
+            # made by PyTorch, the others in their traced layout.
             views = input_view_chains(plain.graph) if tag == "forward" else {}
+            layouts = traced_layouts(plain.graph) if tag == "forward" else {}
             with COMPILE_LOCK:
                 runner = _in_fresh_thread(lambda: compile_graph(plain, tag, number))
 
@@ -82,10 +85,11 @@ def aot_backend(
                 for position, dtype in scalars:
                     if args[position].dtype != dtype:
                         args[position] = args[position].to(dtype)
-                if not views:
+                if not views and not layouts:
                     return runner(args)
                 inputs = list(args)  # the runner may empty the boxed list
                 outputs = list(runner(args))
+                in_traced_layouts(layouts, outputs)
                 make_views(views, plain.graph, inputs, outputs)
                 return outputs
 

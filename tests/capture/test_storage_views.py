@@ -100,10 +100,11 @@ def test_graphs_of_torch_compile_read_memory_as_eager() -> None:
         torch.testing.assert_close(torch.compile(body, backend="ortrain")(x), body(x))
 
 
-def test_an_output_viewing_an_input_keeps_its_strides_at_a_new_size() -> None:
+def test_an_output_viewing_an_input_keeps_its_strides_at_a_new_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """Wave 23: AOTAutograd makes such an output again from the input with the strides of what the
     graph returned; ONNX Runtime's contiguous copy read past the input's storage once a second
     size made the graph dynamic ("setStorage: ... out of bounds")."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)  # sym_stride runs in PyTorch
     torch._dynamo.reset()
     compiled = torch.compile(_overlapping_chunks, backend="ortrain")
     for chunks in (5, 7, 9):
@@ -125,3 +126,25 @@ def test_as_strided_with_sizes_from_values_on_a_contiguous_tensor() -> None:
     torch._dynamo.reset()
     x = torch.randn(3, 12)
     torch.testing.assert_close(torch.compile(windows, backend="ortrain")(x), windows(x))
+
+
+def _scores_into(scores: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
+    """Longformer's diagonal scores: written into a tensor made before a graph break, returned as
+    a transposed view of it."""
+    scores[:, :, :, 2:] = chunks[:, :, :, :3]
+    return scores.view(2, 4, scores.shape[1], 5).transpose(2, 1)
+
+
+def test_an_output_viewing_a_written_input_is_remade_in_its_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wave 23: AOTAutograd remade the transposed view from the written input with the strides of
+    ONNX Runtime's contiguous result once sizes were symbolic: the values in the wrong places
+    (Longformer's masks), without an error."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
+    torch._dynamo.reset()
+    compiled = torch.compile(_scores_into, backend="ortrain")
+    for length in (16, 20, 24):
+        chunks = torch.randn(8, length, 1, 5)
+        want = _scores_into(torch.zeros(8, length, 1, 5), chunks)
+        got = compiled(torch.zeros(8, length, 1, 5), chunks)
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got, want)
