@@ -30,7 +30,6 @@ from torch._dynamo.exc import BackendCompilerFailed
 from ortrain.capture.aot_capture import GraphRunner
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.decompositions import decomposition_table
-from ortrain.capture.function_overrides import storage_view_overrides
 from ortrain.capture.input_views import input_view_chains, make_views
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.capture.output_layouts import in_traced_layouts, traced_layouts
@@ -105,7 +104,7 @@ def aot_backend(
         partition_fn=functools.partial(partition, memory=memory),
         decompositions=decomposition_table(),
     )
-    with COMPILE_LOCK, tracing_context(), storage_view_overrides():
+    with COMPILE_LOCK, tracing_context():
         return backend(gm, example_inputs)
 
 

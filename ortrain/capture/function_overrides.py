@@ -49,13 +49,3 @@ def function_overrides(*, recurrent_as_python_ops: bool) -> Iterator[None]:
     (:mod:`ortrain.capture.recurrent_layers`); otherwise, and for packed sequences, unrolled."""
     with _Overrides(_overrides(recurrent_as_python_ops)):
         yield
-
-
-@contextlib.contextmanager
-def storage_view_overrides() -> Iterator[None]:
-    """The ``as_strided`` rewrites alone, for the graphs TorchDynamo hands to ortrain's backend:
-    without them an ``as_strided`` on a permuted tensor (Longformer's overlapping chunks of a
-    transposed query) indexed its values in logical order in ONNX Runtime, not its memory (wave 23:
-    off by up to 22 where ORTModule's own capture was exact)."""
-    with _Overrides(dict(STORAGE_VIEWS)):
-        yield
