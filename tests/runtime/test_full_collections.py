@@ -99,12 +99,19 @@ def test_objects_the_user_froze_stay_frozen(
     gc.freeze()  # as servers do before forking
     try:
         frozen = gc.get_freeze_count()
+
+        def still_frozen_alone() -> bool:
+            # A frozen object can die meanwhile (another thread drops its last reference: the
+            # count fell by 2 in one CI run); ortrain unfreezing would drop it to zero, freezing
+            # more would raise it.
+            return 0.99 * frozen <= gc.get_freeze_count() <= frozen
+
         with full_collections_deferred():
-            assert gc.get_freeze_count() == frozen  # ortrain freezes nothing more
+            assert still_frozen_alone()  # ortrain freezes nothing more
             made = _cycle()
             collect_compile_garbage()
             assert made() is None
-        assert gc.get_freeze_count() == frozen
+        assert still_frozen_alone()
     finally:
         gc.unfreeze()
 
