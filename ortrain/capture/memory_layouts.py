@@ -8,6 +8,8 @@ Runtime is contiguous. The few operators whose result depends on memory order, n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -53,3 +55,17 @@ def inverse_order(order: tuple[int, ...] | list[int]) -> list[int]:
     for position, d in enumerate(order):
         inverse[d] = position
     return inverse
+
+
+def densely_in_order(tensor: torch.Tensor, order: Sequence[int]) -> torch.Tensor:
+    """``tensor`` with the same values, laid out densely in dimension ``order`` (outermost first):
+    itself when it already is, else a tensor of its own (not a view of a permuted copy)."""
+    if dense_dim_order(tensor) == tuple(order):
+        return tensor
+    strides = [0] * tensor.dim()
+    step = 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= tensor.shape[d]
+    laid_out = torch.empty_strided(tensor.shape, strides, dtype=tensor.dtype, device=tensor.device)
+    return laid_out.copy_(tensor)

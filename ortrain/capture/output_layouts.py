@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch._functorch._aot_autograd.schemas import OutputType
 
-from ortrain.capture.memory_layouts import dense_dim_order, size_hint
+from ortrain.capture.memory_layouts import densely_in_order, permuted_dim_order, size_hint
 
 
 def traced_layouts(graph: torch.fx.Graph) -> dict[int, tuple[int, ...]]:
@@ -44,22 +44,15 @@ def traced_layouts(graph: torch.fx.Graph) -> dict[int, tuple[int, ...]]:
         value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
         if not isinstance(value, torch.Tensor) or size_hint(value.storage_offset()) != 0:
             continue
-        order = dense_dim_order(value)
-        if order is not None and order != tuple(range(value.dim())):
+        order = permuted_dim_order(value)
+        if order is not None:
             layouts[position] = order
     return layouts
 
 
 def in_traced_layouts(layouts: dict[int, tuple[int, ...]], outputs: list[Any]) -> None:
     for position, order in layouts.items():
-        out = outputs[position]
-        if isinstance(out, torch.Tensor) and dense_dim_order(out) != order:
-            # A tensor of its own (not a view of a permuted copy: Dynamo then took the next graph's
-            # input for a view and failed to fake it), strided densely in the traced order.
-            strides = [0] * out.dim()
-            step = 1
-            for d in reversed(order):
-                strides[d] = step
-                step *= out.shape[d]
-            laid_out = torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device)
-            outputs[position] = laid_out.copy_(out)
+        if isinstance(outputs[position], torch.Tensor):
+            # A tensor of its own, not a view of a permuted copy: Dynamo took a view of such a
+            # view, the next graph's input, for a view and failed to fake it.
+            outputs[position] = densely_in_order(outputs[position], order)

@@ -24,18 +24,16 @@ from collections.abc import Sequence
 import torch
 
 from ortrain.capture.lazy_recompile import graph_module
-from ortrain.capture.memory_layouts import inverse_order, permuted_dim_order
+from ortrain.capture.memory_layouts import densely_in_order, permuted_dim_order
 from ortrain.runtime.torch_native_ops import is_random
 
 logger = logging.getLogger("ortrain.runtime")
 
 
 def in_dim_order(tensor: torch.Tensor, order: Sequence[int]) -> torch.Tensor:
-    """``tensor`` with the same values, laid out densely in ``order`` (itself when it already is)."""
-    permuted = tensor.permute(*order)
-    if permuted.is_contiguous():
-        return tensor
-    return permuted.contiguous().permute(*inverse_order(order))
+    """``tensor`` with the same values, laid out densely in ``order`` (itself when it already is):
+    the name the regions' code calls."""
+    return densely_in_order(tensor, order)
 
 
 def with_random_op_layouts(region: torch.fx.GraphModule) -> torch.fx.GraphModule:
