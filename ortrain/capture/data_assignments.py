@@ -25,21 +25,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
 
+from ortrain.capture.tensor_attributes import storage_identity
 from ortrain.errors import ORTModuleTorchModelException
 
 _DATA = torch._C.TensorBase.__dict__["data"]  # the C-level property that plain tensors use
 _local = threading.local()
 _installs = [0]
 _install_lock = threading.Lock()
-
-
-def _storage(tensor: torch.Tensor) -> Any:
-    try:
-        return StorageWeakRef(tensor.untyped_storage()).cdata
-    except (RuntimeError, NotImplementedError):
-        return None
 
 
 IN_PLACE_ADVICE = (
@@ -74,9 +67,9 @@ class _Assignments:
                 f"the value's shape, dtype or device ({list(value.shape)}, {value.dtype}, {value.device}) "
                 f"is not the tensor's ({list(target.shape)}, {target.dtype}, {target.device})"
             )
-        shared = _storage(value)
+        shared = storage_identity(value)
         inputs = [t for t in self.inputs if isinstance(t, torch.Tensor)]
-        if shared is None or any(_storage(t) == shared for t in (*state, *inputs)):
+        if shared is None or any(storage_identity(t) == shared for t in (*state, *inputs)):
             raise _refusal("the value shares its storage with a parameter, buffer or input")
         with torch.no_grad():
             target.copy_(value)

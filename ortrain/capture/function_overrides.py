@@ -29,9 +29,9 @@ def _overrides(recurrent_as_python_ops: bool) -> dict[Callable[..., Any], Callab
 
 
 class _Overrides(TorchFunctionMode):
-    def __init__(self, table: dict[Callable[..., Any], Callable[..., Any]]) -> None:
+    def __init__(self, recurrent_as_python_ops: bool) -> None:
         super().__init__()
-        self.table = table
+        self.table = _overrides(recurrent_as_python_ops)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -47,5 +47,5 @@ class _Overrides(TorchFunctionMode):
 def function_overrides(*, recurrent_as_python_ops: bool) -> Iterator[None]:
     """``recurrent_as_python_ops``: recurrent layers over padded batches run as one opaque op each
     (:mod:`ortrain.capture.recurrent_layers`); otherwise, and for packed sequences, unrolled."""
-    with _Overrides(_overrides(recurrent_as_python_ops)):
+    with _Overrides(recurrent_as_python_ops):
         yield

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 # Whether values of a type are tensors, by type: ``isinstance(v, torch.Tensor)`` goes through the
 # tensor metaclass (≈ 150 ns), and the guards ask it of every attribute of every module at every
@@ -50,24 +51,26 @@ def is_parameter_view(module: nn.Module, name: str) -> bool:
     return (id(module), name) in _parameter_views
 
 
-def _storage(tensor: torch.Tensor) -> int:
+def storage_identity(tensor: torch.Tensor) -> int | None:
+    """What two tensors that share memory have in common, real or traced (a fake or functional
+    tensor's storage is an object of its own too); None for a tensor subclass without storage."""
     try:
-        return tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # a tensor subclass without storage
-        return 0
+        return StorageWeakRef(tensor.untyped_storage()).cdata
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 @contextlib.contextmanager
 def tensor_attributes_as_buffers(root: nn.Module) -> Iterator[int]:
     """Register every module's plain tensor attributes as buffers; yields how many."""
     moved: list[tuple[nn.Module, str, torch.Tensor]] = []
-    parameter_storages: set[int] | None = None
+    parameter_storages: set[int | None] | None = None
     try:
         for module in root.modules():
             for name, value in tensor_attributes(module):
                 if parameter_storages is None:
-                    parameter_storages = {_storage(p) for p in root.parameters()} - {0}
-                if _storage(value) in parameter_storages:
+                    parameter_storages = {storage_identity(p) for p in root.parameters()} - {None}
+                if storage_identity(value) in parameter_storages:
                     _parameter_views.add((id(module), name))
                 del module.__dict__[name]
                 moved.append((module, name, value))
