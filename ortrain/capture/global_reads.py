@@ -25,21 +25,19 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from ortrain.capture.plain_values import NOT_PLAIN, plain_form
+
 # (label, namespace, name): read ``namespace[name]`` at every step, reported as ``label``.
 Read = tuple[str, dict[str, Any], str]
 
-_PLAIN = (bool, int, float, str, type(None))
-_SHORT = 64
-_LIBRARY_PREFIXES = ("torch.", "torch", "ortrain.", "ortrain", "builtins", "typing")
+_LIBRARY_PREFIXES = ("torch", "ortrain", "builtins", "typing")  # top-level package names
 _STDLIB = sysconfig.get_paths()["stdlib"]
 _FUNCTIONS_AT_MOST = 400  # a bound on the walk: Hugging Face's forwards call a few dozen
 _cache: weakref.WeakKeyDictionary[type, tuple[Read, ...]] = weakref.WeakKeyDictionary()
 
 
 def is_plain(value: Any) -> bool:
-    if type(value) in _PLAIN:
-        return True
-    return type(value) in (tuple, list) and len(value) <= _SHORT and all(type(v) in _PLAIN for v in value)
+    return plain_form(value) is not NOT_PLAIN
 
 
 def global_reads(cls: type) -> tuple[Read, ...]:

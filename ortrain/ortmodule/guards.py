@@ -36,11 +36,13 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 from ortrain.capture.global_reads import global_reads
+from ortrain.capture.plain_values import NOT_PLAIN as _NOT_PLAIN
+from ortrain.capture.plain_values import PLAIN as _PLAIN
+from ortrain.capture.plain_values import SEQUENCES as _SEQUENCES
+from ortrain.capture.plain_values import SHORT as _SHORT
+from ortrain.capture.plain_values import plain_form as _plain_form
 from ortrain.capture.tensor_attributes import is_tensor_attribute, tensor_attributes
 
-_PLAIN = frozenset({bool, int, float, str, type(None)})
-_SEQUENCES = frozenset({tuple, list})  # of plain values: a conv's ``padding``, a norm's shape
-_SHORT = 64  # longer sequences (a vocabulary kept as a list) are watched by identity, not read
 _UNINITIALIZED = frozenset({nn.UninitializedParameter, nn.UninitializedBuffer})
 # What DeepSpeed ZeRO-3's hooks keep on the modules they hook (the wrapper among them), besides
 # ``ds_*``, some of it new at every step: its state, not the model's.
@@ -52,8 +54,6 @@ _TABLES = frozenset({dict, OrderedDict, set})
 # transformers 5) by name, so that transformers is not imported here, and dataclass instances.
 _CONFIG_BASES = frozenset({"PretrainedConfig", "PreTrainedConfig"})
 _is_config_type: dict[type, bool] = {}
-_NOT_PLAIN = object()
-
 # Per tensor: dtype, device, shape, requires_grad; or, for a second name of the same tensor, the
 # position of its first name.
 TensorKey = tuple[Any, ...]
@@ -186,16 +186,6 @@ def _global_values(cls: type) -> tuple[tuple[str, Any], ...]:
     return tuple(
         (label, _plain_form(namespace.get(name, _NOT_PLAIN))) for label, namespace, name in global_reads(cls)
     )
-
-
-def _plain_form(value: Any) -> Any:
-    """``value`` if plain, a short sequence of plain values as a tuple, else ``_NOT_PLAIN``."""
-    kind = type(value)
-    if kind in _PLAIN:
-        return value
-    if kind in _SEQUENCES and len(value) <= _SHORT and all(type(i) in _PLAIN for i in value):
-        return tuple(value)
-    return _NOT_PLAIN
 
 
 def _is_config(kind: type) -> bool:
