@@ -1,3 +1,4 @@
+import gc
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -11,6 +12,23 @@ def _no_automatic_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests inspect the plan they train with; automatic op tuning would swap it mid-test for the
     placement that measures fastest on the machine. Tuning's own tests set the variable back."""
     monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
+
+
+@pytest.fixture
+def compile_collections(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each collection of a compile's garbage (ortrain/runtime/full_collections.py) meanwhile, as
+    whether the objects older than the compile were frozen when it ran (it walks the compile's own)."""
+    from ortrain.runtime import full_collections
+
+    frozen_at_collection: list[bool] = []
+    collect = full_collections.collect_compile_garbage
+
+    def recording_collect() -> int:
+        frozen_at_collection.append(gc.get_freeze_count() > 0)
+        return collect()
+
+    monkeypatch.setattr(full_collections, "collect_compile_garbage", recording_collect)
+    return frozen_at_collection
 
 
 @pytest.fixture(scope="session")

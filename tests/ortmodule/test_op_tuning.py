@@ -16,7 +16,7 @@ from _parity import assert_same_state, train_side_by_side
 from torch import nn
 
 from ortrain import ORTModule
-from ortrain.runtime import full_collections, placement_tuning, tuning_results
+from ortrain.runtime import placement_tuning, tuning_results
 from ortrain.runtime.placement_tuning import TunedRunner
 
 
@@ -128,7 +128,7 @@ def test_the_cache_directory_keeps_the_choices_unless_tuning_is_off(
 
 @pytest.mark.parametrize("policy", [None, "FALLBACK_DISABLE"], ids=["default-policy", "fallback-disabled"])
 def test_the_first_steps_run_in_pytorch_and_onnxruntime_is_built_on_the_third(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, policy: str | None
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, policy: str | None, compile_collections: list[bool]
 ) -> None:
     """Automatic tuning: the first two calls of a graph run all-torch (no export), ONNX Runtime's
     placement is built on the third, with the debug ONNX files; the losses are eager's throughout.
@@ -137,14 +137,7 @@ def test_the_first_steps_run_in_pytorch_and_onnxruntime_is_built_on_the_third(
     objects frozen, not walked."""
     from ortrain import DebugOptions
 
-    frozen_at_collection: list[bool] = []
-    collect = full_collections.collect_compile_garbage
-
-    def recording_collect() -> int:
-        frozen_at_collection.append(gc.get_freeze_count() > 0)
-        return collect()
-
-    monkeypatch.setattr(full_collections, "collect_compile_garbage", recording_collect)
+    frozen_at_collection = compile_collections
 
     monkeypatch.delenv("ORTMODULE_ENABLE_TUNING")
     if policy is None:

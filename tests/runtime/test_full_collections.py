@@ -116,18 +116,10 @@ def test_objects_the_user_froze_stay_frozen(
         gc.unfreeze()
 
 
-def test_the_compile_backend_collects_the_compiles_garbage_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_compile_backend_collects_the_compiles_garbage_only(compile_collections: list[bool]) -> None:
     import ortrain.backend
-    from ortrain.runtime import full_collections
 
-    frozen_at_collection: list[bool] = []
-    collect = full_collections.collect_compile_garbage
-
-    def recording_collect() -> int:
-        frozen_at_collection.append(gc.get_freeze_count() > 0)
-        return collect()
-
-    monkeypatch.setattr(full_collections, "collect_compile_garbage", recording_collect)
+    frozen_at_collection = compile_collections
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
     eager = copy.deepcopy(model)
