@@ -77,16 +77,16 @@ def refusing_generator_resets() -> Iterator[None]:
 
         return call
 
-    originals = {name: getattr(torch.random, name) for name in _SETTERS}
-    for name, original in originals.items():
-        setattr(torch.random, name, watched(name, original))
-        setattr(torch, name, getattr(torch.random, name))
+    # Both namespaces are watched and put back apart: a script may have replaced one of them
+    # (`torch.seed = my_seed`), and that replacement is what its forward calls and keeps after.
+    originals = {(space, name): getattr(space, name) for space in (torch.random, torch) for name in _SETTERS}
+    for (space, name), original in originals.items():
+        setattr(space, name, watched(name, original))
     try:
         yield
     finally:
-        for name, original in originals.items():
-            setattr(torch.random, name, original)
-            setattr(torch, name, original)
+        for (space, name), original in originals.items():
+            setattr(space, name, original)
     if called:
         raise GeneratorResetError(
             f"the forward sets PyTorch's random generator ({', '.join(dict.fromkeys(called))}): a "

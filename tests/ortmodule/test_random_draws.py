@@ -141,14 +141,16 @@ def test_a_forward_that_sets_the_generator_trains_like_eager(kind: str) -> None:
 
 
 def test_generator_resets_are_named_and_the_functions_put_back() -> None:
-    setters = (torch.manual_seed, torch.set_rng_state, torch.seed)
+    # Each namespace gets its own function back: importing TorchDynamo replaces torch.manual_seed
+    # (not torch.random's) with a wrapper that keeps Dynamo out of it.
+    names = ("manual_seed", "set_rng_state", "seed")
+    setters = [getattr(namespace, name) for namespace in (torch, torch.random) for name in names]
     with pytest.raises(GeneratorResetError, match=r"torch\.manual_seed, torch\.set_rng_state"):
         with refusing_generator_resets(), user_forward():
             state = torch.get_rng_state()
             torch.manual_seed(3)
             torch.set_rng_state(state)
-    assert (torch.manual_seed, torch.set_rng_state, torch.seed) == setters
-    assert torch.random.manual_seed is torch.manual_seed
+    assert [getattr(namespace, name) for namespace in (torch, torch.random) for name in names] == setters
     with refusing_generator_resets():
         with user_forward():  # drawing and reading the state set nothing
             torch.get_rng_state()
@@ -156,3 +158,23 @@ def test_generator_resets_are_named_and_the_functions_put_back() -> None:
         # Outside the user's forward (AOTAutograd around its traces, ortrain's trial runs).
         with torch.random.fork_rng():
             torch.manual_seed(5)
+
+
+def test_a_scripts_own_seed_function_is_watched_and_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script that makes ``torch.seed`` repeatable (Reformer reseeds every layer with
+    ``torch.seed()``) replaces ``torch.seed`` but not ``torch.random.seed``. Putting the functions
+    back used to set both names to ``torch.random``'s: after the first capture the script's
+    function was gone and the forward drew unrepeatable seeds (losses differing from run to run)."""
+    calls: list[int] = []
+
+    def repeatable_seed() -> int:
+        calls.append(1)
+        return int(torch.randint(0, 2**62, (1,)).item())
+
+    monkeypatch.setattr(torch, "seed", repeatable_seed)
+    with pytest.raises(GeneratorResetError, match=r"torch\.seed"):
+        with refusing_generator_resets(), user_forward():
+            torch.seed()
+    assert calls == [1]
+    assert torch.seed is repeatable_seed
+    assert torch.random.seed is not repeatable_seed
