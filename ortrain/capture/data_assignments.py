@@ -54,6 +54,10 @@ class _Assignments:
         self.copied: list[tuple[torch.Tensor, int]] = []
 
     def assign(self, target: torch.Tensor, value: torch.Tensor) -> None:
+        if _same_view(target, value):
+            # `module.to(dtype)` in a forward (Switch Transformers' router) sets `p.data = p` for
+            # every parameter already of that dtype: nothing changes in eager, nor here.
+            return
         state = [*self.root.parameters(), *self.root.buffers()]
         if not any(t is target for t in state):
             raise _refusal("the tensor is not a parameter or buffer of the model")
@@ -79,6 +83,20 @@ class _Assignments:
         for value, mutations in self.copied:
             if _mutations(value) != mutations:
                 raise _refusal("the forward writes into the value after assigning it")
+
+
+def _same_view(target: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether ``value`` is ``target``'s memory as it is: the same storage, offset, sizes,
+    strides and dtype (the tensor itself, or its ``detach()``)."""
+    if value is target:
+        return True
+    shared = storage_identity(value)
+    return (
+        shared is not None
+        and shared == storage_identity(target)
+        and (value.dtype, value.shape, value.stride(), value.storage_offset())
+        == (target.dtype, target.shape, target.stride(), target.storage_offset())
+    )
 
 
 def _mutations(tensor: torch.Tensor) -> int:

@@ -3,12 +3,14 @@
 A decomposition table acts below autograd, after AOTAutograd's metadata pass has already run
 each op on fake tensors: an op whose output shape depends on values (``_ctc_loss``'s alpha table)
 fails there. A TorchFunctionMode, active only while capturing, swaps the Python-level function
-for one written with static shapes, which autograd then differentiates.
+for one written with static shapes, which autograd then differentiates. (And reads a traced
+parameter's ``.grad`` without the non-leaf warning eager never gives.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,12 +22,27 @@ from ortrain.capture.decompositions_rnn import recurrent_overrides
 from ortrain.capture.recurrent_layers import recurrent_python_ops
 from ortrain.capture.storage_views import OVERRIDES as STORAGE_VIEWS
 
+_GRAD_GETTER = torch.Tensor.grad.__get__
+
+
+def _grad_of_a_traced_leaf(tensor: torch.Tensor) -> torch.Tensor | None:
+    # While tracing, parameters are traced tensors that are not leaves: reading `p.grad` in a
+    # forward (as `module.to()` does) warned about a non-leaf's .grad, which eager never shows.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor that is not a leaf")
+        return _GRAD_GETTER(tensor)
+
 
 def _overrides(recurrent_as_python_ops: bool) -> dict[Callable[..., Any], Callable[..., Any]]:
     unrolled = recurrent_overrides()
     recurrent = recurrent_python_ops(unrolled) if recurrent_as_python_ops else unrolled
     # as_strided on a permuted tensor: see capture/storage_views.py
-    return {torch.nn.functional.ctc_loss: ctc_loss_function, **recurrent, **STORAGE_VIEWS}
+    return {
+        torch.nn.functional.ctc_loss: ctc_loss_function,
+        _GRAD_GETTER: _grad_of_a_traced_leaf,
+        **recurrent,
+        **STORAGE_VIEWS,
+    }
 
 
 class _Overrides(TorchFunctionMode):

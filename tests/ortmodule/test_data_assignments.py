@@ -60,6 +60,35 @@ def test_data_assigned_in_forward_reaches_the_model_as_in_eager() -> None:
     assert "data" not in torch.Tensor.__dict__  # the setter is ortrain's only during a capture
 
 
+class _Router(nn.Module):
+    """Switch Transformers' router moves its classifier to its dtype in every forward: ``.to()``
+    of a module whose parameters already have it sets ``p.data = p``, which changes nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.classifier = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.classifier = self.classifier.to(torch.float32).to(x.device)
+        with torch.no_grad():
+            self.classifier.bias.data = self.classifier.bias.detach()
+        return F.softmax(self.classifier(x), dim=-1).square().mean()
+
+
+@pytest.mark.filterwarnings("error::UserWarning")
+def test_assigning_a_tensor_its_own_memory_is_captured_as_nothing() -> None:
+    """It was refused as a value sharing a parameter's storage: the model trained in PyTorch.
+    (``module.to()`` also reads each ``p.grad``, which warned about a non-leaf's ``.grad`` while
+    traced.)"""
+    torch.manual_seed(0)
+    eager = _Router()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    losses, expected = _train(wrapped), _train(eager)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    assert_same_state(wrapped, eager, atol=1e-6)
+    assert not wrapped._ortrain_fallback.active and len(wrapped._ortrain_graphs) == 1
+
+
 class _Assigns(nn.Module):
     def __init__(self, how: str) -> None:
         super().__init__()
