@@ -6,7 +6,7 @@ fallback), and each graph names them in one INFO line. The rest of the graph sta
 Runtime. An operator that merely lacks a translation today is *not* listed here: that is a gap
 to fill (a decomposition or a translation), and ``FALLBACK_DISABLE`` still reports it.
 
-Six kinds of nodes are PyTorch's:
+Seven kinds of nodes are PyTorch's:
 
 - **Matrix factorizations and what is built on them**: ONNX has ``Det`` and nothing else of
   linear algebra beyond products (no LU, QR, Cholesky, SVD, eigen-decomposition, triangular or
@@ -20,6 +20,11 @@ Six kinds of nodes are PyTorch's:
   (values crossing to PyTorch had the wrong shape), and several complex ops have no translation
   (``slice_scatter`` in the backward of ``irfft``). Any node that reads or writes a complex
   tensor (the FFTs of complex data, ``view_as_complex``, ``stft``'s intermediates) runs in PyTorch.
+- **Sparse tensors** (COO, CSR and the other layouts but the strided one): ONNX Runtime's
+  sessions take dense tensors. A graph network's ``torch.sparse.mm(adj, h)`` runs in PyTorch
+  (``_sparse_addmm`` has no translation), but its backward's ``mm(adj.t(), grad)`` has one, and
+  the session was handed the sparse matrix itself: it failed mid-backward from the third step.
+  Any node that reads or writes a sparse tensor runs in PyTorch.
 - **Fused attention kernels** (flash / memory-efficient ``scaled_dot_product_attention``, forward
   and backward): the forward returns the log-sum-exp of each row, which its backward reads instead
   of the batch x heads x seq x seq probabilities. Kept whole in PyTorch, attention needs no
@@ -180,16 +185,13 @@ def _packet(target: object) -> object:
     return getattr(target, "overloadpacket", target)
 
 
-def _is_complex(value: object) -> bool:
-    return isinstance(value, torch.Tensor) and value.is_complex()
-
-
-def _touches_complex(node: torch.fx.Node) -> bool:
+def _tensors_touched(node: torch.fx.Node) -> list[torch.Tensor]:
+    """The (fake) tensors ``node`` reads and writes."""
     values = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
     flat: list[object] = []
     for value in values:
         flat.extend(value if isinstance(value, (list, tuple)) else [value])
-    return any(_is_complex(v) for v in flat)
+    return [v for v in flat if isinstance(v, torch.Tensor)]
 
 
 def torch_native_reason(node: torch.fx.Node) -> str | None:
@@ -209,8 +211,11 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
         return "grid sampling"
     if _packet(target) in RUNTIME_CHECKS:
         return "runtime check"
-    if _touches_complex(node):
+    touched = _tensors_touched(node)
+    if any(t.is_complex() for t in touched):
         return "complex tensor"
+    if any(t.layout != torch.strided for t in touched):
+        return "sparse tensor"
     return None
 
 

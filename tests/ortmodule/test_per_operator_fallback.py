@@ -129,6 +129,36 @@ def test_operators_without_onnx_equivalent_run_in_pytorch_by_design_under_fallba
     assert "aten._fft_r2c.default x1 (complex tensor)" in named[0]
 
 
+class _GraphConvolution(nn.Module):
+    """A graph network's layer: a sparse adjacency matrix times the nodes' features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 6)
+
+    def forward(self, adjacency: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(torch.sparse.mm(adjacency, self.linear(features))).pow(2).mean()
+
+
+def test_sparse_tensors_stay_in_pytorch(caplog) -> None:
+    """The backward's ``mm(adjacency.t(), grad)`` has a translation: from the third step (ONNX
+    Runtime's session after the first calls' PyTorch run) the session got the sparse matrix and
+    failed with "unsupported memory format option Contiguous"."""
+    torch.manual_seed(0)
+    edges = torch.tensor([[0, 1, 2, 3, 4, 0], [1, 2, 3, 4, 0, 2]])
+    adjacency = torch.sparse_coo_tensor(edges, torch.rand(6), (5, 5), check_invariants=True)
+    batches = [torch.randn(5, 6) for _ in range(4)]
+    with caplog.at_level(logging.INFO, logger="ortrain.runtime"):
+        got, want, eager, wrapped = _train(_GraphConvolution(), batches, lambda m, x: m(adjacency, x))
+    torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=1e-5, atol=1e-6)
+    _assert_close_state(wrapped, eager, rtol=1e-5, atol=1e-6)
+    forward, backward = (r.plan.nodes_by_executor() for r in _runners(wrapped))
+    assert forward["onnxruntime"] >= 2 and backward["onnxruntime"] >= 3
+    named = [r.getMessage() for r in caplog.records if "by design" in r.getMessage()]
+    assert "aten._sparse_addmm.default x1 (sparse tensor)" in named[0]
+    assert "aten.mm.default x1 (sparse tensor)" in named[1]
+
+
 def _mlp() -> nn.Module:
     return nn.Sequential(
         nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)
