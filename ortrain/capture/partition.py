@@ -12,6 +12,9 @@ are cheaper to rebuild in the backward graph than to pass across:
 - Checkpointed regions (see :mod:`ortrain.capture.checkpointing`), which is what checkpointing asks.
 - The subgraphs the memory optimizer chose (see :mod:`ortrain.capture.memory_optimizer`).
 
+A draw whose result the forward never reads gets a reader first (:func:`read_unread_tuples`),
+without which the partition fails.
+
 The backward graph then gets ``log_softmax``'s backward fused with its loss's one-hot gradient
 (see :mod:`ortrain.capture.loss_backward`), and additions to a scatter into zeros folded into the
 scatter (see :mod:`ortrain.capture.scatter_accumulate`).
@@ -20,6 +23,7 @@ scatter (see :mod:`ortrain.capture.scatter_accumulate`).
 from __future__ import annotations
 
 import logging
+import operator
 from typing import Any
 
 import torch
@@ -57,6 +61,29 @@ def tag_relayouts_for_recompute(graph: torch.fx.Graph) -> int:
     return tagged
 
 
+def read_unread_tuples(graph: torch.fx.Graph) -> list[str]:
+    """Give each multi-output node nobody reads a reader of its first output; returns what each
+    such node is (its target, and the line of the forward that made it when known).
+
+    These are random draws whose result the forward never uses (``dropout(h)`` computed and
+    dropped): a random node stays in the joint graph. ``default_partition`` takes a node for a
+    tuple only when every user is a ``getitem`` and there is at least one, and failed on such a
+    node ("Expected native_dropout to be a tensor"): the model trained in PyTorch. Given a reader,
+    it is then left out of the forward graph, as ``torch.compile`` leaves it out.
+    """
+    unread = []
+    for node in list(graph.nodes):
+        value = node.meta.get("val")
+        if node.op != "call_function" or node.users or not isinstance(value, (tuple, list)) or not value:
+            continue
+        with graph.inserting_after(node):
+            first = graph.call_function(operator.getitem, (node, 0))
+        first.meta.update({k: v for k, v in node.meta.items() if k != "val"}, val=value[0])
+        trace = (node.meta.get("stack_trace") or "").strip().splitlines()
+        unread.append(f"{node.target}" + (f" ({trace[-1].strip()})" if trace else ""))
+    return unread
+
+
 def partition(
     joint: torch.fx.GraphModule,
     joint_inputs: Any,
@@ -66,6 +93,15 @@ def partition(
     **kwargs: Any,
 ) -> Any:
     """``default_partition`` after tagging what to recompute; the memory report goes to ``reports``."""
+    unread = read_unread_tuples(joint.graph)
+    if unread:
+        logger.warning(
+            "the forward draws random numbers it never uses (%s): the captured graph does not draw "
+            "them, as torch.compile's graphs do not, so the draws after them differ from eager PyTorch's "
+            "under the same seed (gradients are exact for the draws used); remove the unused call "
+            "to draw what eager draws",
+            "; ".join(unread),
+        )
     clones = drop_layout_preserving_clones(joint.graph)
     regions = tag_regions_for_recompute(joint.graph)
     relayouts = tag_relayouts_for_recompute(joint.graph)
