@@ -30,6 +30,21 @@ class _Segments(nn.Module):
         return self.second(h[:2] * sums).pow(2).mean()
 
 
+class _FloorOfReciprocal(nn.Module):
+    """``1.0 // x``: ``floor_divide`` with a Python number first, which onnxscript's translation
+    (0.7) cannot take ("'float' object has no attribute 'dtype'")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(6, 6)
+        self.second = nn.Linear(6, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        scale = 1.0 // (h.detach().abs().amax(0) + 0.5)
+        return self.second(torch.tanh(h) * (scale + 1)).square().mean()
+
+
 class _LinearAlgebra(nn.Module):
     """Factorizations and an FFT of complex intermediates (no ONNX equivalent) among Linears."""
 
@@ -96,6 +111,22 @@ def test_an_op_without_onnx_translation_runs_alone_in_pytorch(monkeypatch, caplo
     assert backward["torch"] == 1 and backward["onnxruntime"] >= 15
     warned = [r.getMessage() for r in caplog.records if "run in PyTorch because" in r.getMessage()]
     assert len(warned) == 2 and "aten.segment_reduce.default (no ONNX translation)" in warned[0]
+
+
+def test_a_node_whose_translation_fails_runs_alone_in_pytorch(monkeypatch, caplog) -> None:
+    """The exporter names the node it failed on; every node of its region went to PyTorch (IBert:
+    65 of them)."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    torch.manual_seed(0)
+    batches = [torch.randn(8, 6) for _ in range(4)]
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        got, want, eager, wrapped = _train(_FloorOfReciprocal(), batches, lambda m, x: m(x))
+    torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=1e-5, atol=1e-6)
+    _assert_close_state(wrapped, eager, rtol=1e-5, atol=1e-6)
+    forward, _ = (r.plan.nodes_by_executor() for r in _runners(wrapped))
+    assert forward["torch"] == 1 and forward["onnxruntime"] >= 8
+    warned = [r.getMessage() for r in caplog.records if "run in PyTorch because" in r.getMessage()]
+    assert len(warned) == 1 and "aten.floor_divide.default (its translation failed: " in warned[0]
 
 
 def test_fallback_disable_names_the_operator() -> None:

@@ -378,6 +378,7 @@ def missing_low_precision_kernel(why: str) -> bool:
 _learned_refusals: dict[tuple[Any, ...], str] = {}
 
 _REJECTED_NODE = re.compile(r"node with name '([^']*)'")
+_FAILED_TRANSLATION = re.compile(r"Error when translating node %(\S+) :")
 
 
 class OnnxRuntimeExecutor:
@@ -472,6 +473,12 @@ class OnnxRuntimeExecutor:
                 )
                 if culprits:
                     raise RegionRejected({n.name: why for n in culprits}) from error
+            # The translator names the node it failed on: that node alone goes to PyTorch (IBert's
+            # `1.0 // x` sent its whole region, 65 nodes, there).
+            failed = _FAILED_TRANSLATION.search(str(error))
+            if failed is not None and failed.group(1) in nodes:
+                reason = f"its translation failed: {str(error).split(chr(10))[0][:300]}"
+                raise RegionRejected({failed.group(1): reason}) from error
             raise RegionRejected({name: f"export of its region failed: {error}" for name in nodes}) from error
         before = exported.model
         with timed("passes", label):
