@@ -308,6 +308,11 @@ class ORTModule(nn.Module):
 
     # Copies and pickles carry the model and the options, not the graphs: ONNX Runtime sessions
     # cannot be copied, and a copy has parameters of its own to capture with.
+    def __prepare_scriptable__(self) -> nn.Module:
+        """``torch.jit.script(wrapped)`` scripts the model itself (the wrapper's forward is not
+        TorchScript)."""
+        return self._ortrain_module
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         for name in ("_ortrain_graphs", "_ortrain_scalars", "_ortrain_inspector"):
@@ -412,6 +417,21 @@ class ORTModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         fallback: FallbackManager = self._ortrain_fallback
         if fallback.active:
+            return self._ortrain_module(*args, **kwargs)
+        if torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export():
+            # TorchScript's tracer finds parameters in each module's own registry, and the wrapper
+            # keeps the model's out of its own: they became constants ("Cannot insert a Tensor
+            # that requires grad as a constant"), or, under no_grad, silently frozen weights.
+            raise RuntimeError(
+                "torch.jit.trace of an ORTModule: trace the model it wraps, "
+                "torch.jit.trace(wrapped.module, ...), which holds the trained parameters; "
+                "torch.export.export(wrapped, ...), torch.jit.script(wrapped) and "
+                "torch.onnx.export(wrapped, ...) take the wrapper as it is"
+            )
+        if torch.compiler.is_exporting() or torch.jit.is_tracing():
+            # Exporting the trained model (torch.export, torch.onnx.export): the exporter traces
+            # the model's own forward, as if it were not wrapped (ortrain's graphs ran as one
+            # opaque call, and torch.export failed on the wrapper's forward).
             return self._ortrain_module(*args, **kwargs)
         if torch.compiler.is_dynamo_compiling():
             # torch.compile(ORTModule(model)): Dynamo traces through the wrapper, and its backend

@@ -42,6 +42,11 @@ class BoundForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.__func__(self.__self__, *args, **kwargs)
 
+    def __getattr__(self, name: str) -> Any:
+        # As a bound method does: the function's own attributes (`__code__`, which torch.export
+        # reads to name its symbolic sizes, `__globals__`, `__defaults__`).
+        return getattr(self.__func__, name)
+
     @property
     def __signature__(self) -> inspect.Signature:
         return inspect.signature(self.__self__.module.forward)
