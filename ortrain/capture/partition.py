@@ -44,6 +44,7 @@ from ortrain.capture.scatter_accumulate import fold_additions_into_scatters
 from ortrain.capture.view_ops import RELAYOUTS
 
 logger = logging.getLogger("ortrain.capture")
+_warned_unread: set[str] = set()
 
 
 def tag_relayouts_for_recompute(graph: torch.fx.Graph) -> int:
@@ -66,10 +67,11 @@ def read_unread_tuples(graph: torch.fx.Graph) -> list[str]:
     such node is (its target, and the line of the forward that made it when known).
 
     These are random draws whose result the forward never uses (``dropout(h)`` computed and
-    dropped): a random node stays in the joint graph. ``default_partition`` takes a node for a
-    tuple only when every user is a ``getitem`` and there is at least one, and failed on such a
-    node ("Expected native_dropout to be a tensor"): the model trained in PyTorch. Given a reader,
-    it is then left out of the forward graph, as ``torch.compile`` leaves it out.
+    dropped): a random node stays in the joint graph where other unused nodes are removed.
+    ``default_partition`` takes a node for a tuple only when every user is a ``getitem`` and there
+    is at least one, and failed on such a node ("Expected native_dropout to be a tensor"): the
+    model trained in PyTorch. Given a reader, it is then left out of the forward graph, as
+    ``torch.compile`` leaves it out.
     """
     unread = []
     for node in list(graph.nodes):
@@ -93,14 +95,15 @@ def partition(
     **kwargs: Any,
 ) -> Any:
     """``default_partition`` after tagging what to recompute; the memory report goes to ``reports``."""
-    unread = read_unread_tuples(joint.graph)
-    if unread:
+    unread = "; ".join(read_unread_tuples(joint.graph))
+    if unread and unread not in _warned_unread:  # once, not at each re-capture
+        _warned_unread.add(unread)
         logger.warning(
-            "the forward draws random numbers it never uses (%s): the captured graph does not draw "
-            "them, as torch.compile's graphs do not, so the draws after them differ from eager PyTorch's "
-            "under the same seed (gradients are exact for the draws used); remove the unused call "
-            "to draw what eager draws",
-            "; ".join(unread),
+            "the forward computes values it never uses (%s): the captured graph leaves them out, as "
+            "torch.compile's graphs do; random draws among them are not drawn, so the draws after "
+            "them differ from eager PyTorch's under the same seed (gradients are exact for the "
+            "draws used). Remove the unused call to draw what eager draws",
+            unread,
         )
     clones = drop_layout_preserving_clones(joint.graph)
     regions = tag_regions_for_recompute(joint.graph)
