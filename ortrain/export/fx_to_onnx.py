@@ -173,6 +173,15 @@ def _size_node(
         if ceiling:  # ceil(a / b) = (a + b - 1) // b
             numerator = numerator + denominator - 1
         expr = SizeFloorDiv(numerator, denominator, evaluate=False)
+    if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) >= 1:
+        # s**2: the flattened (s, s) scores of self-attention (XLM's backward).
+        base = _size_node(graph, expr.base, sources, placeholders)
+        acc = base
+        for _ in range(int(expr.exp) - 1):
+            value = _size_value(acc) * _size_value(base)
+            acc = graph.call_function(operator.mul, (acc, base))
+            acc.meta["val"] = value
+        return acc
     op = _SIZE_OPERATORS.get(type(expr))
     if op is not None:
         parts = [_size_node(graph, arg, sources, placeholders) for arg in expr.args]

@@ -57,12 +57,27 @@ class _StridedConvolutions(nn.Module):
         return self.layers(x.transpose(1, 2)).pow(2).mean()
 
 
+class _FlattenedScores(nn.Module):
+    """Self-attention's (T, T) scores flattened: a size ``T**2``, which the exporter could not
+    write (XLM's backward: 280 nodes in PyTorch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        h = self.linear(x)
+        scores = F.softmax((h @ h.transpose(1, 2)).reshape(b, t * t), dim=-1).reshape(b, t, t)
+        return (scores @ h).pow(2).mean()
+
+
 def test_sizes_with_floor_division_remainder_and_ceiling_of_a_changing_length_match_eager() -> None:
     """The executor evaluated such sizes with sympy.lambdify, which knows none of PyTorch's size
     functions (NameError: FloorDiv), the exporter could not write them, and the backward takes
     ``T`` only as a number (no input tensor has it as a size): each model trained in PyTorch from
     its second length on, after one warning, and FALLBACK_DISABLE refused it."""
-    for model in (_PairsMerged(), _Chunks(), _StridedConvolutions()):
+    for model in (_PairsMerged(), _Chunks(), _StridedConvolutions(), _FlattenedScores()):
         torch.manual_seed(0)
         batches = [torch.randn(2, length, 4) for length in (40, 53, 61, 46)]
         losses, expected, eager, wrapped = train_side_by_side(model, batches, lambda m, x: m(x))
