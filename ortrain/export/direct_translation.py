@@ -46,6 +46,7 @@ from ortrain.export.exporter_decompositions import (
     translated_operators,
 )
 from ortrain.export.flash_attention_math import MATH_FORMS, NoMathForm, laid_out_like, math_form_applies
+from ortrain.export.number_operands import tensors_for_number_operands
 from ortrain.export.onnx_translations import torchlib_registry
 from ortrain.export.recorded_type_promotion import insert_type_promotion_nodes
 
@@ -66,6 +67,7 @@ def translate(gm: torch.fx.GraphModule, *, opset_version: int) -> Any:
     inline_math_forms(gm)
     decompose_late_ops(gm)
     _decompose_untranslated(gm, translated_operators(registry), lambda: onnx_decomposition_table(registry)[1])
+    tensors_for_number_operands(gm)  # again: `rsub(x, 1.0)` decomposes to `sub(1.0, x)`
     insert_type_promotion_nodes(gm)
     gm = _fx_passes.remove_assertion_nodes(gm)
     _materialize_constants(gm)

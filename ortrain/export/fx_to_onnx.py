@@ -44,6 +44,7 @@ from ortrain.export.exporter_decompositions import lean_decomposition
 from ortrain.export.flash_attention_math import NoMathForm
 from ortrain.export.index_dtypes import cast_indices_to_int64
 from ortrain.export.known_shape_inference import shape_inference_only_where_unknown
+from ortrain.export.number_operands import tensors_for_number_operands
 from ortrain.export.onnx_translations import reused_op_registry
 from ortrain.export.op_signatures import op_signatures_shared
 from ortrain.export.rewrite_rules_by_root import rewrite_rules_tried_by_root_operator
@@ -273,6 +274,7 @@ def _example_inputs(
 
 def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGraph:
     gm = deep_copy(gm)
+    tensors_for_number_operands(gm)
     numbers = numbers_as_tensors(gm)
     carried = carry_free_sizes(gm)
     graph = gm.graph

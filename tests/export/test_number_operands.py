@@ -1,0 +1,75 @@
+"""Python numbers in tensor operands (``1.0 - x``, ``1.0 // x``) become 0-dimensional tensors of
+the dtype PyTorch gives them, so that the exporter translates the node."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ortrain import ORTModule
+from ortrain.export.number_operands import tensors_for_number_operands
+
+
+def _numbers_first(x: torch.Tensor, ids: torch.Tensor, half: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return 1.0 - x, 1.0 // x, 3 - ids, torch.sub(0.5, half), torch.where(ids > 1, 2.5, x)
+
+
+def test_numbers_become_tensors_of_the_dtype_pytorch_gives_them() -> None:
+    inputs = (torch.randn(4) + 2, torch.arange(4, dtype=torch.int32), torch.randn(3, dtype=torch.float16))
+    gm = make_fx(_numbers_first, decomposition_table=core_aten_decompositions(), tracing_mode="fake")(*inputs)
+    assert tensors_for_number_operands(gm) == 4  # where(ids > 1, 2.5, x) comes with its own
+    made = [n for n in gm.graph.nodes if n.target == torch.ops.aten.scalar_tensor.default]
+    assert [(n.args[0], n.kwargs["dtype"]) for n in made] == [
+        (1.0, torch.float32),
+        (1.0, torch.float32),
+        (3, torch.int32),
+        (0.5, torch.float16),
+    ] + [(2.5, torch.float32)] * (len(made) - 4)
+    for node in gm.graph.nodes:
+        if node.target in (torch.ops.aten.sub.Tensor, torch.ops.aten.div.Tensor_mode):
+            assert all(isinstance(a, torch.fx.Node) for a in node.args)
+    for got, expected in zip(gm(*inputs), _numbers_first(*inputs), strict=True):
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected)
+
+
+class _Gates(nn.Module):
+    """ProphetNet's ``1.0 - mask`` and IBert's ``1.0 // x``: each sent its whole region to PyTorch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x) + (1.0 - mask) * -1e4  # an integer mask, made float by promotion
+        gate = 1.0 - torch.sigmoid(h)
+        scale = 1.0 // (h.detach().abs().amax(0) + 0.5)
+        return (h * gate * (scale + 1)).square().mean()
+
+
+def test_a_model_with_numbers_first_trains_in_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")  # nothing may go to PyTorch
+    torch.manual_seed(0)
+    eager = _Gates()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for step in range(4):
+        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(step))
+        mask = torch.ones(8, 6, dtype=torch.long)
+        mask[:, step:] = 0
+        losses = []
+        for module in (eager, wrapped):
+            module.zero_grad()
+            loss = module(x, mask)
+            loss.backward()
+            losses.append(loss)
+        torch.testing.assert_close(losses[1], losses[0])
+        for p, q in zip(wrapped.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+    (entry,) = [e for entries in wrapped._ortrain_graphs.values() for e in entries]
+    for runner in (entry.capture.forward.runner, entry.capture.backward.runner):
+        assert "torch" not in runner.plan.nodes_by_executor()
