@@ -12,7 +12,8 @@ only confirm them (the folder keeps the known sizes, preferring them over inferr
 skipped; a node with any output of unknown type, unknown rank or a symbolic size is inferred as
 before. The optimized models are byte-identical (``tests/export/test_known_shape_inference.py``
 checks the tiny GPT's static and dynamic graphs). While ortrain exports, onnxscript's folding pass
-is swapped for this one (exports are serialized by ortrain's compile lock).
+is swapped for this one (exports are serialized by ortrain's compile lock). The same pass leaves
+alone a ``SplitToSequence`` whose chunk size is computed, on which onnxscript's folding fails.
 """
 
 from __future__ import annotations
@@ -31,11 +32,32 @@ def _known(value: Any) -> bool:
     return value.type is not None and shape is not None and all(isinstance(d, int) for d in shape)
 
 
+def _split_of_unknown_scalar_size(node: Any) -> bool:
+    """``SplitToSequence`` by one chunk size that is computed (``x.split(n // 4)`` with a symbolic
+    ``n``): onnxscript 0.7's evaluator of the node reads the size's value, which is unknown, and
+    fails ("'NoneType' object has no attribute 'ndim'"), failing the export of the whole region
+    (ProphetNet's forward: 141 nodes in PyTorch). There is nothing to fold in it."""
+    if node.op_type != "SplitToSequence" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+        return False
+    split = node.inputs[1]
+    return (
+        split is not None
+        and split.const_value is None
+        and split.shape is not None
+        and split.shape.rank() == 0
+    )
+
+
 class _FoldConstantsWhereUnknown(_constant_folding.FoldConstantsPass):
     def _do_inference(self, node: Any) -> None:
         if all(_known(output) for output in node.outputs):
             return
         super()._do_inference(node)
+
+    def process_node(self, node: Any, is_function: bool) -> Any:
+        if _split_of_unknown_scalar_size(node):
+            return None
+        return super().process_node(node, is_function)
 
 
 @contextlib.contextmanager

@@ -72,12 +72,27 @@ class _FlattenedScores(nn.Module):
         return (scores @ h).pow(2).mean()
 
 
+class _Halves(nn.Module):
+    """Split in chunks of ``T // 2``: a computed chunk size, on which onnxscript's constant folding
+    of ``SplitToSequence`` failed (ProphetNet's forward: 141 nodes in PyTorch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        first, second = h.split(h.shape[1] // 2, dim=1)[:2]
+        return first.pow(2).mean() + 2 * second.pow(2).mean()
+
+
 def test_sizes_with_floor_division_remainder_and_ceiling_of_a_changing_length_match_eager() -> None:
     """The executor evaluated such sizes with sympy.lambdify, which knows none of PyTorch's size
     functions (NameError: FloorDiv), the exporter could not write them, and the backward takes
     ``T`` only as a number (no input tensor has it as a size): each model trained in PyTorch from
     its second length on, after one warning, and FALLBACK_DISABLE refused it."""
-    for model in (_PairsMerged(), _Chunks(), _StridedConvolutions(), _FlattenedScores()):
+    models = (_PairsMerged(), _Chunks(), _StridedConvolutions(), _FlattenedScores(), _Halves())
+    for model in models:
         torch.manual_seed(0)
         batches = [torch.randn(2, length, 4) for length in (40, 53, 61, 46)]
         losses, expected, eager, wrapped = train_side_by_side(model, batches, lambda m, x: m(x))
