@@ -44,7 +44,10 @@ class BoundForward:
 
     def __getattr__(self, name: str) -> Any:
         # As a bound method does: the function's own attributes (`__code__`, which torch.export
-        # reads to name its symbolic sizes, `__globals__`, `__defaults__`).
+        # reads to name its symbolic sizes, `__globals__`, `__defaults__`). Not the slots, which are
+        # unset while TorchDynamo builds the object (looking them up here recursed).
+        if name in BoundForward.__slots__:
+            raise AttributeError(name)
         return getattr(self.__func__, name)
 
     @property
