@@ -97,20 +97,29 @@ def _assert_close_state(a: nn.Module, b: nn.Module, rtol: float, atol: float) ->
         )
 
 
-def test_an_op_without_onnx_translation_runs_alone_in_pytorch(monkeypatch, caplog) -> None:
-    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+def _trains_like_eager_warning(
+    model: nn.Module, caplog, *, rtol: float, atol: float
+) -> tuple[dict[str, int], dict[str, int], list[str]]:
+    """Four SGD steps with eager's losses and parameters, no whole-model fallback; the nodes each
+    executor ran in the forward and the backward, and the warnings naming what went to PyTorch."""
     torch.manual_seed(0)
     batches = [torch.randn(8, 6) for _ in range(4)]
     with caplog.at_level(logging.WARNING, logger="ortrain"):
-        got, want, eager, wrapped = _train(_Segments(), batches, lambda m, x: m(x))
-    torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=1e-4, atol=1e-6)
-    _assert_close_state(wrapped, eager, rtol=1e-4, atol=1e-5)
-    assert wrapped._ortrain_fallback.reason is None  # no whole-model fallback
+        got, want, eager, wrapped = _train(model, batches, lambda m, x: m(x))
+    torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=rtol, atol=1e-6)
+    _assert_close_state(wrapped, eager, rtol=rtol, atol=atol)
+    assert wrapped._ortrain_fallback.reason is None
     forward, backward = (r.plan.nodes_by_executor() for r in _runners(wrapped))
+    warned = [r.getMessage() for r in caplog.records if "run in PyTorch because" in r.getMessage()]
+    return forward, backward, warned
+
+
+def test_an_op_without_onnx_translation_runs_alone_in_pytorch(monkeypatch, caplog) -> None:
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    forward, backward, warned = _trains_like_eager_warning(_Segments(), caplog, rtol=1e-4, atol=1e-5)
     # Only segment_reduce runs in PyTorch in the forward, only its gradient in the backward.
     assert forward["torch"] == 1 and forward["onnxruntime"] >= 5
     assert backward["torch"] == 1 and backward["onnxruntime"] >= 15
-    warned = [r.getMessage() for r in caplog.records if "run in PyTorch because" in r.getMessage()]
     assert len(warned) == 2 and "aten.segment_reduce.default (no ONNX translation)" in warned[0]
 
 
@@ -121,15 +130,8 @@ def test_a_node_whose_translation_fails_runs_alone_in_pytorch(monkeypatch, caplo
     monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
     for module in (fx_to_onnx, direct_translation):
         monkeypatch.setattr(module, "tensors_for_number_operands", lambda gm: 0)
-    torch.manual_seed(0)
-    batches = [torch.randn(8, 6) for _ in range(4)]
-    with caplog.at_level(logging.WARNING, logger="ortrain"):
-        got, want, eager, wrapped = _train(_FloorOfReciprocal(), batches, lambda m, x: m(x))
-    torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=1e-5, atol=1e-6)
-    _assert_close_state(wrapped, eager, rtol=1e-5, atol=1e-6)
-    forward, _ = (r.plan.nodes_by_executor() for r in _runners(wrapped))
+    forward, _, warned = _trains_like_eager_warning(_FloorOfReciprocal(), caplog, rtol=1e-5, atol=1e-6)
     assert forward["torch"] == 1 and forward["onnxruntime"] >= 8
-    warned = [r.getMessage() for r in caplog.records if "run in PyTorch because" in r.getMessage()]
     assert len(warned) == 1 and "aten.floor_divide.default (its translation failed: " in warned[0]
 
 
