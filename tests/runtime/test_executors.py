@@ -65,6 +65,31 @@ def test_torch_executor_runs_any_region_as_pytorch_does() -> None:
         torch.testing.assert_close(got, want)
 
 
+def _normalized_across_features(x, weight, bias, mean, var):
+    """PatchTST's BatchNorm over the feature dimension of (batch, length, features), flattened."""
+    out = aten._native_batch_norm_legit_functional.default(
+        x.transpose(1, 2), weight, bias, mean, var, True, 0.1, 1e-5
+    )[0]
+    return (out.transpose(1, 2).view(-1, x.shape[2]),)
+
+
+def test_torch_executor_runs_a_graph_whose_kernels_return_other_strides_than_traced() -> None:
+    """The fake kernel of batch norm keeps a transposed input's strides, the CPU kernel returns
+    a contiguous output: the traced view that transposes it back failed on the real tensor (as the
+    function itself fails when it runs eagerly: eager PyTorch's `F.batch_norm` is the reference)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    args = [torch.randn(6, 4, 16), torch.ones(16), torch.zeros(16), torch.zeros(16), torch.ones(16)]
+    gm = make_fx(_normalized_across_features, tracing_mode="fake")(*args)
+    assert aten.view.default in {n.target for n in gm.graph.nodes}
+    for whole in (True, False):
+        run = TorchExecutor().build(gm, what="g", whole=whole)
+        (got,) = run([a.clone() for a in args])
+        x, weight, bias, mean, var = (a.clone() for a in args)
+        want = torch.nn.functional.batch_norm(x.transpose(1, 2), mean, var, weight, bias, training=True)
+        torch.testing.assert_close(got, want.transpose(1, 2).reshape(-1, 16))
+
+
 def test_ort_executor_runs_a_float32_region_in_one_session() -> None:
     gm = _graph()
     executor = _ort()

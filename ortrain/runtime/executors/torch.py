@@ -27,19 +27,23 @@ class TorchExecutor:
 
     def build(self, region: torch.fx.GraphModule, *, what: str, whole: bool) -> Runner:
         region = scatter_in_place(region)
+        # A view becomes a reshape, which is the same view where the strides allow one and a copy
+        # where they do not. Values from other executors are contiguous where the capture may
+        # have seen strides (ONNX Runtime returns a transpose as a copy), and even a whole graph
+        # can meet strides other than the traced ones: PyTorch's CPU kernel of
+        # `_native_batch_norm_legit_functional` returns a transposed input's output contiguous
+        # where its fake kernel keeps the input's strides, so the view that transposes it back
+        # failed (PatchTST: "view size is not compatible with input tensor's size and stride").
+        for node in region.graph.nodes:
+            if node.op == "call_function" and node.target in _VIEWS:
+                node.target = torch.ops.aten.reshape.default
+        region.recompile()
         if not whole:
-            # Values from other executors are contiguous where the capture may have seen strides
-            # (ONNX Runtime returns a transpose as a copy): a view must become a reshape, which
-            # is the same view where the strides allow one and a copy where they do not.
-            for node in region.graph.nodes:
-                if node.op == "call_function" and node.target in _VIEWS:
-                    node.target = torch.ops.aten.reshape.default
-            region.recompile()
-            # For the same reason a random operator gets its inputs back in the captured layout:
+            # For the first reason a random operator gets its inputs back in the captured layout:
             # it draws in memory order.
             region = with_random_op_layouts(region)
 
-        # The original graph keeps its views as traced: its inputs come in the captured strides.
+        # The whole graph's inputs come in the captured strides.
         layouts = RecordedInputLayouts(region) if whole else None
 
         def run(args: list[Any]) -> list[Any]:
