@@ -219,9 +219,10 @@ def _hint(size: Any) -> int:
         return int(node.hint)  # a SymInt: its value in the batch that was captured
     # A data-dependent size (the rows label sparsity keeps, say) has no value at capture: estimate
     # with its upper bound where the shape environment knows one.
-    # An unbounded one (in a dynamic capture PyTorch bounds it by sys.maxsize) counts as 1.
+    # An unbounded one (bounded by sys.maxsize in a dynamic capture, or by PyTorch's `int_oo`,
+    # whose `is_finite` is True) counts as 1.
     upper = node.shape_env.bound_sympy(node.expr).upper
-    return int(upper) if upper.is_finite and int(upper) < _PLAUSIBLE_SIZE else 1
+    return int(upper) if upper.is_Integer and int(upper) < _PLAUSIBLE_SIZE else 1
 
 
 def _numel(node: torch.fx.Node) -> int:

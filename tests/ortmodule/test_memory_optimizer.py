@@ -371,3 +371,21 @@ def test_compromise_plan_stashes_a_smaller_tensor(monkeypatch: pytest.MonkeyPatc
     assert report.stashed_bytes == report.stashed_bytes_before - 8 * 32 * 4
     # d/dw sum(exp(x w + noise)) = sum_batch(exp(...) x): the recomputed exp saw the forward's noise.
     torch.testing.assert_close(model.w.grad, (y * x).sum(0).float())
+
+
+def test_sizes_without_a_value_are_estimated_within_their_bounds() -> None:
+    """Sizes found from data (rows a boolean mask selects: XMOD's language adapters) have no value
+    when the summary counts bytes; PyTorch bounds an unknown one by its own infinity, which claims
+    to be finite, and reading it as a number failed the capture ("'Infinity' object has no
+    attribute '_mpf_'"): the model trained in PyTorch."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from ortrain.capture.memory_optimizer import _hint
+
+    shape_env = ShapeEnv()
+    unbounded = shape_env.create_unbacked_symint()
+    assert _hint(unbounded) == 1 and _hint(unbounded * 16) == 1
+    bounded = shape_env.create_unbacked_symint()
+    torch._check(bounded <= 12)
+    assert _hint(bounded) == 12
+    assert _hint(7) == 7
