@@ -10,6 +10,10 @@ other masks than eager and than the all-PyTorch placement: under ``torch.utils.c
 op tuning switching placements between the forward and its recompute, the recompute's masks were
 not the forward's (a wrong gradient).
 
+The same holds for ``as_strided`` of a tensor traced in a permuted layout, which PyTorch runs
+(it reads memory by strides: ``torch_native_ops``): given ONNX Runtime's contiguous copy it
+would pick other elements.
+
 Before such an operator, its tensor inputs are put back in the dimension order the capture
 recorded for them (a copy only when the run-time layout differs), which makes the draws eager's
 and the same in every placement. Recorded layouts that are not dense (a broadcast input, a slice
@@ -25,7 +29,7 @@ import torch
 
 from ortrain.capture.lazy_recompile import graph_module
 from ortrain.capture.memory_layouts import densely_in_order, permuted_dim_order
-from ortrain.runtime.torch_native_ops import is_random
+from ortrain.runtime.torch_native_ops import reads_memory_layout
 
 logger = logging.getLogger("ortrain.runtime")
 
@@ -43,7 +47,7 @@ def with_random_op_layouts(region: torch.fx.GraphModule) -> torch.fx.GraphModule
     restores = [
         (node, arg, order)
         for node in region.graph.nodes
-        if node.op == "call_function" and is_random(node)
+        if node.op == "call_function" and reads_memory_layout(node)
         for arg in dict.fromkeys(a for a in node.args if isinstance(a, torch.fx.Node))
         if (order := permuted_dim_order(arg.meta.get("val"))) is not None
     ]

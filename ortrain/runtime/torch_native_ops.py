@@ -6,7 +6,7 @@ fallback), and each graph names them in one INFO line. The rest of the graph sta
 Runtime. An operator that merely lacks a translation today is *not* listed here: that is a gap
 to fill (a decomposition or a translation), and ``FALLBACK_DISABLE`` still reports it.
 
-Seven kinds of nodes are PyTorch's:
+Eight kinds of nodes are PyTorch's:
 
 - **Matrix factorizations and what is built on them**: ONNX has ``Det`` and nothing else of
   linear algebra beyond products (no LU, QR, Cholesky, SVD, eigen-decomposition, triangular or
@@ -25,6 +25,12 @@ Seven kinds of nodes are PyTorch's:
   (``_sparse_addmm`` has no translation), but its backward's ``mm(adj.t(), grad)`` has one, and
   the session was handed the sparse matrix itself: it failed mid-backward from the third step.
   Any node that reads or writes a sparse tensor runs in PyTorch.
+- **Strided views of memory laid out otherwise** (``as_strided`` of a tensor that is not
+  contiguous from offset 0 where it was traced: a transposed input, LED's chunks of a permuted
+  one): ``as_strided`` reads memory, and ONNX Runtime holds every tensor contiguous, so its
+  translation picked other elements than PyTorch's kernel (``torch.compile(backend="ortrain")``
+  of a model reading its transposed input's strides: losses off by 1e-2, silently). PyTorch runs
+  it on the tensor as it comes.
 - **Fused attention kernels** (flash / memory-efficient ``scaled_dot_product_attention``, forward
   and backward): the forward returns the log-sum-exp of each row, which its backward reads instead
   of the batch x heads x seq x seq probabilities. Kept whole in PyTorch, attention needs no
@@ -76,6 +82,7 @@ PyTorch against the math form in ONNX Runtime: sequence 128 (2 MiB of probabilit
 from __future__ import annotations
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ortrain.capture.attention_kernel import probability_bytes
 from ortrain.export.flash_attention_math import attention_inputs, math_form_applies
@@ -177,6 +184,7 @@ GRID_SAMPLING: frozenset[object] = frozenset(
 
 # ``torch._check(n < 20)`` and ``assert (x >= 0).all()`` on values: ONNX cannot raise.
 RUNTIME_CHECKS: frozenset[object] = frozenset({aten._assert_scalar, aten._assert_async})
+STRIDED_VIEWS: frozenset[object] = frozenset({aten.as_strided, aten.as_strided_copy})
 
 _WITH_EFFECTS = torch.ops.higher_order.with_effects
 
@@ -192,6 +200,15 @@ def _tensors_touched(node: torch.fx.Node) -> list[torch.Tensor]:
     for value in values:
         flat.extend(value if isinstance(value, (list, tuple)) else [value])
     return [v for v in flat if isinstance(v, torch.Tensor)]
+
+
+def _contiguous_from_start(source: object) -> bool:
+    """Whether the traced tensor ``source`` is laid out as ONNX Runtime holds it (contiguous, from
+    offset 0); a layout that cannot be told (symbolic) counts as not."""
+    value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor):
+        return False
+    return statically_known_true(value.is_contiguous()) and statically_known_true(value.storage_offset() == 0)
 
 
 def torch_native_reason(node: torch.fx.Node) -> str | None:
@@ -211,6 +228,8 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
         return "grid sampling"
     if _packet(target) in RUNTIME_CHECKS:
         return "runtime check"
+    if _packet(target) in STRIDED_VIEWS and not _contiguous_from_start(node.args[0]):
+        return "strided view of memory laid out otherwise"
     touched = _tensors_touched(node)
     if any(t.is_complex() for t in touched):
         return "complex tensor"
@@ -233,3 +252,8 @@ def is_torch_native(node: torch.fx.Node) -> bool:
 
 def is_random(node: torch.fx.Node) -> bool:
     return torch_native_reason(node) == "random numbers"
+
+
+def reads_memory_layout(node: torch.fx.Node) -> bool:
+    """Random draws and strided views: their results depend on their inputs' memory layout."""
+    return torch_native_reason(node) in ("random numbers", "strided view of memory laid out otherwise")
