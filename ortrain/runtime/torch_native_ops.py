@@ -188,6 +188,10 @@ STRIDED_VIEWS: frozenset[object] = frozenset({aten.as_strided, aten.as_strided_c
 
 _WITH_EFFECTS = torch.ops.higher_order.with_effects
 
+# The reasons two kinds are asked about by name (is_random, reads_memory_layout).
+_RANDOM = "random numbers"
+_STRIDED_VIEW = "strided view of memory laid out otherwise"
+
 
 def _packet(target: object) -> object:
     return getattr(target, "overloadpacket", target)
@@ -223,13 +227,13 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
     if _packet(target) in FUSED_ATTENTION and not _small_flash_attention(node):
         return "fused attention"
     if _packet(target) in RANDOM:
-        return "random numbers"
+        return _RANDOM
     if _packet(target) in GRID_SAMPLING:
         return "grid sampling"
     if _packet(target) in RUNTIME_CHECKS:
         return "runtime check"
     if _packet(target) in STRIDED_VIEWS and not _contiguous_from_start(node.args[0]):
-        return "strided view of memory laid out otherwise"
+        return _STRIDED_VIEW
     touched = _tensors_touched(node)
     if any(t.is_complex() for t in touched):
         return "complex tensor"
@@ -251,9 +255,9 @@ def is_torch_native(node: torch.fx.Node) -> bool:
 
 
 def is_random(node: torch.fx.Node) -> bool:
-    return torch_native_reason(node) == "random numbers"
+    return torch_native_reason(node) == _RANDOM
 
 
 def reads_memory_layout(node: torch.fx.Node) -> bool:
     """Random draws and strided views: their results depend on their inputs' memory layout."""
-    return torch_native_reason(node) in ("random numbers", "strided view of memory laid out otherwise")
+    return torch_native_reason(node) in (_RANDOM, _STRIDED_VIEW)

@@ -477,8 +477,8 @@ class OnnxRuntimeExecutor:
             # `1.0 // x` sent its whole region, 65 nodes, there).
             failed = _FAILED_TRANSLATION.search(str(error))
             if failed is not None and failed.group(1) in nodes:
-                reason = f"its translation failed: {str(error).split(chr(10))[0][:300]}"
-                raise RegionRejected({failed.group(1): reason}) from error
+                first_line = str(error).splitlines()[0][:300]
+                raise RegionRejected({failed.group(1): f"its translation failed: {first_line}"}) from error
             raise RegionRejected({name: f"export of its region failed: {error}" for name in nodes}) from error
         before = exported.model
         with timed("passes", label):
