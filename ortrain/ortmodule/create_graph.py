@@ -3,10 +3,13 @@
 AOTAutograd connects the gradients of a captured backward to the autograd graph but refuses to
 differentiate them again ("torch.compile with aot_autograd does not currently support double
 backward"): the saved activations it reads came out of a compiled forward and carry no history,
-so a second-order term would be wrong, and raising is right. That message names torch.compile,
-though, and comes only at the second backward; a user of a gradient penalty learns here, at the
-first one, what to do instead. The engine runs a backward with gradients enabled only under
-``create_graph=True``, which a hook on the graph's node sees before the node runs.
+so a second-order term would be wrong, and raising is right. A call with an input that requires
+grad (where a gradient penalty starts) takes the path of :mod:`ortrain.ortmodule.second_order`,
+which can differentiate again; this module covers the others (a second-order term in the
+parameters alone). AOTAutograd's message names torch.compile, though, and comes only at the
+second backward; the user learns here, at the first one, what to do instead. The engine runs a
+backward with gradients enabled only under ``create_graph=True``, which a hook on the graph's node
+sees before the node runs.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ def _before_backward(grad_outputs: Any) -> None:
         return
     _warned = True
     logger.warning(
-        "backward(create_graph=True) through ORTModule: its gradients come from the captured "
-        "backward graph and cannot be differentiated again (a second backward raises 'does not "
-        "currently support double backward'). For a gradient penalty or another second-order term, "
-        "run that forward on the plain model, `wrapped.module`."
+        "backward(create_graph=True) through ORTModule with no input that requires grad: its "
+        "gradients come from the captured backward graph and cannot be differentiated again (a "
+        "second backward raises 'does not currently support double backward'). A gradient "
+        "penalty with respect to an input works (give that input requires_grad=True); for a "
+        "second-order term in the parameters alone, run that forward on the plain model, "
+        "`wrapped.module`."
     )
 
 

@@ -7,7 +7,7 @@ import logging
 import sys
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -65,6 +65,7 @@ from ortrain.ortmodule.options import (
 from ortrain.ortmodule.python_randomness import PythonRandomnessError, refusing_python_randomness
 from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves, unread_lifted_inputs
 from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, tensor_signature, unflatten
+from ortrain.ortmodule.second_order import BufferWrites, needs_second_order_path, run_twice_differentiable
 from ortrain.ortmodule.signature import (
     base_wrapper_class,
     new_wrapper,
@@ -174,6 +175,8 @@ class _CompiledEntry:
     sizes: list[tuple[int | None, ...]]  # per input: fixed size, or None where dynamic
     output_spec: Spec
     binding: list[int]  # per tensor the graph binds: its position in ModelState.tensors
+    # The buffers its forward writes, for a recompute under create_graph=True (second_order.py).
+    buffer_writes: BufferWrites = field(default_factory=BufferWrites)
 
     def matches(self, inputs: list[torch.Tensor]) -> bool:
         for tensor, pattern in zip(inputs, self.sizes, strict=True):
@@ -517,7 +520,18 @@ class ORTModule(nn.Module):
             )
         entry.capture.refuse_writes_into_leaves(call.inputs)
         try:
-            outputs = entry.capture(state_tensors, call.inputs)
+            outputs = None
+            if needs_second_order_path(call.inputs) and not entry.capture.mutated_inputs:
+                outputs = run_twice_differentiable(
+                    lambda: entry.capture(state_tensors, call.inputs),
+                    self._ortrain_module,
+                    (args, kwargs),
+                    entry.buffer_writes,
+                    (*state_tensors, *call.inputs),
+                )
+            if outputs is None:
+                outputs = entry.capture(state_tensors, call.inputs)
+                watch_for_create_graph(outputs)
         except RECOMPUTATION_STOPS:
             raise
         except Exception as error:
@@ -525,7 +539,6 @@ class ORTModule(nn.Module):
             raise ORTModuleONNXModelException(
                 f"ONNX Runtime failed to run the forward graph: {type(error).__name__}: {error}"
             ) from error
-        watch_for_create_graph(outputs)
         return unflatten(entry.output_spec, list(outputs))
 
     def _key_after_capture(self, key: GraphKey) -> GraphKey:
