@@ -19,6 +19,7 @@ in the recompute; its buffer writes do not (they go to copies).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -76,6 +77,11 @@ class _Recompute:
         self.buffer_writes = buffer_writes
         self.devices: list[int] = []
         self.cpu_rng = torch.random.get_rng_state()
+        # The backward runs outside the user's autocast region: the recompute enters it again.
+        self.autocast = {
+            device: (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+            for device in ("cpu", "cuda")
+        }
         self.cuda_rng: list[torch.Tensor] = []
         self.buffers: dict[str, torch.Tensor] = {}
         self.unreproducible: list[str] = []
@@ -100,10 +106,13 @@ class _Recompute:
                 "the next step's forward keeps them"
             )
         args, kwargs = unflatten(self.input_spec, list(user_inputs))
-        with torch.random.fork_rng(devices=self.devices):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.random.fork_rng(devices=self.devices))
             torch.random.set_rng_state(self.cpu_rng)
             for device, state in zip(self.devices, self.cuda_rng, strict=True):
                 torch.cuda.set_rng_state(state, device)
+            for device_type, (enabled, dtype) in self.autocast.items():
+                stack.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled))
             # Copies again: a retained graph may be differentiated twice.
             buffers = {name: value.clone() for name, value in self.buffers.items()}
             out = torch.func.functional_call(self.module, buffers, args, kwargs, strict=False)

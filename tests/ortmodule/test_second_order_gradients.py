@@ -127,3 +127,26 @@ def test_a_penalty_through_a_wrapped_block_reaches_the_layers_before_it() -> Non
             (y.mean() + grad.pow(2).sum()).backward()
             results.append([p.grad for p in model.parameters()])
         torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6)
+
+
+def test_the_recompute_runs_under_the_forwards_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forward under bfloat16 autocast and the penalty's gradient taken after the region ends:
+    the recompute runs in bfloat16, as the forward did (in float32 the penalty's gradients were
+    off by 2.6e-2)."""
+    # ONNX Runtime's CPU build has no bfloat16 Conv or Gemm: those run in PyTorch, per operator.
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_ONNX_MODEL")
+    torch.manual_seed(0)
+    layers = (nn.Conv2d(3, 8, 3, padding=1), nn.LeakyReLU(0.2), nn.Flatten(), nn.Linear(8 * 64, 1))
+    eager = nn.Sequential(*layers)
+    wrapped = ORTModule(copy.deepcopy(eager))
+    grads = []
+    for model in (eager, wrapped):
+        real = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            scores = model(real)
+        assert scores.dtype == torch.bfloat16
+        (grad,) = torch.autograd.grad(scores.float().sum(), real, create_graph=True)
+        grad.float().pow(2).sum().backward()
+        grads.append([p.grad for p in model.parameters() if p.grad is not None])
+    assert len(grads[0]) == 3  # the conv's weight and bias, the linear's weight
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
