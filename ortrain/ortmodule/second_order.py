@@ -6,12 +6,13 @@ captured backward graph cannot be differentiated (AOTAutograd refuses: "does not
 double backward"), so such a step would fail. When an input of the call requires grad (the one
 case where the penalty's first gradient starts), the captured call runs inside
 :class:`_TwiceDifferentiable`: an ordinary backward runs the captured backward graph as before; a
-backward under ``create_graph=True`` recomputes the forward in PyTorch, with the random state and
-the buffer values the captured forward started from, and differentiates that, with a graph, as
-``torch.utils.checkpoint`` does. Costs on the ordinary path: one autograd node and the references
-it saves (the call's inputs and the model's tensors, released by the backward as eager releases
-them), and, per step, a copy of the buffers the forward writes (BatchNorm's statistics, spectral
-norm's power-iteration vectors) so that the recompute starts where the forward did.
+backward under ``create_graph=True`` recomputes the forward in PyTorch, with the random state,
+the autocast state and the buffer values the captured forward started from, and differentiates
+that, with a graph, as ``torch.utils.checkpoint`` does. Costs on the ordinary path: one autograd
+node and the references it saves (the call's tensors and the parameters that require grad,
+released by the backward as eager releases them), and, per step, a copy of the buffers the
+forward writes (BatchNorm's statistics, spectral norm's power-iteration vectors) so that the
+recompute starts where the forward did.
 
 A forward's Python side effects (a counter it increments, a list it appends to) happen once more
 in the recompute; its buffer writes do not (they go to copies).
@@ -20,7 +21,6 @@ in the recompute; its buffer writes do not (they go to copies).
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,8 +28,6 @@ import torch
 from torch import nn
 
 from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, unflatten
-
-logger = logging.getLogger("ortrain.ortmodule")
 
 
 class BufferWrites:
