@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -94,6 +95,7 @@ _OWN_ATTRIBUTES = frozenset(
         "_ortrain_graph_breaks",
         "_ortrain_changed_by_capture",
         "_ortrain_inspector",
+        "_ortrain_forward_lock",
         "training",
     }
 )
@@ -236,6 +238,7 @@ class ORTModule(nn.Module):
         object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
         object.__setattr__(self, "_ortrain_graph_breaks", None)
         object.__setattr__(self, "_ortrain_changed_by_capture", False)
+        object.__setattr__(self, "_ortrain_forward_lock", threading.RLock())
         configure_log_output(
             python_log_level(debug.log_level),
             inspector_prints=options.print_input_density or options.print_memory_stats,
@@ -318,7 +321,7 @@ class ORTModule(nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for name in ("_ortrain_graphs", "_ortrain_scalars", "_ortrain_inspector"):
+        for name in ("_ortrain_graphs", "_ortrain_scalars", "_ortrain_inspector", "_ortrain_forward_lock"):
             state.pop(name, None)
         state["_ortrain_graph_breaks"] = None
         state["_ortrain_fallback"] = FallbackManager(self._ortrain_fallback.policy)
@@ -332,6 +335,7 @@ class ORTModule(nn.Module):
         super().__setstate__(state)
         object.__setattr__(self, "_ortrain_graphs", GraphCache(self._ortrain_options.graph_cache_size))
         object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
+        object.__setattr__(self, "_ortrain_forward_lock", threading.RLock())
         self._init_inspector(self._ortrain_options)
 
     # Registering goes to the wrapped module too: on the wrapper, the new state would be invisible
@@ -418,6 +422,16 @@ class ORTModule(nn.Module):
     # ---- running -------------------------------------------------------------------------------
     @wrapped_module_signature  # libraries that inspect forward (the HF Trainer) see the model's own
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if capturing():  # inside another capture, on this thread: part of its graph, see _forward
+            return self._forward(args, kwargs)
+        # One forward at a time per wrapper: a capture swaps the model's parameters for fake ones
+        # while it traces, which another thread's forward of the same model would read (threads
+        # that met a new input shape at once failed on fake tensors and fell back to PyTorch).
+        # Backward passes run outside the lock: they read what their forward saved.
+        with self._ortrain_forward_lock:
+            return self._forward(args, kwargs)
+
+    def _forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         fallback: FallbackManager = self._ortrain_fallback
         if fallback.active:
             return self._ortrain_module(*args, **kwargs)

@@ -577,6 +577,68 @@ def test_two_threads_train_two_models_at_once() -> None:
     assert results == {1: None, 2: None}
 
 
+def test_a_thread_runs_one_model_while_another_captures_it() -> None:
+    """One thread keeps running a graph of a model while another thread meets new graphs of the
+    same model (other batch sizes, an input that requires grad). A capture swaps the model's
+    parameters for fake ones while it traces: the running thread's forwards read them ("Please
+    convert all Tensors to FakeTensors", and the model fell back to PyTorch for good). Both
+    threads' outputs and input gradients equal eager's."""
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        for _ in range(30):  # past op tuning, whose steps wait for other threads' captures
+            wrapped(x)
+    errors: list[BaseException] = []
+    capturing_done = threading.Event()
+
+    def keep_running() -> None:
+        try:
+            runs = 0
+            while not capturing_done.is_set() or runs < 5:
+                with torch.no_grad():
+                    torch.testing.assert_close(wrapped(x), eager(x))
+                runs += 1
+        except BaseException as error:  # reported below, on the main thread
+            errors.append(error)
+
+    def capture_new_graphs() -> None:
+        try:
+            for batch in (5, 6, 7):
+                xb = torch.randn(batch, 16, generator=torch.Generator().manual_seed(batch))
+                results = []
+                for model in (wrapped, eager):
+                    xi = xb.clone().requires_grad_(True)
+                    out = model(xi)
+                    results.append((out, torch.autograd.grad(out.pow(2).sum(), xi)[0]))
+                torch.testing.assert_close(results[0], results[1])
+        except BaseException as error:
+            errors.append(error)
+        finally:
+            capturing_done.set()
+
+    threads = [threading.Thread(target=keep_running), threading.Thread(target=capture_new_graphs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert errors == []
+    assert not wrapped._ortrain_fallback.active
+    # The running thread read no fake state: it captured nothing more (before, its forwards saw a
+    # changed model and captured again, when they did not fail).
+    alone = ORTModule(copy.deepcopy(eager))
+    with torch.no_grad():
+        alone(x)
+    for batch in (5, 6, 7):
+        alone(torch.randn(batch, 16).requires_grad_(True))
+    assert _graph_count(wrapped) == _graph_count(alone)
+
+
+def _graph_count(wrapped: ORTModule) -> int:
+    return sum(len(entries) for entries in wrapped._ortrain_graphs.values())
+
+
 def test_resized_token_embeddings_on_a_hugging_face_model() -> None:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
