@@ -123,6 +123,11 @@ class Capture:
             return [tuple(t.shape) for t in inputs]
         return [tuple(_fixed_size(s) for s in node.meta["val"].shape) for node in placeholders]
 
+    def calls_python(self) -> bool:
+        """Whether a graph calls Python objects (opaque autograd Functions, reentrant checkpoints)."""
+        slots = {"forward": self.forward} | ({"backward": self.backward} if self.backward else {})
+        return _calls_python(slots)
+
     def refuse_writes_into_leaves(self, inputs: Sequence[torch.Tensor]) -> None:
         """Eager PyTorch refuses an in-place op on a leaf that requires grad; the graph, which
         writes its inputs back after running, would not (it changed the tensor and gave it a

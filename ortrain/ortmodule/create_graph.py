@@ -1,15 +1,16 @@
-"""``backward(create_graph=True)`` through a captured graph: say at once that its gradients are first-order.
+"""``backward(create_graph=True)`` through a graph that cannot be differentiated again: say so at once.
 
-AOTAutograd connects the gradients of a captured backward to the autograd graph but refuses to
-differentiate them again ("torch.compile with aot_autograd does not currently support double
-backward"): the saved activations it reads came out of a compiled forward and carry no history,
-so a second-order term would be wrong, and raising is right. A call with an input that requires
-grad (where a gradient penalty starts) takes the path of :mod:`ortrain.ortmodule.second_order`,
-which can differentiate again; this module covers the others (a second-order term in the
-parameters alone). AOTAutograd's message names torch.compile, though, and comes only at the
+Training calls take the twice-differentiable path of :mod:`ortrain.ortmodule.second_order`. The
+calls it cannot recompute faithfully keep AOTAutograd's node, whose gradients have no graph of
+their own: a model that writes into its input in place (the recompute would read the written
+values), one whose graph reads a tensor that requires grad and is neither its parameter nor an
+input of the call (the recompute would not reach it), and one whose graphs call Python objects (a
+reentrant checkpoint refuses the autograd.grad the recomputing node runs). AOTAutograd refuses to
+differentiate those gradients again ("torch.compile with aot_autograd does not currently support
+double backward"), which is right, but its message names torch.compile and comes only at the
 second backward; the user learns here, at the first one, what to do instead. The engine runs a
 backward with gradients enabled only under ``create_graph=True``, which a hook on the graph's node
-sees before the node runs.
+sees before it runs.
 """
 
 from __future__ import annotations
@@ -31,12 +32,12 @@ def _before_backward(grad_outputs: Any) -> None:
         return
     _warned = True
     logger.warning(
-        "backward(create_graph=True) through ORTModule with no input that requires grad: its "
-        "gradients come from the captured backward graph and cannot be differentiated again (a "
-        "second backward raises 'does not currently support double backward'). A gradient "
-        "penalty with respect to an input works (give that input requires_grad=True); for a "
-        "second-order term in the parameters alone, run that forward on the plain model, "
-        "`wrapped.module`."
+        "backward(create_graph=True) through an ORTModule graph that cannot be recomputed in "
+        "PyTorch (the model writes into its input in place, reads a tensor that requires grad and "
+        "is neither its parameter nor an input, or calls opaque autograd Functions or reentrant "
+        "checkpoints): its gradients come from the captured backward graph and cannot be "
+        "differentiated again (a second backward raises 'does not currently support double "
+        "backward'). For a second-order term, run that forward on the plain model, `wrapped.module`."
     )
 
 

@@ -179,6 +179,9 @@ class _CompiledEntry:
     binding: list[int]  # per tensor the graph binds: its position in ModelState.tensors
     # The buffers its forward writes, for a recompute under create_graph=True (second_order.py).
     buffer_writes: BufferWrites = field(default_factory=BufferWrites)
+    # Whether its graphs call Python objects: a reentrant checkpoint among them refuses the
+    # autograd.grad that second_order.py's backward runs, so such graphs keep AOTAutograd's node.
+    python_ops: bool = False
 
     def matches(self, inputs: list[torch.Tensor]) -> bool:
         for tensor, pattern in zip(inputs, self.sizes, strict=True):
@@ -535,9 +538,10 @@ class ORTModule(nn.Module):
         entry.capture.refuse_writes_into_leaves(call.inputs)
         try:
             outputs = None
-            if needs_second_order_path(call.inputs) and not entry.capture.mutated_inputs:
+            if needs_second_order_path() and not entry.capture.mutated_inputs and not entry.python_ops:
+                n_state = len(state_tensors)
                 outputs = run_twice_differentiable(
-                    lambda: entry.capture(state_tensors, call.inputs),
+                    lambda tensors: entry.capture(tensors[:n_state], tensors[n_state:]),
                     self._ortrain_module,
                     (args, kwargs),
                     entry.buffer_writes,
@@ -695,7 +699,7 @@ class ORTModule(nn.Module):
         binding = binding_order(self._ortrain_module, captured.state_names, prefix="module")
         if self._ortrain_inspector.enabled:
             self._ortrain_inspector.attach(captured, device)
-        return _CompiledEntry(captured, sizes, output_spec, binding)
+        return _CompiledEntry(captured, sizes, output_spec, binding, python_ops=captured.calls_python())
 
     def _capture_or_load(
         self,

@@ -1,18 +1,18 @@
-"""Second-order gradients through ORTModule: a gradient penalty differentiates its gradient again.
+"""Second-order gradients through ORTModule: a gradient differentiated again.
 
-A gradient penalty (WGAN-GP, StyleGAN's R1) asks for the gradient of a model's output with
-respect to its input with ``create_graph=True``, then backpropagates through that gradient. The
-captured backward graph cannot be differentiated (AOTAutograd refuses: "does not currently support
-double backward"), so such a step would fail. When an input of the call requires grad (the one
-case where the penalty's first gradient starts), the captured call runs inside
-:class:`_TwiceDifferentiable`: an ordinary backward runs the captured backward graph as before; a
+A gradient penalty asks for a gradient with ``create_graph=True``, then backpropagates through
+it: with respect to the input (WGAN-GP, StyleGAN's R1) or to the parameters (a gradient-norm
+penalty, second-order MAML). The captured backward graph cannot be differentiated (AOTAutograd
+refuses: "does not currently support double backward"), so every training call runs inside
+:class:`_TwiceDifferentiable`: an ordinary backward runs the captured backward graph as before
+(freeing each saved activation after its last use unless the outer backward retains the graph); a
 backward under ``create_graph=True`` recomputes the forward in PyTorch, with the random state,
-the autocast state and the buffer values the captured forward started from, and differentiates
-that, with a graph, as ``torch.utils.checkpoint`` does. Costs on the ordinary path: one autograd
-node and the references it saves (the call's tensors and the parameters that require grad,
-released by the backward as eager releases them), and, per step, a copy of the buffers the
-forward writes (BatchNorm's statistics, spectral norm's power-iteration vectors) so that the
-recompute starts where the forward did.
+the autocast state, the parameters and the buffer values the captured forward started from, and
+differentiates that, with a graph, as ``torch.utils.checkpoint`` does. Costs on the ordinary
+path: one autograd node and the references it saves (the call's tensors and the parameters that
+require grad, released by the backward as eager releases them), and, per step, a copy of the
+buffers the forward writes (BatchNorm's statistics, spectral norm's power-iteration vectors) so
+that the recompute starts where the forward did.
 
 A forward's Python side effects (a counter it increments, a list it appends to) happen once more
 in the recompute; its buffer writes do not (they go to copies).
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ortrain.capture.graph_task import backward_keeps_graph
 from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, unflatten
 
 
@@ -64,7 +65,7 @@ class _Recompute:
 
     def __init__(
         self,
-        run: Callable[[], Sequence[torch.Tensor]],
+        run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]],
         module: nn.Module,
         input_spec: Spec,
         buffer_writes: BufferWrites,
@@ -72,6 +73,12 @@ class _Recompute:
         self.run = run
         self.module = module
         self.input_spec = input_spec
+        # The parameters this call reads, by name (under torch.func.functional_call, the ones it
+        # passed): those that require grad are saved on the node, the others kept here.
+        parameters = dict(module.named_parameters())
+        self.trained = [name for name, p in parameters.items() if p.requires_grad]
+        self.trained_values = [parameters[name] for name in self.trained]
+        self.frozen = {name: p for name, p in parameters.items() if not p.requires_grad}
         self.buffer_writes = buffer_writes
         self.devices: list[int] = []
         self.cpu_rng = torch.random.get_rng_state()
@@ -83,19 +90,21 @@ class _Recompute:
         self.cuda_rng: list[torch.Tensor] = []
         self.buffers: dict[str, torch.Tensor] = {}
         self.unreproducible: list[str] = []
-        self.outputs_with_graph: list[bool] = []
+        self.captured: list[torch.Tensor | None] | None = None
 
     def forward(self, tensors: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         self.devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
         self.cuda_rng = [torch.cuda.get_rng_state(d) for d in self.devices]
         versions, copied = self.buffer_writes.before(self.module)
-        outputs = self.run()
+        outputs = self.run(tensors)
         written = self.buffer_writes.after(self.module, versions)
         self.buffers = {name: copied[name] for name in written if name in copied}
         self.unreproducible = sorted(written - copied.keys())
         return outputs
 
-    def eager_outputs(self, user_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def eager_outputs(
+        self, user_inputs: Sequence[torch.Tensor], trained: Sequence[torch.Tensor]
+    ) -> list[torch.Tensor]:
         if self.unreproducible:
             raise RuntimeError(
                 "backward(create_graph=True) through ORTModule recomputes the forward in PyTorch, "
@@ -112,8 +121,10 @@ class _Recompute:
             for device_type, (enabled, dtype) in self.autocast.items():
                 stack.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled))
             # Copies again: a retained graph may be differentiated twice.
-            buffers = {name: value.clone() for name, value in self.buffers.items()}
-            out = torch.func.functional_call(self.module, buffers, args, kwargs, strict=False)
+            state = {name: value.clone() for name, value in self.buffers.items()}
+            state.update(self.frozen)
+            state.update(zip(self.trained, trained, strict=True))
+            out = torch.func.functional_call(self.module, state, args, kwargs, strict=False)
         flat, _ = flatten_outputs(out)
         return flat
 
@@ -121,9 +132,9 @@ class _Recompute:
 class _TwiceDifferentiable(torch.autograd.Function):
     """The captured call as one autograd node whose backward can itself be differentiated.
 
-    Its inputs are the tensors the captured call binds (the model's, then the call's); saved are
-    the captured outputs that have a graph, then the call's own tensors (the recompute's inputs).
-    The model's parameters are read off the model by the recompute, as its forward reads them."""
+    Its inputs are the tensors the captured call binds (the model's, then the call's). Saved are
+    the captured outputs that have a graph, the inputs whose gradients it returns, the call's own
+    tensors and the parameters that require grad (the recompute's inputs)."""
 
     @staticmethod
     def forward(
@@ -132,16 +143,28 @@ class _TwiceDifferentiable(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         with torch.enable_grad():
             outputs = recompute.forward(tensors)
-        differentiable = [o for o in outputs if o.requires_grad]
-        recompute.outputs_with_graph = [o.requires_grad for o in outputs]
-        # Saved, the captured graph lives as long as the node's saved tensors: an ordinary backward
-        # frees them, one with retain_graph=True keeps them. So are the tensors whose gradients
-        # the backward returns (kept on the node, a block's input would outlive its backward).
-        wanted = [t for t in tensors if t.requires_grad]
-        ctx.save_for_backward(*differentiable, *wanted, *user_inputs)
+        # Held on the node, not saved: the user may write into an output (the Hugging Face Trainer
+        # scales its loss in place), which eager allows when nothing saved it. The backward drops
+        # them unless the outer backward keeps its graph.
+        recompute.captured = [o if o.requires_grad else None for o in outputs]
+        # Saved: the tensors whose gradients the backward returns (kept on the node, a block's
+        # input would outlive its backward), the call's own tensors and the parameters that
+        # require grad (the recompute's inputs).
+        # Each tensor once: autograd.grad gives a tensor listed twice (a tied weight bound under
+        # both names) its whole gradient twice, which the node would then return twice.
+        wanted: list[torch.Tensor] = []
+        seen: set[int] = set()
+        ctx.positions = []  # per tensor: its place in ``wanted``, or None (no grad, or a repeat)
+        for t in tensors:
+            first = t.requires_grad and id(t) not in seen
+            ctx.positions.append(len(wanted) if first else None)
+            if first:
+                seen.add(id(t))
+                wanted.append(t)
+        ctx.save_for_backward(*wanted, *user_inputs, *recompute.trained_values)
+        recompute.trained_values = []
         ctx.recompute = recompute
-        ctx.counts = (len(differentiable), len(wanted))
-        ctx.wanted = [t.requires_grad for t in tensors]
+        ctx.counts = (len(wanted), len(user_inputs))
         returned = tuple(o.detach() if o.requires_grad else o for o in outputs)
         ctx.mark_non_differentiable(*(r for r, o in zip(returned, outputs, strict=True) if r is o))
         return returned
@@ -150,22 +173,25 @@ class _TwiceDifferentiable(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         recompute: _Recompute = ctx.recompute
         saved = ctx.saved_tensors
-        n_outputs, n_wanted = ctx.counts
-        wanted = saved[n_outputs : n_outputs + n_wanted]
+        n_wanted, n_inputs = ctx.counts
+        wanted, user_inputs = saved[:n_wanted], saved[n_wanted : n_wanted + n_inputs]
+        trained = saved[n_wanted + n_inputs :]
+        keep = backward_keeps_graph()
         if torch.is_grad_enabled():  # create_graph=True
-            outputs: list[torch.Tensor | None] = list(recompute.eager_outputs(saved[n_outputs + n_wanted :]))
-            if len(outputs) != len(grads):
-                raise RuntimeError(
-                    f"backward(create_graph=True) through ORTModule: the forward recomputed in "
-                    f"PyTorch returned {len(outputs)} tensors, the captured one {len(grads)}"
-                )
+            outputs = _recomputed(recompute, user_inputs, trained, len(grads))
+        elif recompute.captured is None:
+            raise RuntimeError(
+                "Trying to backward through the graph a second time: an ORTModule call's captured "
+                "graph is freed by its first backward; specify retain_graph=True to keep it"
+            )
         else:
-            captured = iter(saved[:n_outputs])
-            outputs = [next(captured) if has else None for has in recompute.outputs_with_graph]
+            outputs = recompute.captured
+            if not keep:  # its saved activations are freed as the captured backward runs
+                recompute.captured = None
         pairs = [
             (o, g)
             for o, g in zip(outputs, grads, strict=True)
-            if g is not None and o is not None and o.requires_grad
+            if o is not None and g is not None and o.requires_grad
         ]
         found: Sequence[torch.Tensor | None] = [None] * len(wanted)
         if pairs and wanted:
@@ -173,27 +199,40 @@ class _TwiceDifferentiable(torch.autograd.Function):
                 [o for o, _ in pairs],
                 wanted,
                 [g for _, g in pairs],
-                retain_graph=True,  # freed with this node's saved tensors, or kept with them
+                retain_graph=keep or torch.is_grad_enabled(),
                 create_graph=torch.is_grad_enabled(),
                 allow_unused=True,
             )
-        by_tensor = iter(found)
-        return (None, None, *(next(by_tensor) if w else None for w in ctx.wanted))
+        return (None, None, *(None if at is None else found[at] for at in ctx.positions))
 
 
-def needs_second_order_path(inputs: Sequence[torch.Tensor]) -> bool:
-    """A gradient with respect to an input is where a gradient penalty starts."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+def _recomputed(
+    recompute: _Recompute, user_inputs: Sequence[torch.Tensor], trained: Sequence[torch.Tensor], count: int
+) -> list[torch.Tensor | None]:
+    """The forward recomputed in PyTorch, to be differentiated with a graph."""
+    outputs = recompute.eager_outputs(user_inputs, trained)
+    if len(outputs) != count:
+        raise RuntimeError(
+            f"backward(create_graph=True) through ORTModule: the forward recomputed in "
+            f"PyTorch returned {len(outputs)} tensors, the captured one {count}"
+        )
+    return list(outputs)
+
+
+def needs_second_order_path() -> bool:
+    """Every call that builds a graph: a gradient penalty may start at an input (WGAN-GP, R1) or
+    at the parameters (a gradient-norm penalty, second-order MAML)."""
+    return torch.is_grad_enabled()
 
 
 def run_twice_differentiable(
-    run: Callable[[], Sequence[torch.Tensor]],
+    run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]],
     module: nn.Module,
     call: tuple[tuple[Any, ...], dict[str, Any]],
     buffer_writes: BufferWrites,
     tensors: Sequence[torch.Tensor],
 ) -> tuple[torch.Tensor, ...] | None:
-    """``run()`` (the captured call over ``tensors``, the model's then the call's) whose outputs'
+    """``run(tensors)`` (the captured call over ``tensors``, the model's then the call's) whose outputs'
     gradients can be differentiated again (see the module docstring); None, having run nothing,
     where a tensor that requires grad is neither a parameter of the model nor a tensor of the
     call (the recompute would not reach it: its second-order gradient would be lost)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import logging
 import math
 import weakref
 from typing import Any
@@ -15,7 +14,6 @@ from _parity import assert_same_state, runs_whole_in_onnxruntime, train_side_by_
 from ortrain import ORTModule
 from ortrain.capture.backward_segments import backward_segments
 from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
-from ortrain.ortmodule import create_graph
 from ortrain.ortmodule.options import runtime_options
 
 aten = torch.ops.aten
@@ -274,24 +272,3 @@ def test_a_retained_graph_runs_its_backward_twice_as_eager() -> None:
     assert len(entry.capture.backward.runner.plan.steps) >= 2
     assert_same_state(wrapped, eager)
     assert all(p.grad is not None for p in wrapped.parameters())
-
-
-def test_a_second_order_gradient_is_refused_not_wrong(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Double backward (``create_graph=True``, then differentiating a gradient) has no graph: it
-    raises, where a silent first-order answer would be a wrong gradient; the first backward has
-    already said so, once, and named the plain model as the way to a gradient penalty."""
-    monkeypatch.setattr(create_graph, "_warned", False)
-    wrapped = ORTModule(_gpt())
-    loss = _loss(wrapped, _batch())
-    loss.backward(retain_graph=True)  # first-order, graph kept: nothing to say
-    assert not [r for r in caplog.records if "create_graph" in r.getMessage()]
-    params = [p for p in wrapped.parameters() if p.requires_grad]
-    with caplog.at_level(logging.WARNING, logger="ortrain"):
-        for _ in range(2):
-            grads = torch.autograd.grad(_loss(wrapped, _batch()), params, create_graph=True)
-    warnings = [r for r in caplog.records if "create_graph=True" in r.getMessage()]
-    assert len(warnings) == 1 and "wrapped.module" in warnings[0].getMessage()
-    with pytest.raises(RuntimeError, match="double backward"):
-        sum(g.pow(2).sum() for g in grads).backward()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
 from collections.abc import Callable
 
 import pytest
@@ -11,6 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ortrain import ORTModule
+from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
+from ortrain.ortmodule import create_graph
 
 
 def _critic(kind: str) -> nn.Module:
@@ -150,3 +154,111 @@ def test_the_recompute_runs_under_the_forwards_autocast(monkeypatch: pytest.Monk
         grads.append([p.grad for p in model.parameters() if p.grad is not None])
     assert len(grads[0]) == 3  # the conv's weight and bias, the linear's weight
     torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+
+
+def _tiny_gpt() -> TinyGPT:
+    # Attention spelled out: PyTorch's CPU flash attention has no double backward, in eager too.
+    config = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, d_model=16, dropout=0.1)
+    torch.manual_seed(0)
+    return TinyGPT(dataclasses.replace(config, attention="softmax"))
+
+
+def test_a_gradient_norm_penalty_on_the_parameters_trains_like_eager() -> None:
+    """A second-order term in the parameters alone (no input requires grad): the gradients of the
+    loss, taken with a graph, penalized by their norm. It raised 'does not currently support
+    double backward' until every training call took the twice-differentiable path."""
+    eager = _tiny_gpt()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, wrapped)]
+    for s in range(3):
+        ids = torch.randint(0, 32, (2, 16), generator=torch.Generator().manual_seed(s))
+        losses = []
+        for model, optimizer in zip((eager, wrapped), optimizers, strict=True):
+            torch.manual_seed(s)  # the same dropout masks
+            loss = model(ids, torch.roll(ids, -1, dims=1))[1]
+            params = [p for p in model.parameters() if p.requires_grad]
+            grads = torch.autograd.grad(loss, params, create_graph=True)
+            total = loss + 0.1 * sum(g.pow(2).sum() for g in grads)
+            optimizer.zero_grad()
+            total.backward()
+            optimizer.step()
+            losses.append(total.detach())
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(list(wrapped.parameters()), list(eager.parameters()), rtol=1e-4, atol=1e-6)
+
+
+def test_second_order_maml_through_functional_call_reads_the_fast_weights() -> None:
+    """MAML with two inner steps: the second inner loss runs on fast weights passed with
+    torch.func.functional_call, and its gradient is taken with a graph. The recompute must read
+    those weights, not the model's own (the gradient then missed the fast weights entirely:
+    'appears to not have been used in the graph')."""
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    wrapped = ORTModule(copy.deepcopy(eager))
+    g = torch.Generator().manual_seed(1)
+    x_s, y_s, x_q, y_q = (torch.randn(8, n, generator=g) for n in (4, 1, 4, 1))
+    results = []
+    for model in (eager, wrapped):
+        fast = dict(model.named_parameters())
+        for _ in range(2):
+            inner = (torch.func.functional_call(model, fast, (x_s,)) - y_s).pow(2).mean()
+            grads = torch.autograd.grad(inner, list(fast.values()), create_graph=True)
+            fast = {name: w - 0.1 * grad for (name, w), grad in zip(fast.items(), grads, strict=True)}
+        outer = (torch.func.functional_call(model, fast, (x_q,)) - y_q).pow(2).mean()
+        outer.backward()
+        results.append([outer.detach(), *(p.grad for p in model.parameters())])
+    torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6)
+
+
+class _WritesItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return self.linear(x).tanh()
+
+
+def test_a_model_that_writes_into_its_input_refuses_second_order_loudly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its recompute would read the written input: such a call keeps the first-order graph, says
+    so at the first create_graph backward, and the second-order backward raises."""
+    monkeypatch.setattr(create_graph, "_warned", False)
+    wrapped = ORTModule(_WritesItsInput())
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        out = wrapped(torch.randn(3, 4)).sum()
+        grads = torch.autograd.grad(out, list(wrapped.parameters()), create_graph=True)
+    warnings = [r.getMessage() for r in caplog.records if "create_graph=True" in r.getMessage()]
+    assert len(warnings) == 1 and "writes into its input" in warnings[0] and "wrapped.module" in warnings[0]
+    with pytest.raises(RuntimeError, match="double backward"):
+        sum(g.pow(2).sum() for g in grads).backward()
+
+
+class _TiedLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(20, 8)
+        self.head = nn.Linear(8, 20, bias=False)
+        self.head.weight = self.embed.weight  # bound to the graph under two names
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(torch.tanh(self.embed(ids))).flatten(0, 1), ids.flatten())
+
+
+def test_a_tied_weight_gets_its_gradient_once() -> None:
+    """A weight bound twice (an embedding tied to the head) is one tensor: the node returns its
+    gradient once, where autograd.grad over the list with it twice gave it the whole gradient at
+    both places (twice eager's), first order and second order."""
+    eager = _TiedLM()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    ids = torch.randint(0, 20, (2, 5), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for model in (eager, wrapped):
+        loss = model(ids)
+        (first,) = torch.autograd.grad(loss, [model.embed.weight], create_graph=True)
+        (loss + first.pow(2).sum()).backward()
+        grads.append(model.embed.weight.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
