@@ -91,6 +91,7 @@ class _Recompute:
         self.buffers: dict[str, torch.Tensor] = {}
         self.unreproducible: list[str] = []
         self.captured: list[torch.Tensor | None] | None = None
+        self.leaves: list[torch.Tensor] | None = None
 
     def forward(self, tensors: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         self.devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
@@ -141,8 +142,16 @@ class _TwiceDifferentiable(torch.autograd.Function):
         ctx: Any, recompute: _Recompute, user_inputs: Sequence[torch.Tensor], *tensors: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)
+        # The captured call runs on leaves of its own (aliases, no copies): its backward stops
+        # there, and the hooks on the model's tensors run once, when the node hands them their
+        # gradients (computed up to the tensors themselves, a parameter's hook ran twice).
+        leaf_of: dict[int, torch.Tensor] = {}
+        for t in tensors:
+            if t.requires_grad and id(t) not in leaf_of:
+                leaf_of[id(t)] = t.detach().requires_grad_()
+        leaves = [leaf_of.get(id(t), t) for t in tensors]
         with torch.enable_grad():
-            outputs = recompute.forward(tensors)
+            outputs = recompute.forward(leaves)
         # Held on the node, not saved: the user may write into an output (the Hugging Face Trainer
         # scales its loss in place), which eager allows when nothing saved it. The backward drops
         # them unless the outer backward keeps its graph.
@@ -161,6 +170,7 @@ class _TwiceDifferentiable(torch.autograd.Function):
             if first:
                 seen.add(id(t))
                 wanted.append(t)
+        recompute.leaves = [leaf_of[id(t)] for t in wanted]
         ctx.save_for_backward(*wanted, *user_inputs, *recompute.trained_values)
         recompute.trained_values = []
         ctx.recompute = recompute
@@ -178,16 +188,16 @@ class _TwiceDifferentiable(torch.autograd.Function):
         trained = saved[n_wanted + n_inputs :]
         keep = backward_keeps_graph()
         if torch.is_grad_enabled():  # create_graph=True
-            outputs = _recomputed(recompute, user_inputs, trained, len(grads))
+            outputs, wanted = _recomputed(recompute, user_inputs, trained, wanted, len(grads))
         elif recompute.captured is None:
             raise RuntimeError(
                 "Trying to backward through the graph a second time: an ORTModule call's captured "
                 "graph is freed by its first backward; specify retain_graph=True to keep it"
             )
         else:
-            outputs = recompute.captured
+            outputs, wanted = recompute.captured, recompute.leaves
             if not keep:  # its saved activations are freed as the captured backward runs
-                recompute.captured = None
+                recompute.captured = recompute.leaves = None
         pairs = [
             (o, g)
             for o, g in zip(outputs, grads, strict=True)
@@ -207,16 +217,25 @@ class _TwiceDifferentiable(torch.autograd.Function):
 
 
 def _recomputed(
-    recompute: _Recompute, user_inputs: Sequence[torch.Tensor], trained: Sequence[torch.Tensor], count: int
-) -> list[torch.Tensor | None]:
-    """The forward recomputed in PyTorch, to be differentiated with a graph."""
-    outputs = recompute.eager_outputs(user_inputs, trained)
+    recompute: _Recompute,
+    user_inputs: Sequence[torch.Tensor],
+    trained: Sequence[torch.Tensor],
+    wanted: Sequence[torch.Tensor],
+    count: int,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The forward recomputed in PyTorch on aliases of the call's tensors and parameters (views:
+    the graph reaches the tensors through them, and differentiating up to the aliases leaves the
+    tensors' own hooks to run once, at the node's edges), and the aliases of ``wanted``."""
+    alias_of = {id(t): t.view_as(t) for t in (*user_inputs, *trained) if t.requires_grad}
+    outputs = recompute.eager_outputs(
+        [alias_of.get(id(t), t) for t in user_inputs], [alias_of[id(t)] for t in trained]
+    )
     if len(outputs) != count:
         raise RuntimeError(
             f"backward(create_graph=True) through ORTModule: the forward recomputed in "
             f"PyTorch returned {len(outputs)} tensors, the captured one {count}"
         )
-    return list(outputs)
+    return outputs, [alias_of[id(t)] for t in wanted]
 
 
 def needs_second_order_path() -> bool:

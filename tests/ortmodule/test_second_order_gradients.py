@@ -262,3 +262,28 @@ def test_a_tied_weight_gets_its_gradient_once() -> None:
         (loss + first.pow(2).sum()).backward()
         grads.append(model.embed.weight.grad)
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+
+
+def test_hooks_on_parameters_and_inputs_run_once() -> None:
+    """A hook that halves a parameter's gradient (registered after the first step) and one on the
+    input: each runs once per backward, as in eager (the node computed gradients up to the
+    tensors themselves, and a parameter's hook ran twice: a quarter of its gradient)."""
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+    wrapped = ORTModule(copy.deepcopy(eager))
+    results = []
+    for model in (eager, wrapped):
+        calls: list[str] = []
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
+        model(x).sum().backward()  # the first step, before any hook
+        for p in model.parameters():
+            p.grad = None
+            p.register_hook(lambda g, calls=calls: calls.append("param") or g * 0.5)
+        xi = x.clone().requires_grad_(True)
+        xi.register_hook(lambda g, calls=calls: calls.append("input") or g * 3)
+        out = model(xi).sum()
+        (first,) = torch.autograd.grad(out, xi, create_graph=True)
+        (out + first.pow(2).sum()).backward()
+        results.append(([p.grad for p in model.parameters()], sorted(calls)))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-7)
+    assert results[1][1] == results[0][1]
