@@ -67,6 +67,7 @@ class _Recompute:
         self,
         run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]],
         module: nn.Module,
+        parameters: dict[str, torch.Tensor],
         input_spec: Spec,
         buffer_writes: BufferWrites,
     ) -> None:
@@ -75,7 +76,6 @@ class _Recompute:
         self.input_spec = input_spec
         # The parameters this call reads, by name (under torch.func.functional_call, the ones it
         # passed): those that require grad are saved on the node, the others kept here.
-        parameters = dict(module.named_parameters())
         self.trained = [name for name, p in parameters.items() if p.requires_grad]
         self.trained_values = [parameters[name] for name in self.trained]
         self.frozen = {name: p for name, p in parameters.items() if not p.requires_grad}
@@ -134,8 +134,9 @@ class _TwiceDifferentiable(torch.autograd.Function):
     """The captured call as one autograd node whose backward can itself be differentiated.
 
     Its inputs are the tensors the captured call binds (the model's, then the call's). Saved are
-    the captured outputs that have a graph, the inputs whose gradients it returns, the call's own
-    tensors and the parameters that require grad (the recompute's inputs)."""
+    the tensors whose gradients it returns, the call's own tensors and the parameters that require
+    grad (the recompute's inputs); the captured outputs and the leaves they were computed from are
+    held on the recompute."""
 
     @staticmethod
     def forward(
@@ -145,32 +146,29 @@ class _TwiceDifferentiable(torch.autograd.Function):
         # The captured call runs on leaves of its own (aliases, no copies): its backward stops
         # there, and the hooks on the model's tensors run once, when the node hands them their
         # gradients (computed up to the tensors themselves, a parameter's hook ran twice).
-        leaf_of: dict[int, torch.Tensor] = {}
+        # Each tensor that requires grad once, with its leaf: autograd.grad gives a tensor listed
+        # twice (a tied weight bound under both names) its whole gradient twice, which the node
+        # would then return twice.
+        place: dict[int, int] = {}  # id of a tensor that requires grad -> its place in ``wanted``
+        wanted: list[torch.Tensor] = []
+        ctx.positions = []  # per tensor: its place in ``wanted``, or None (no grad, or a repeat)
         for t in tensors:
-            if t.requires_grad and id(t) not in leaf_of:
-                leaf_of[id(t)] = t.detach().requires_grad_()
-        leaves = [leaf_of.get(id(t), t) for t in tensors]
+            first = t.requires_grad and id(t) not in place
+            if first:
+                place[id(t)] = len(wanted)
+                wanted.append(t)
+            ctx.positions.append(place[id(t)] if first else None)
+        leaves = [t.detach().requires_grad_() for t in wanted]
         with torch.enable_grad():
-            outputs = recompute.forward(leaves)
+            outputs = recompute.forward([leaves[place[id(t)]] if t.requires_grad else t for t in tensors])
         # Held on the node, not saved: the user may write into an output (the Hugging Face Trainer
         # scales its loss in place), which eager allows when nothing saved it. The backward drops
         # them unless the outer backward keeps its graph.
         recompute.captured = [o if o.requires_grad else None for o in outputs]
+        recompute.leaves = leaves
         # Saved: the tensors whose gradients the backward returns (kept on the node, a block's
         # input would outlive its backward), the call's own tensors and the parameters that
         # require grad (the recompute's inputs).
-        # Each tensor once: autograd.grad gives a tensor listed twice (a tied weight bound under
-        # both names) its whole gradient twice, which the node would then return twice.
-        wanted: list[torch.Tensor] = []
-        seen: set[int] = set()
-        ctx.positions = []  # per tensor: its place in ``wanted``, or None (no grad, or a repeat)
-        for t in tensors:
-            first = t.requires_grad and id(t) not in seen
-            ctx.positions.append(len(wanted) if first else None)
-            if first:
-                seen.add(id(t))
-                wanted.append(t)
-        recompute.leaves = [leaf_of[id(t)] for t in wanted]
         ctx.save_for_backward(*wanted, *user_inputs, *recompute.trained_values)
         recompute.trained_values = []
         ctx.recompute = recompute
@@ -256,7 +254,9 @@ def run_twice_differentiable(
     where a tensor that requires grad is neither a parameter of the model nor a tensor of the
     call (the recompute would not reach it: its second-order gradient would be lost)."""
     user_inputs, spec = flatten_inputs(*call)
-    reachable = {id(p) for p in module.parameters()} | {id(t) for t in user_inputs}
+    parameters = dict(module.named_parameters())
+    reachable = {id(p) for p in parameters.values()} | {id(t) for t in user_inputs}
     if any(t.requires_grad and id(t) not in reachable for t in tensors):
         return None
-    return _TwiceDifferentiable.apply(_Recompute(run, module, spec, buffer_writes), user_inputs, *tensors)
+    recompute = _Recompute(run, module, parameters, spec, buffer_writes)
+    return _TwiceDifferentiable.apply(recompute, user_inputs, *tensors)
