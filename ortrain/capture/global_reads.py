@@ -9,7 +9,9 @@ The forward's code is read, not run: starting from the class's ``forward``, ever
 looked up in its module's globals, and followed into the functions and methods it names (helpers
 of the same file, ``self._attend(...)``) and into the attributes of modules it imports
 (``settings.TEMPERATURE``). Plain values found there (numbers, strings, booleans, ``None``, short
-tuples of them) are what the guards read at every step. PyTorch's and the standard library's code
+tuples of them), dicts and sets, and configuration objects (``args = parser.parse_args()``, a
+dataclass instance; until wave 26 a change to ``args.scale`` or ``CONFIG["scale"]`` between steps
+went unseen) are what the guards read at every step. PyTorch's and the standard library's code
 is not followed: its globals are its own constants. This over-approximates (a name used as an
 attribute elsewhere is watched too, which costs a lookup) and misses values reached in ways code
 does not name (``globals()[key]``, ``getattr(module, name)``).
@@ -25,7 +27,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from ortrain.capture.plain_values import NOT_PLAIN, plain_form
+from ortrain.capture.plain_values import NOT_PLAIN, is_config_type, plain_form
 
 # (label, namespace, name): read ``namespace[name]`` at every step, reported as ``label``.
 Read = tuple[str, dict[str, Any], str]
@@ -36,8 +38,10 @@ _FUNCTIONS_AT_MOST = 400  # a bound on the walk: Hugging Face's forwards call a 
 _cache: weakref.WeakKeyDictionary[type, tuple[Read, ...]] = weakref.WeakKeyDictionary()
 
 
-def is_plain(value: Any) -> bool:
-    return plain_form(value) is not NOT_PLAIN
+def is_watched(value: Any) -> bool:
+    """Plain values, the tables holding them (``CONFIG = {"scale": 2.0}``) and configuration
+    objects (``args = parser.parse_args()``, a dataclass instance): what the guards compare."""
+    return plain_form(value) is not NOT_PLAIN or type(value) in (dict, set) or is_config_type(type(value))
 
 
 def global_reads(cls: type) -> tuple[Read, ...]:
@@ -92,7 +96,7 @@ def _walk(cls: type) -> Iterator[Read]:
                 if name not in namespace:
                     continue
                 value = namespace[name]
-                if is_plain(value):
+                if is_watched(value):
                     if (id(namespace), name) not in found:
                         found.add((id(namespace), name))
                         yield f"global {namespace.get('__name__', '?')}.{name}", namespace, name
@@ -116,6 +120,6 @@ def _module_attributes(
     """``settings.TEMPERATURE``: the plain attributes of an imported module named in the same code."""
     namespace = vars(module)
     for name in names:
-        if name in namespace and is_plain(namespace[name]) and (id(namespace), name) not in found:
+        if name in namespace and is_watched(namespace[name]) and (id(namespace), name) not in found:
             found.add((id(namespace), name))
             yield f"global {module.__name__}.{name}", namespace, name

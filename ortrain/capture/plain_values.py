@@ -3,16 +3,25 @@
 Numbers, strings, booleans, ``None``, and short tuples and lists of them (a conv's ``padding``, a
 norm's shape). The guards read module attributes, class attributes and the module-level values a
 forward names this way (:mod:`ortrain.ortmodule.guards`, :mod:`ortrain.capture.global_reads`).
+Configuration objects hold such values by name and are read value by value.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import types
 from typing import Any
 
 PLAIN = frozenset({bool, int, float, str, type(None)})
 SEQUENCES = frozenset({tuple, list})
 SHORT = 64  # longer sequences (a vocabulary kept as a list) are watched by identity, not read
 NOT_PLAIN = object()
+# Configuration objects: Hugging Face's config base class (renamed in transformers 5) by name, so
+# that transformers is not imported here, dataclass instances, namespaces (``args`` of argparse).
+_CONFIG_BASES = frozenset({"PretrainedConfig", "PreTrainedConfig"})
+_NAMESPACES = frozenset({types.SimpleNamespace, argparse.Namespace})
+_is_config_type: dict[type, bool] = {}
 
 
 def plain_form(value: Any) -> Any:
@@ -23,3 +32,16 @@ def plain_form(value: Any) -> Any:
     if kind in SEQUENCES and len(value) <= SHORT and all(type(i) in PLAIN for i in value):
         return tuple(value)
     return NOT_PLAIN
+
+
+def is_config_type(kind: type) -> bool:
+    """Whether instances of ``kind`` are configuration objects: plain values kept by name."""
+    known = _is_config_type.get(kind)
+    if known is None:
+        known = (
+            dataclasses.is_dataclass(kind)
+            or kind in _NAMESPACES
+            or any(c.__name__ in _CONFIG_BASES for c in kind.__mro__)
+        )
+        _is_config_type[kind] = known
+    return known

@@ -26,7 +26,6 @@ through the wrapper or call ``ORTModule.reset_graphs()``.
 from __future__ import annotations
 
 import dataclasses
-import types
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +39,7 @@ from ortrain.capture.plain_values import NOT_PLAIN as _NOT_PLAIN
 from ortrain.capture.plain_values import PLAIN as _PLAIN
 from ortrain.capture.plain_values import SEQUENCES as _SEQUENCES
 from ortrain.capture.plain_values import SHORT as _SHORT
+from ortrain.capture.plain_values import is_config_type
 from ortrain.capture.plain_values import plain_form as _plain_form
 from ortrain.capture.tensor_attributes import is_tensor_attribute, tensor_attributes
 
@@ -50,10 +50,6 @@ _DEEPSPEED_HOOK_STATE = frozenset({"pre_bwd_fn", "post_bwd_fn", "applied_pre_bac
 # Most of a module's attributes are its own tables (parameters, hooks, ...): their contents are
 # watched where they matter (parameters, buffers, submodules, hook ids).
 _TABLES = frozenset({dict, OrderedDict, set})
-# Configuration objects, read value by value: Hugging Face's config base class (renamed in
-# transformers 5) by name, so that transformers is not imported here, and dataclass instances.
-_CONFIG_BASES = frozenset({"PretrainedConfig", "PreTrainedConfig"})
-_is_config_type: dict[type, bool] = {}
 # Per tensor: dtype, device, shape, requires_grad; or, for a second name of the same tensor, the
 # position of its first name.
 TensorKey = tuple[Any, ...]
@@ -144,7 +140,7 @@ def read_state(root: nn.Module) -> ModelState:
                     plain.append((k, tuple(v)))
             elif is_tensor_attribute(v):
                 tensor_attrs.append((k, v))
-            elif _is_config(kind):
+            elif is_config_type(kind):
                 objects.append((k, id(v), _config_values(v, configs)))
             elif not is_deepspeed_hook_state(k):
                 objects.append((k, id(v)))
@@ -155,7 +151,7 @@ def read_state(root: nn.Module) -> ModelState:
         if type(m) not in classes:
             _read_class_values(type(m), classes)
         if (type(m), "globals") not in classes:
-            classes[(type(m), "globals")] = _global_values(type(m))
+            classes[(type(m), "globals")] = _global_values(type(m), configs)
         modules.append((identity, tuple(plain), _hook_ids(m), params, buffers, others, tuple(objects)))
         children = [c for c in attributes["_modules"].values() if c is not None]
         stack.extend(reversed(children))
@@ -181,23 +177,30 @@ def _read_class_values(cls: type, classes: dict[Any, tuple[tuple[str, Any], ...]
         classes[klass] = tuple(values)
 
 
-def _global_values(cls: type) -> tuple[tuple[str, Any], ...]:
-    """The module-level plain values ``cls``'s forward reads (see :mod:`global_reads`), read now."""
+def _global_values(cls: type, configs: dict[int, tuple[Any, ...]]) -> tuple[tuple[str, Any], ...]:
+    """The module-level values ``cls``'s forward reads (see :mod:`global_reads`), read now."""
     return tuple(
-        (label, _plain_form(namespace.get(name, _NOT_PLAIN))) for label, namespace, name in global_reads(cls)
+        (label, _global_value(namespace.get(name, _NOT_PLAIN), configs))
+        for label, namespace, name in global_reads(cls)
     )
 
 
-def _is_config(kind: type) -> bool:
-    known = _is_config_type.get(kind)
-    if known is None:
-        known = (
-            dataclasses.is_dataclass(kind)
-            or kind is types.SimpleNamespace
-            or any(c.__name__ in _CONFIG_BASES for c in kind.__mro__)
-        )
-        _is_config_type[kind] = known
-    return known
+def _global_value(value: Any, configs: dict[int, tuple[Any, ...]]) -> Any:
+    """A plain value as itself; a table (``CONFIG = {"scale": 2.0}``) by its plain entries and a
+    configuration object (``args = parser.parse_args()``) by its values, as on a module."""
+    plain = _plain_form(value)
+    if plain is not _NOT_PLAIN:
+        return plain
+    kind = type(value)
+    if kind in _TABLES:
+        if isinstance(value, set) or len(value) > _SHORT:
+            return ("table", _table_values(value))
+        # Unlike a module's own table, a global one may mix in other objects (a registry of
+        # layers next to the scale it applies): its plain entries are what a graph bakes in.
+        return ("table", tuple((k, v) for k, v in value.items() if type(k) in _PLAIN and type(v) in _PLAIN))
+    if is_config_type(kind):
+        return ("config", _config_values(value, configs))
+    return _NOT_PLAIN
 
 
 def _table_values(table: dict[Any, Any] | set[Any]) -> tuple[Any, ...]:
@@ -231,7 +234,7 @@ def _config_values(config: Any, seen: dict[int, tuple[Any, ...]]) -> tuple[Any, 
             values.append((k, plain))
         elif kind is dict and len(v) <= _SHORT and all(type(i) in _PLAIN for i in v.values()):
             values.append((k, tuple(v.items())))
-        elif _is_config(kind):
+        elif is_config_type(kind):
             values.append((k, _config_values(v, seen)))
         else:
             values.append((k, ("object", id(v))))
@@ -334,6 +337,14 @@ def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, A
     name, was, now = found
     if type(was) in _PLAIN and type(now) in _PLAIN:
         return f"{name} changed from {was!r} to {now!r}"
+    # A global table or configuration object (_global_value): name the entry that changed.
+    if isinstance(was, tuple) and isinstance(now, tuple) and was[:1] == now[:1] in (("table",), ("config",)):
+        before_items, after_items = dict(was[1]), dict(now[1])
+        for key in [*before_items, *(k for k in after_items if k not in before_items)]:
+            old, new = before_items.get(key, "<unset>"), after_items.get(key, "<unset>")
+            if old != new and type(old) in _PLAIN and type(new) in _PLAIN:
+                entry = f"[{key!r}]" if was[0] == "table" else f".{key}"
+                return f"{name}{entry} changed from {old!r} to {new!r}"
     return f"{name} changed"
 
 

@@ -7,11 +7,12 @@ or eager, fails on them ("Mixing fake modes", "Please convert all Tensors to Fak
 captured graph never repeats Python side effects, so such a change would happen at capture only.
 
 :class:`ModuleSnapshot` records each submodule's attributes (and the contents of its tables:
-parameters, buffers, submodules, hooks, and the user's lists and dicts) before a capture;
-:meth:`ModuleSnapshot.restore` puts them back and says what the capture had changed, in the
-model's names. What ORTModule does with a change is its business (``ortmodule.py``: that step runs
-in PyTorch, so the change happens once with real tensors; a model that changes at every call
-trains through TorchDynamo's graph breaks).
+parameters, buffers, submodules, hooks, and the user's lists and dicts) before a capture, and the
+module-level values the forward's code names (:mod:`ortrain.capture.global_reads`: a counter, a
+dict of statistics, an ``args`` namespace); :meth:`ModuleSnapshot.restore` puts them back and says
+what the capture had changed, in the model's names. What ORTModule does with a change is its
+business (``ortmodule.py``: that step runs in PyTorch, so the change happens once with real tensors;
+a model that changes at every call trains through TorchDynamo's graph breaks).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
+
+from ortrain.capture.global_reads import global_reads
 
 # Values that are tables of a module: their contents are recorded, not just the table object.
 # (A list a forward appends to, ``self.history.append(x.mean().item())``, kept the traced value.)
@@ -46,15 +49,34 @@ class _Recorded:
     tables: dict[str, Any]  # attribute name -> a shallow copy of the table's contents
 
 
+@dataclass
+class _RecordedGlobal:
+    label: str  # "global train.STATS"
+    namespace: dict[str, Any]
+    name: str
+    value: Any
+    contents: Any  # a table's contents or an object's attributes, copied; None for others
+
+
 class ModuleSnapshot:
     """Every submodule's attributes at one moment, to put back after a capture."""
 
     def __init__(self, root: nn.Module) -> None:
         self._records: list[_Recorded] = []
+        self._globals: list[_RecordedGlobal] = []
+        classes: set[type] = set()
         for name, module in root.named_modules(remove_duplicate=True):
             attributes = dict(module.__dict__)
             tables = {k: _copy(v) for k, v in attributes.items() if isinstance(v, _TABLES)}
             self._records.append(_Recorded(name, module, attributes, tables))
+            classes.add(type(module))
+        read: set[tuple[int, str]] = set()
+        for cls in classes:
+            for label, namespace, name in global_reads(cls):
+                if (id(namespace), name) not in read:
+                    read.add((id(namespace), name))
+                    value = namespace.get(name, _MISSING)
+                    self._globals.append(_RecordedGlobal(label, namespace, name, value, _contents(value)))
 
     def restore(self) -> list[str]:
         """Put every recorded module back as it was; returns what had changed (empty: nothing)."""
@@ -74,6 +96,8 @@ class ModuleSnapshot:
                         table.clear()
                         table.update(contents)
                 changes += found
+        for recorded in self._globals:
+            changes += _restore_global(recorded)
         return changes
 
 
@@ -94,6 +118,42 @@ def _changes(record: _Recorded, derived: frozenset[str]) -> list[str]:
         elif key in record.tables and not _same_contents(after, record.tables[key]):
             found.append(f"{key.strip('_')} of {where} changed")
     return found
+
+
+def _contents(value: Any) -> Any:
+    if isinstance(value, _TABLES):
+        return _copy(value)
+    attributes = getattr(value, "__dict__", None)
+    return dict(attributes) if isinstance(attributes, dict) and not isinstance(value, type) else None
+
+
+def _restore_global(recorded: _RecordedGlobal) -> list[str]:
+    """Put one module-level value back (the name's binding, then its contents); what changed."""
+    namespace, name, value = recorded.namespace, recorded.name, recorded.value
+    if namespace.get(name, _MISSING) is not value:
+        if value is _MISSING:
+            namespace.pop(name, None)
+        else:
+            namespace[name] = value
+        return [f"{recorded.label} was changed"]
+    contents = recorded.contents
+    if contents is None:
+        return []
+    if isinstance(value, _TABLES):
+        if _same_contents(value, contents):
+            return []
+        if isinstance(value, list):
+            value[:] = contents
+        else:
+            value.clear()
+            value.update(contents)
+        return [f"{recorded.label} changed"]
+    attributes = value.__dict__
+    if attributes.keys() == contents.keys() and all(attributes[k] is v for k, v in contents.items()):
+        return []
+    attributes.clear()
+    attributes.update(contents)
+    return [f"an attribute of {recorded.label} changed"]
 
 
 def _copy(table: Any) -> Any:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import copy
+import dataclasses
 import logging
 import types
 
@@ -21,6 +23,18 @@ UNUSED = 3.0
 settings = types.ModuleType("ortrain_test_settings")  # a config module the script imports
 settings.SCALE = 1.0
 settings.OTHER = 2.0
+
+
+@dataclasses.dataclass
+class _Schedule:
+    warm: bool = True
+
+
+# A script's configuration objects: a dict that also holds a layer, argparse's namespace, a dataclass.
+CONFIG: dict[str, object] = {"scale": 1.0, "activation": nn.Tanh()}
+ARGS = argparse.Namespace(shift=0.0)
+SCHEDULE = _Schedule()
+STATS = {"calls": 0}  # written by a forward
 
 
 def _shifted(h: torch.Tensor) -> torch.Tensor:
@@ -84,3 +98,91 @@ def test_a_changed_global_is_seen(monkeypatch: pytest.MonkeyPatch, caplog: pytes
     assert f"global {__name__}.TEMPERATURE changed from 1.0 to 0.5" in reasons[1]
     assert "global ortrain_test_settings.SCALE changed from 1.0 to 2.0" in reasons[2]
     assert f"global {__name__}.ACTIVATION changed from 'tanh' to 'relu'" in reasons[3]
+
+
+class _Configured(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x) * CONFIG["scale"] + ARGS.shift
+        h = h.square() if SCHEDULE.warm else h.abs()
+        return h.mean()
+
+
+def test_changed_tables_and_config_objects_are_seen(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Wave 26: ``CONFIG["scale"] = 2.0``, ``args.shift = 0.5`` or ``schedule.warm = False`` between
+    steps went unseen (only plain module-level values were watched): the graph kept training on
+    the captured values, silently."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    monkeypatch.setitem(CONFIG, "scale", 1.0)
+    monkeypatch.setattr(ARGS, "shift", 0.0)
+    monkeypatch.setattr(SCHEDULE, "warm", True)
+    torch.manual_seed(0)
+    eager = _Configured()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    changes = {
+        1: lambda: monkeypatch.setitem(CONFIG, "scale", 2.0),
+        2: lambda: monkeypatch.setattr(ARGS, "shift", 0.5),
+        3: lambda: monkeypatch.setattr(SCHEDULE, "warm", False),
+        4: lambda: monkeypatch.setitem(CONFIG, "activation", nn.ReLU()),  # not plain: not read
+    }
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for step in range(5):
+            if step in changes:
+                changes[step]()
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(step))
+            expected, got = eager(x), wrapped(x)
+            expected.backward()
+            got.backward()
+            assert got.item() == pytest.approx(expected.item(), rel=1e-6), f"step {step}"
+            for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
+                torch.testing.assert_close(a.grad, b.grad)
+    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    assert len(reasons) == 4, reasons
+    assert f"global {__name__}.CONFIG['scale'] changed from 1.0 to 2.0" in reasons[1]
+    assert f"global {__name__}.ARGS.shift changed from 0.0 to 0.5" in reasons[2]
+    assert f"global {__name__}.SCHEDULE.warm changed from True to False" in reasons[3]
+
+
+class _Counting(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        STATS["calls"] += 1
+        h = self.lin(x)
+        return (h.relu() if STATS["calls"] % 2 else h.sigmoid()).sum()
+
+
+def test_a_global_the_forward_writes_is_written_once_a_call(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A forward that counts its calls in a module-level dict: its captures counted three or more
+    calls a step (each trace ran the forward) and the captured graph none, so the branch on the
+    count stayed as traced. Now a capture puts the dict back and the model trains through
+    TorchDynamo's graph breaks, which run the count at every call."""
+    torch.manual_seed(0)
+    eager = _Counting()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    batches = [torch.randn(3, 4, generator=torch.Generator().manual_seed(step)) for step in range(4)]
+    monkeypatch.setitem(STATS, "calls", 0)
+    expected = []
+    for x in batches:
+        loss = eager(x)
+        loss.backward()
+        expected.append(loss.item())
+    monkeypatch.setitem(STATS, "calls", 0)
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for step, x in enumerate(batches):
+            loss = wrapped(x)
+            loss.backward()
+            assert loss.item() == pytest.approx(expected[step], rel=1e-6), f"step {step}"
+            assert STATS["calls"] == step + 1
+    for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+    assert f"changes the model at every call (global {__name__}.STATS changed)" in caplog.text
