@@ -28,6 +28,7 @@ from ortrain.capture.checkpointing import CheckpointRegions
 from ortrain.capture.cumulative_batch_norm import cumulative_batch_norm_traceable
 from ortrain.capture.data_assignments import data_assignments_as_copies
 from ortrain.capture.decompositions import decomposition_table
+from ortrain.capture.fake_mode_release import forget_real_tensors, graph_fake_modes
 from ortrain.capture.forward_rewrite import ForwardRewrite, ForwardTrace, rewrite_forward
 from ortrain.capture.function_calls import intercept_functions
 from ortrain.capture.function_overrides import function_overrides
@@ -328,4 +329,8 @@ def capture(
     )
     # The python ops' records live as long as the graphs that name them.
     weakref.finalize(captured, release_calls, call_ids)
+    # The graphs keep their fake modes alive, and those weak references to the model's tensors.
+    backward = captured.backward.graph if captured.backward is not None else None
+    graphs = (captured.forward.graph, backward, trace.graph_module if trace is not None else None)
+    forget_real_tensors([joint._aot_state.fake_mode, *graph_fake_modes(graphs)])
     return captured

@@ -398,6 +398,32 @@ def test_dtype_change_after_some_steps() -> None:
     assert_same_state(wrapped, eager, atol=1e-6)
 
 
+def test_parameters_swapped_in_place_after_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wave 26: ``torch.utils.swap_tensors`` (``model.double()`` under
+    ``set_swap_module_params_on_conversion``) refused the captured model's parameters: the
+    capture's fake modes held weak references to them ("Cannot swap t1 because it has weakref
+    associated with it")."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    weight = model[0].weight
+    for step in range(3):
+        if step == 1:
+            monkeypatch.setattr(torch.__future__, "_swap_module_params_on_conversion", True)
+            wrapped.double()
+            eager.double()
+            monkeypatch.undo()
+        x = _batch(step)[0].to(next(eager.parameters()).dtype)
+        for m in (wrapped, eager):
+            m.zero_grad()
+            m(x).pow(2).mean().backward()
+    assert model[0].weight is weight and weight.dtype == torch.float64  # the same object, swapped
+    assert_same_state(wrapped, eager, atol=1e-6)
+    for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
 class Scaled(nn.Module):
     def __init__(self) -> None:
         super().__init__()
