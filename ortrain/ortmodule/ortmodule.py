@@ -526,8 +526,9 @@ class ORTModule(nn.Module):
             if changes:
                 return self._after_a_capture_changed_the_model(changes, args, kwargs)
             object.__setattr__(self, "_ortrain_changed_by_capture", False)
-            if call.lifted and unread_lifted_inputs(call, entry.capture, key.inputs_alias):
-                self._ortrain_scalars.refuse(call, why="unread")
+            unread = unread_lifted_inputs(call, entry.capture, key.inputs_alias) if call.lifted else None
+            if unread:
+                self._ortrain_scalars.refuse(call, why="unread", unread=unread)
                 return self._run_on_ort(args, kwargs)
             cache.add(self._key_after_capture(key), entry, reason)
         state_tensors = [state.tensors[i] for i in entry.binding]

@@ -9,7 +9,11 @@ graph's key.
 
 The model's Python may need a real number there (``range(n)``, ``math.exp(t)``, a slice bound):
 then the capture with a tensor fails, the argument is refused, and every value of it captures
-again as before (the graph cache bounds how many are kept, and names the argument).
+again as before (the graph cache bounds how many are kept, and names the argument). Where
+several numbers were lifted together, the failure does not say which one the model needs: they
+are then lifted one at a time, and only the one whose lifting fails is refused (wave 26: a float
+schedule value next to a step index the model branches on had both refused, and every step
+captured a graph).
 """
 
 from __future__ import annotations
@@ -121,6 +125,8 @@ class ScalarLifter:
     first_values: dict[Spec, tuple[Any, ...]] = field(default_factory=dict)
     lifted: dict[Spec, frozenset[int]] = field(default_factory=dict)
     refused: dict[Spec, frozenset[int]] = field(default_factory=dict)
+    # Structures whose numbers are lifted one at a time, and the one each lifted last.
+    one_at_a_time: dict[Spec, int | None] = field(default_factory=dict)
 
     def lift(self, spec: Spec, inputs: list[torch.Tensor]) -> LiftedCall:
         numbers = [(place, leaf[2]) for place, leaf in call_leaves(spec) if _is_liftable(leaf)]
@@ -137,6 +143,9 @@ class ScalarLifter:
             if a != b and all(_fits_int64(v) for v in (a, b))
         }
         new = changed - lifted - refused
+        if new and structure in self.one_at_a_time:
+            new = {min(new)}
+            self.one_at_a_time[structure] = min(new)
         if new:
             lifted = lifted | new
             self.lifted[structure] = lifted
@@ -155,12 +164,34 @@ class ScalarLifter:
         new_spec = _rewrite(spec, iter(inputs), set(lifted), out, [0], lifted_at)
         return LiftedCall(new_spec, out, structure, lifted, places, tuple(lifted_at))
 
-    def refuse(self, call: LiftedCall, why: str = "needs") -> None:
-        """The model needs these numbers as Python numbers: bake each value in from now on."""
-        assert call.structure is not None
-        self.refused[call.structure] = self.refused.get(call.structure, frozenset()) | call.lifted
-        self.lifted[call.structure] = frozenset()
-        places = ", ".join(call.places[i] for i in sorted(call.lifted))
+    def refuse(self, call: LiftedCall, why: str = "needs", unread: frozenset[int] | None = None) -> None:
+        """The capture with ``call``'s numbers lifted failed (``why="needs"``), or its graph leaves
+        the numbers ``unread`` unread: bake those values in from now on.
+
+        A failure with several numbers lifted does not say which one the model needs as a Python
+        number: the first time, none is refused and the numbers are lifted one at a time from then
+        on; in that mode a failure refuses the number lifted last."""
+        structure = call.structure
+        assert structure is not None
+        if unread is not None:
+            refused = unread
+        elif len(call.lifted) == 1:
+            refused = call.lifted
+        elif structure not in self.one_at_a_time:
+            self.one_at_a_time[structure] = None
+            self.lifted[structure] = frozenset()
+            logger.info(
+                "a capture with %s as tensors failed: they become inputs one at a time, to find "
+                "which the model needs as a Python number",
+                ", ".join(call.places[i] for i in sorted(call.lifted)),
+            )
+            return
+        else:
+            last = self.one_at_a_time[structure]
+            refused = frozenset({last}) if last in call.lifted else call.lifted
+        self.refused[structure] = self.refused.get(structure, frozenset()) | refused
+        self.lifted[structure] = call.lifted - refused
+        places = ", ".join(call.places[i] for i in sorted(refused))
         if why == "needs":
             logger.info("the model needs %s as Python numbers: each new value captures again", places)
         else:
@@ -177,13 +208,18 @@ def _fits_int64(value: Any) -> bool:
     return not isinstance(value, int) or -(2**31) < value < 2**31
 
 
-def unread_lifted_inputs(call: LiftedCall, capture: Capture, aliased: bool) -> bool:
-    """Whether the forward graph captured for ``call`` leaves a lifted number unread: the model took
+def unread_lifted_inputs(call: LiftedCall, capture: Capture, aliased: bool) -> frozenset[int]:
+    """The lifted numbers the forward graph captured for ``call`` leaves unread: the model took
     another path for a tensor than for a number (``isinstance(n, int)``), or does not use it at all.
     Either way the graph is not the one the number would have given. Where the graph's inputs
-    cannot be told apart (aliased inputs merged into one), the numbers are taken as unread: baked
-    in, each value gets its own graph, which is always right."""
+    cannot be told apart (aliased inputs merged into one), all are taken as unread: baked in, each
+    value gets its own graph, which is always right."""
     if not call.lifted_inputs:
-        return False
+        return frozenset()
     placeholders = capture.input_placeholders(call.inputs, aliased)
-    return placeholders is None or any(not placeholders[i].users for i in call.lifted_inputs)
+    numbers = sorted(call.lifted)  # lifted_inputs holds their positions, in the same order
+    return frozenset(
+        number
+        for number, position in zip(numbers, call.lifted_inputs, strict=True)
+        if placeholders is None or not placeholders[position].users
+    )

@@ -481,6 +481,50 @@ def test_a_number_the_model_needs_as_a_python_number_is_baked_in_per_value() -> 
     assert len(wrapped._ortrain_graphs) == 3
 
 
+class _Phased(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, temperature: float, phase: int) -> torch.Tensor:
+        h = self.fc(x) / temperature
+        if phase % 3 == 0:  # ``phase`` must stay a Python int, ``temperature`` need not
+            h = h * 2
+        return h.pow(2).mean()
+
+
+def test_of_two_changing_numbers_only_the_one_the_model_needs_is_baked_in(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Wave 26: a temperature from a schedule next to a phase the model branches on. Both changed
+    at the second step, the capture with both as tensors failed, and both were refused: every
+    step captured a graph. Now only ``phase`` is baked in: one graph per phase, then none."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+    model = _Phased()
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    captures_per_step = []
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for step in range(9):
+            caplog.clear()
+            x = _batch(step)[0]
+            for m in (wrapped, eager):
+                m.zero_grad()
+                m(x, 1.0 + 0.1 * step, step % 3).backward()
+                with torch.no_grad():
+                    for p in m.parameters():
+                        p -= 0.1 * p.grad
+            captures_per_step.append(
+                sum(r.getMessage().startswith("capturing a graph:") for r in caplog.records)
+            )
+    assert_same_state(wrapped, eager, atol=1e-6)
+    # the first call; both lifted (fails), the temperature alone; the phase too (fails), phase 2
+    # baked in; phase 0 with the temperature lifted; then every graph is there.
+    assert captures_per_step == [1, 2, 2, 1, 0, 0, 0, 0, 0]
+    assert len(wrapped._ortrain_graphs) == 4
+
+
 class _IntOrTensor(nn.Module):
     """Picks a token by a Python int, pools otherwise: Hugging Face's ``logits_to_keep`` style."""
 
