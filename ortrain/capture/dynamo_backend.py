@@ -263,6 +263,22 @@ def source_line(file: str, line: int) -> str:
     return linecache.getline(file, line).strip()
 
 
+# ---- errors a whole-graph capture fails with that TorchDynamo's graphs do not ---------------------
+def reads_outside_tensors(error: BaseException) -> bool:
+    """Whether a whole-graph capture failed on a real tensor the forward reads from outside the
+    model's parameters, buffers and tensor attributes: a module kept in a list (a distillation
+    teacher hidden from ``parameters()``), tensors in a list, a module-level tensor. AOTAutograd
+    lifts only the module's own state; TorchDynamo guards such tensors and passes them as inputs."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if "Please convert all Tensors to FakeTensors first" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 # ---- errors that mean "this model has data-dependent Python" --------------------------------------
 def is_data_dependent(error: BaseException) -> bool:
     """Whether a whole-graph capture failed on Python that depends on tensor values."""

@@ -21,6 +21,7 @@ from ortrain.capture.dynamo_backend import (
     graph_breaks_reported,
     hooks_guarded,
     is_data_dependent,
+    reads_outside_tensors,
     source_line,
 )
 from ortrain.ortmodule.fallback import ORTModuleFallbackException, ORTModuleTorchModelException
@@ -28,7 +29,7 @@ from ortrain.ortmodule.options import DebugOptions, RuntimeOptions
 
 logger = logging.getLogger("ortrain.ortmodule")
 
-__all__ = ["GraphBreakPath", "is_data_dependent"]
+__all__ = ["GraphBreakPath", "is_data_dependent", "reads_outside_tensors"]
 
 
 class GraphBreakPath:

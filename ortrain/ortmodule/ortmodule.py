@@ -40,7 +40,7 @@ from ortrain.ortmodule.fallback import (
     ORTModuleTorchModelException,
 )
 from ortrain.ortmodule.forward_hooks import user_forward_hooks
-from ortrain.ortmodule.graph_breaks import GraphBreakPath, is_data_dependent
+from ortrain.ortmodule.graph_breaks import GraphBreakPath, is_data_dependent, reads_outside_tensors
 from ortrain.ortmodule.graph_cache import GraphCache
 from ortrain.ortmodule.guards import (
     ModelState,
@@ -830,7 +830,8 @@ class ORTModule(nn.Module):
         return True
 
     def _switch_to_graph_breaks(self) -> bool:
-        """After a capture failed on data-dependent Python: train through TorchDynamo's graph breaks."""
+        """After a capture failed on data-dependent Python or on tensors from outside the model:
+        train through TorchDynamo's graph breaks."""
         error = sys.exc_info()[1]
         if isinstance(error, (PythonRandomnessError, GeneratorResetError)):
             logger.info(
@@ -839,6 +840,13 @@ class ORTModule(nn.Module):
         elif error is not None and is_data_dependent(error):
             logger.info(
                 "whole-graph capture failed on data-dependent Python; splitting the model at graph breaks"
+            )
+        elif error is not None and reads_outside_tensors(error):
+            logger.info(
+                "the forward reads tensors that are not the model's parameters, buffers or tensor "
+                "attributes (a module kept in a list, tensors in a list, a module-level tensor): the "
+                "model trains through TorchDynamo, which passes them to the graphs at every step; "
+                "registering them (nn.ModuleList, register_buffer) lets ortrain capture one graph"
             )
         else:
             return False
