@@ -11,10 +11,11 @@ of the same file, ``self._attend(...)``) and into the attributes of modules it i
 (``settings.TEMPERATURE``). Plain values found there (numbers, strings, booleans, ``None``, short
 tuples of them), dicts and sets, and configuration objects (``args = parser.parse_args()``, a
 dataclass instance; until wave 26 a change to ``args.scale`` or ``CONFIG["scale"]`` between steps
-went unseen) are what the guards read at every step. PyTorch's and the standard library's code
-is not followed: its globals are its own constants. This over-approximates (a name used as an
-attribute elsewhere is watched too, which costs a lookup) and misses values reached in ways code
-does not name (``globals()[key]``, ``getattr(module, name)``).
+went unseen) are what the guards read at every step; so are such values in the closures of the
+functions walked (a model class defined inside a function reads its variables). PyTorch's and the
+standard library's code is not followed: its globals are its own constants. This over-approximates
+(a name used as an attribute elsewhere is watched too, which costs a lookup) and misses values
+reached in ways code does not name (``globals()[key]``, ``getattr(module, name)``).
 """
 
 from __future__ import annotations
@@ -24,13 +25,52 @@ import sys
 import sysconfig
 import types
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 from ortrain.capture.plain_values import NOT_PLAIN, is_config_type, plain_form
 
 # (label, namespace, name): read ``namespace[name]`` at every step, reported as ``label``.
-Read = tuple[str, dict[str, Any], str]
+Read = tuple[str, MutableMapping[str, Any], str]
+
+
+class _Cell(MutableMapping[str, Any]):
+    """A closure's cell as a namespace of one name, read and written like a module's globals."""
+
+    def __init__(self, cell: types.CellType, name: str) -> None:
+        self._cell, self._name = cell, name
+
+    def __getitem__(self, key: str) -> Any:
+        if key != self._name:
+            raise KeyError(key)
+        try:
+            return self._cell.cell_contents
+        except ValueError:  # an empty cell: the name is not bound yet
+            raise KeyError(key) from None
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key != self._name:
+            raise KeyError(key)
+        self._cell.cell_contents = value
+
+    def __delitem__(self, key: str) -> None:
+        if key != self._name:
+            raise KeyError(key)
+        del self._cell.cell_contents
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([self._name] if self._name in self else [])
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            self[key]  # type: ignore[index]
+        except KeyError:
+            return False
+        return True
+
 
 _LIBRARY_PREFIXES = ("torch", "ortrain", "builtins", "typing")  # top-level package names
 _STDLIB = sysconfig.get_paths()["stdlib"]
@@ -104,6 +144,24 @@ def _walk(cls: type) -> Iterator[Read]:
                     todo.append(value)
                 elif isinstance(value, types.ModuleType) and not _is_module_library(value):
                     yield from _module_attributes(value, names, found)
+        yield from _closure_reads(function, todo, found)
+
+
+def _closure_reads(
+    function: types.FunctionType, todo: list[types.FunctionType | None], found: set[tuple[int, str]]
+) -> Iterator[Read]:
+    """The values a function reads from the scopes it was defined in (a model class made inside a
+    function, ``scale`` of ``make_model(scale)``; a config dict the enclosing code keeps changing)."""
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or (), strict=True):
+        if name == "__class__":  # the cell ``super()`` reads
+            continue
+        namespace = _Cell(cell, name)
+        value = namespace.get(name)
+        if isinstance(value, types.FunctionType):
+            todo.append(value)
+        elif name in namespace and is_watched(value) and (id(cell), name) not in found:
+            found.add((id(cell), name))
+            yield f"closure variable {function.__qualname__}.{name}", namespace, name
 
 
 def _is_module_library(module: types.ModuleType) -> bool:

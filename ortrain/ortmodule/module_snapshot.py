@@ -17,6 +17,7 @@ a model that changes at every call trains through TorchDynamo's graph breaks).
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +53,7 @@ class _Recorded:
 @dataclass
 class _RecordedGlobal:
     label: str  # "global train.STATS"
-    namespace: dict[str, Any]
+    namespace: MutableMapping[str, Any]  # a module's globals, or a closure's cell
     name: str
     value: Any
     contents: Any  # a table's contents or an object's attributes, copied; None for others

@@ -186,3 +186,44 @@ def test_a_global_the_forward_writes_is_written_once_a_call(
     for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad)
     assert f"changes the model at every call (global {__name__}.STATS changed)" in caplog.text
+
+
+def _model_class(scale: float, settings: dict[str, object]) -> type[nn.Module]:
+    class Made(nn.Module):  # a class made inside a function reads its closure
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.lin(x) * scale * settings["k"]
+            return (h.relu() if settings["relu"] else h.tanh()).square().mean()
+
+    return Made
+
+
+def test_closure_values_are_seen(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Wave 26: a model class defined inside a function read its closure's values once, at capture
+    (a settings dict the enclosing code changed between steps went unseen)."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    settings: dict[str, object] = {"k": 1.0, "relu": True}
+    made = _model_class(2.0, settings)
+    assert {label for label, _, _ in global_reads(made)} == {
+        f"closure variable {made.forward.__qualname__}.scale",
+        f"closure variable {made.forward.__qualname__}.settings",
+    }
+    torch.manual_seed(0)
+    eager = made()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for step in range(3):
+            settings.update(k=1.0 + step, relu=step != 2)
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(step))
+            expected, got = eager(x), wrapped(x)
+            expected.backward()
+            got.backward()
+            assert got.item() == pytest.approx(expected.item(), rel=1e-6), f"step {step}"
+            for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
+                torch.testing.assert_close(a.grad, b.grad)
+    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    assert len(reasons) == 3, reasons
+    assert f"closure variable {made.forward.__qualname__}.settings['k'] changed from 1.0 to 2.0" in reasons[1]
