@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import logging
 import types
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -58,6 +60,26 @@ class _Annealed(_Base):
         return (super().forward(x) / TEMPERATURE).square().mean()
 
 
+def _capture_reasons_training_beside_eager(
+    eager: nn.Module, changes: dict[int, Callable[[], object]], steps: int, caplog: pytest.LogCaptureFixture
+) -> list[str]:
+    """Train ``eager`` and an ORTModule of its copy side by side, making ``changes[step]`` before
+    each step; every step's loss and gradients must be eager's. Returns why each capture happened."""
+    wrapped = ORTModule(copy.deepcopy(eager))
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for step in range(steps):
+            if step in changes:
+                changes[step]()
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(step))
+            expected, got = eager(x), wrapped(x)
+            expected.backward()
+            got.backward()
+            assert got.item() == pytest.approx(expected.item(), rel=1e-6), f"step {step}"
+            for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
+                torch.testing.assert_close(a.grad, b.grad)
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+
+
 def test_reads_follow_helpers_methods_super_and_imported_modules() -> None:
     labels = {label for label, _, _ in global_reads(_Annealed)}
     here = __name__
@@ -75,25 +97,13 @@ def test_a_changed_global_is_seen(monkeypatch: pytest.MonkeyPatch, caplog: pytes
     monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
     torch.manual_seed(0)
     eager = _Annealed()
-    wrapped = ORTModule(copy.deepcopy(eager))
     changes = {
         1: lambda: monkeypatch.setattr(f"{__name__}.TEMPERATURE", 0.5),
         2: lambda: monkeypatch.setattr(settings, "SCALE", 2.0),
         3: lambda: monkeypatch.setattr(f"{__name__}.ACTIVATION", "relu"),
         4: lambda: monkeypatch.setattr(f"{__name__}.UNUSED", 4.0),  # read by no forward: no capture
     }
-    with caplog.at_level(logging.INFO, logger="ortrain"):
-        for step in range(5):
-            if step in changes:
-                changes[step]()
-            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(step))
-            expected, got = eager(x), wrapped(x)
-            expected.backward()
-            got.backward()
-            assert got.item() == pytest.approx(expected.item(), rel=1e-6), f"step {step}"
-            for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
-                torch.testing.assert_close(a.grad, b.grad)
-    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    reasons = _capture_reasons_training_beside_eager(eager, changes, 5, caplog)
     assert len(reasons) == 4, reasons
     assert f"global {__name__}.TEMPERATURE changed from 1.0 to 0.5" in reasons[1]
     assert "global ortrain_test_settings.SCALE changed from 1.0 to 2.0" in reasons[2]
@@ -123,25 +133,13 @@ def test_changed_tables_and_config_objects_are_seen(
     monkeypatch.setattr(SCHEDULE, "warm", True)
     torch.manual_seed(0)
     eager = _Configured()
-    wrapped = ORTModule(copy.deepcopy(eager))
     changes = {
         1: lambda: monkeypatch.setitem(CONFIG, "scale", 2.0),
         2: lambda: monkeypatch.setattr(ARGS, "shift", 0.5),
         3: lambda: monkeypatch.setattr(SCHEDULE, "warm", False),
         4: lambda: monkeypatch.setitem(CONFIG, "activation", nn.ReLU()),  # not plain: not read
     }
-    with caplog.at_level(logging.INFO, logger="ortrain"):
-        for step in range(5):
-            if step in changes:
-                changes[step]()
-            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(step))
-            expected, got = eager(x), wrapped(x)
-            expected.backward()
-            got.backward()
-            assert got.item() == pytest.approx(expected.item(), rel=1e-6), f"step {step}"
-            for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
-                torch.testing.assert_close(a.grad, b.grad)
-    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    reasons = _capture_reasons_training_beside_eager(eager, changes, 5, caplog)
     assert len(reasons) == 4, reasons
     assert f"global {__name__}.CONFIG['scale'] changed from 1.0 to 2.0" in reasons[1]
     assert f"global {__name__}.ARGS.shift changed from 0.0 to 0.5" in reasons[2]
@@ -213,17 +211,7 @@ def test_closure_values_are_seen(monkeypatch: pytest.MonkeyPatch, caplog: pytest
     }
     torch.manual_seed(0)
     eager = made()
-    wrapped = ORTModule(copy.deepcopy(eager))
-    with caplog.at_level(logging.INFO, logger="ortrain"):
-        for step in range(3):
-            settings.update(k=1.0 + step, relu=step != 2)
-            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(step))
-            expected, got = eager(x), wrapped(x)
-            expected.backward()
-            got.backward()
-            assert got.item() == pytest.approx(expected.item(), rel=1e-6), f"step {step}"
-            for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
-                torch.testing.assert_close(a.grad, b.grad)
-    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    changes = {step: functools.partial(settings.update, k=1.0 + step, relu=step != 2) for step in (1, 2)}
+    reasons = _capture_reasons_training_beside_eager(eager, changes, 3, caplog)
     assert len(reasons) == 3, reasons
     assert f"closure variable {made.forward.__qualname__}.settings['k'] changed from 1.0 to 2.0" in reasons[1]
