@@ -69,7 +69,10 @@ def test_a_model_with_numbers_first_trains_in_onnxruntime(monkeypatch: pytest.Mo
             losses.append(loss)
         torch.testing.assert_close(losses[1], losses[0])
         for p, q in zip(wrapped.parameters(), eager.parameters(), strict=True):
-            torch.testing.assert_close(p.grad, q.grad)
+            # The -1e4 mask makes the loss about 1e8 and the gradients up to about 3e3: eager's own
+            # float32 gradients are 2e-4 off the float64 ones, so the two may differ by that much
+            # where the kernels sum in another order (they did on an AMD EPYC).
+            torch.testing.assert_close(p.grad, q.grad, rtol=1.3e-6, atol=1e-6 * q.grad.abs().max().item())
     (entry,) = [e for entries in wrapped._ortrain_graphs.values() for e in entries]
     for runner in (entry.capture.forward.runner, entry.capture.backward.runner):
         assert "torch" not in runner.plan.nodes_by_executor()
