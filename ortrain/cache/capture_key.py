@@ -8,7 +8,8 @@ serves), and anything that might matter is in it, so a miss is the usual price o
 
 - the model: every submodule's class and the plain values set on its own classes
   (``Net.SCALE = ...`` at start-up) or in the module-level globals its forward's code names
-  (``ortrain.capture.global_reads``), its plain and config-like attributes (described
+  (``ortrain.capture.global_reads``), the code of its classes' ``forward`` and of the methods
+  and module-level functions that code names, its plain and config-like attributes (described
   recursively: a Hugging Face ``config`` object is read attribute by attribute; a function
   attribute by its code, closure and default arguments, a bound method with the object it is
   bound to), every parameter's, buffer's and tensor attribute's name, dtype, device, shape,
@@ -38,6 +39,7 @@ import enum
 import functools
 import hashlib
 import importlib.metadata
+import inspect
 import json
 import logging
 import os
@@ -54,7 +56,7 @@ from torch.nn.modules import module as torch_module
 
 import ortrain
 from ortrain.cache.graph_key import tensor_digest, versions
-from ortrain.capture.global_reads import global_reads
+from ortrain.capture.global_reads import code_reads, global_reads
 from ortrain.capture.tensor_attributes import tensor_attributes
 
 logger = logging.getLogger("ortrain.cache")
@@ -115,6 +117,23 @@ def _describe_callable(fn: Any) -> Any:
             else describe(owner)
         )
     return described
+
+
+def _describe_code(function: Any) -> Any:
+    """A method or function by its name and code (None where the class does not define the name).
+    Its closure and defaults are left out: a decorator's closure can reach itself, and the
+    function's own values are read as globals and attributes (above)."""
+    if isinstance(function, property):
+        return {"property": [_describe_code(f) for f in (function.fget, function.fset, function.fdel)]}
+    target = inspect.unwrap(getattr(function, "__func__", function)) if function is not None else None
+    code = getattr(target, "__code__", None)
+    if code is None:
+        return (
+            None
+            if target is None
+            else f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', '?')}"
+        )
+    return {"function": f"{target.__module__}.{target.__qualname__}", "code": _code_digest(code)}
 
 
 def _class_attributes(cls: type) -> dict[str, Any]:
@@ -239,6 +258,9 @@ def describe_model(root: nn.Module, *, depth: int = 0, by_value: bool = False) -
                 "globals read": {
                     label: describe(namespace.get(name)) for label, namespace, name in global_reads(cls)
                 },
+                # A class or helper patched at start-up (``nn.Linear.forward = ...`` under a flag
+                # read from a file) runs other code with the same files and arguments.
+                "code run": {label: _describe_code(ns.get(name)) for label, ns, name in code_reads(cls)},
                 "attributes": attributes,
                 "parameters": [_tensor(seen, f"{name}.{n}", p, by_value) for n, p in m._parameters.items()],
                 "buffers": [_tensor(seen, f"{name}.{n}", b, by_value) for n, b in m._buffers.items()],

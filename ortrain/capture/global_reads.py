@@ -25,13 +25,17 @@ import sys
 import sysconfig
 import types
 import weakref
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 from ortrain.capture.plain_values import NOT_PLAIN, is_config_type, plain_form
 
 # (label, namespace, name): read ``namespace[name]`` at every step, reported as ``label``.
 Read = tuple[str, MutableMapping[str, Any], str]
+# (label, namespace, name): where the forward finds code it runs (a class's ``forward``, a method
+# it calls, a module-level helper), compared by identity: ``nn.Linear.forward = patched`` or
+# ``modeling.rotate = faster_rotate`` after a capture changes what the model computes.
+CodeRead = tuple[str, Mapping[str, Any], str]
 
 
 class _Cell(MutableMapping[str, Any]):
@@ -75,7 +79,8 @@ class _Cell(MutableMapping[str, Any]):
 _LIBRARY_PREFIXES = ("torch", "ortrain", "builtins", "typing")  # top-level package names
 _STDLIB = sysconfig.get_paths()["stdlib"]
 _FUNCTIONS_AT_MOST = 400  # a bound on the walk: Hugging Face's forwards call a few dozen
-_cache: weakref.WeakKeyDictionary[type, tuple[Read, ...]] = weakref.WeakKeyDictionary()
+_Reads = tuple[tuple[Read, ...], tuple[CodeRead, ...]]
+_cache: weakref.WeakKeyDictionary[type, _Reads] = weakref.WeakKeyDictionary()
 
 
 def is_watched(value: Any) -> bool:
@@ -86,10 +91,34 @@ def is_watched(value: Any) -> bool:
 
 def global_reads(cls: type) -> tuple[Read, ...]:
     """The plain module-level values ``cls.forward`` may read, directly or through code it names."""
+    return _reads(cls)[0]
+
+
+def code_reads(cls: type) -> tuple[CodeRead, ...]:
+    """Where ``cls.forward`` and the functions and methods its code names are looked up: each
+    class of the MRO up to the one defining a method (a subclass may be given one later), and the
+    module globals holding the functions."""
+    return _reads(cls)[1]
+
+
+def _reads(cls: type) -> _Reads:
     reads = _cache.get(cls)
     if reads is None:
-        reads = _cache[cls] = tuple(_walk(cls))
+        code: list[CodeRead] = []
+        values = tuple(_walk(cls, code))
+        unique = {(id(namespace), name): (label, namespace, name) for label, namespace, name in code}
+        reads = _cache[cls] = (values, tuple(unique.values()))
     return reads
+
+
+def _method_reads(cls: type, name: str) -> list[CodeRead]:
+    """The places ``self.name`` is looked up in, up to the class defining it (none if no class does)."""
+    reads: list[CodeRead] = []
+    for klass in cls.__mro__:
+        reads.append((f"method {klass.__qualname__}.{name}", klass.__dict__, name))
+        if name in klass.__dict__:
+            return reads
+    return []
 
 
 def _is_library(module_name: str, code: types.CodeType) -> bool:
@@ -112,8 +141,9 @@ def _function(value: Any) -> types.FunctionType | None:
     return value if isinstance(value, types.FunctionType) else None
 
 
-def _walk(cls: type) -> Iterator[Read]:
+def _walk(cls: type, code_found: list[CodeRead]) -> Iterator[Read]:
     todo = [_function(inspect.getattr_static(cls, "forward", None))]
+    code_found += _method_reads(cls, "forward")  # PyTorch's classes too: their forward is not walked
     seen_functions: set[types.CodeType] = set()
     found: set[tuple[int, str]] = set()
     while todo and len(seen_functions) < _FUNCTIONS_AT_MOST:
@@ -133,6 +163,7 @@ def _walk(cls: type) -> Iterator[Read]:
                     method = _function(klass.__dict__.get(name))
                     if method is not None:
                         todo.append(method)
+                        code_found += _method_reads(cls, name)
                 if name not in namespace:
                     continue
                 value = namespace[name]
@@ -142,6 +173,9 @@ def _walk(cls: type) -> Iterator[Read]:
                         yield f"global {namespace.get('__name__', '?')}.{name}", namespace, name
                 elif isinstance(value, types.FunctionType):
                     todo.append(value)
+                    code_found.append(
+                        (f"global function {namespace.get('__name__', '?')}.{name}", namespace, name)
+                    )
                 elif isinstance(value, types.ModuleType) and not _is_module_library(value):
                     yield from _module_attributes(value, names, found)
         yield from _closure_reads(function, todo, found)

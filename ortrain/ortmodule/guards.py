@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-from ortrain.capture.global_reads import global_reads
+from ortrain.capture.global_reads import code_reads, global_reads
 from ortrain.capture.plain_values import NOT_PLAIN as _NOT_PLAIN
 from ortrain.capture.plain_values import PLAIN as _PLAIN
 from ortrain.capture.plain_values import SEQUENCES as _SEQUENCES
@@ -178,11 +178,29 @@ def _read_class_values(cls: type, classes: dict[Any, tuple[tuple[str, Any], ...]
 
 
 def _global_values(cls: type, configs: dict[int, tuple[Any, ...]]) -> tuple[tuple[str, Any], ...]:
-    """The module-level values ``cls``'s forward reads (see :mod:`global_reads`), read now."""
-    return tuple(
+    """The module-level values ``cls``'s forward reads (see :mod:`global_reads`), read now, and the
+    code it runs: its class's ``forward``, the methods and module-level functions it names, each by
+    identity (a function patched in after a capture, ``nn.Linear.forward = ...``, is seen)."""
+    values = [
         (label, _global_value(namespace.get(name, _NOT_PLAIN), configs))
         for label, namespace, name in global_reads(cls)
-    )
+    ]
+    values += [(label, _Code(namespace.get(name))) for label, namespace, name in code_reads(cls)]
+    return tuple(values)
+
+
+class _Code(tuple[Any]):
+    """A function (or None where a class does not define the name) compared by identity; the key
+    holds the function itself, so a replaced one's id cannot be reused while the key lives."""
+
+    def __new__(cls, function: Any) -> _Code:
+        return super().__new__(cls, (function,))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Code) and self[0] is other[0]
+
+    def __hash__(self) -> int:
+        return id(self[0])
 
 
 def _global_value(value: Any, configs: dict[int, tuple[Any, ...]]) -> Any:
@@ -292,7 +310,7 @@ def describe_change(root: nn.Module, old: tuple[Any, ...], new: tuple[Any, ...])
         for (_, before), (_, after) in zip(old_classes, new_classes, strict=True):
             if before != after:
                 change = _value_change(before, after)
-                return change if change.startswith("global ") else f"class attribute {change}"
+                return change if change.startswith(("global ", "method ")) else f"class attribute {change}"
     names = [name or "(the model)" for name, _ in root.named_modules(remove_duplicate=False)]
     if len(old_modules) != len(new_modules):
         return f"submodules were added or removed ({len(old_modules)} → {len(new_modules)} modules)"
@@ -337,6 +355,8 @@ def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, A
     name, was, now = found
     if type(was) in _PLAIN and type(now) in _PLAIN:
         return f"{name} changed from {was!r} to {now!r}"
+    if isinstance(was, _Code) or isinstance(now, _Code):
+        return f"{name} was replaced (the forward runs other code)"
     # A global table or configuration object (_global_value): name the entry that changed.
     if isinstance(was, tuple) and isinstance(now, tuple) and was[:1] == now[:1] in (("table",), ("config",)):
         before_items, after_items = dict(was[1]), dict(now[1])

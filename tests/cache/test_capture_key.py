@@ -302,3 +302,19 @@ def test_state_behind_callables_and_class_attributes_misses() -> None:
         assert _key(_WithCallables(0.01, 1.0)) != reference
     finally:
         _WithCallables.SCALE = 1.0
+
+
+def test_patched_code_misses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script that patches a class at start-up under a flag no file or argument names runs other
+    code with the same key parts otherwise (wave 27)."""
+    reference = _key(_Block())
+    assert reference is not None and _key(_Block()) == reference
+
+    def halved(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight, self.bias) / 2
+
+    with monkeypatch.context() as patch:
+        patch.setattr(nn.Linear, "forward", halved)
+        patched = _key(_Block())
+    assert patched is not None and patched != reference
+    assert _key(_Block()) == reference

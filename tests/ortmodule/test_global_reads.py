@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ortrain import ORTModule
-from ortrain.capture.global_reads import global_reads
+from ortrain.capture.global_reads import code_reads, global_reads
 
 TEMPERATURE = 1.0
 SHIFT = 0.0
@@ -215,3 +215,39 @@ def test_closure_values_are_seen(monkeypatch: pytest.MonkeyPatch, caplog: pytest
     reasons = _capture_reasons_training_beside_eager(eager, changes, 3, caplog)
     assert len(reasons) == 3, reasons
     assert f"closure variable {made.forward.__qualname__}.settings['k'] changed from 1.0 to 2.0" in reasons[1]
+
+
+def _doubled(h: torch.Tensor) -> torch.Tensor:
+    return h * 2
+
+
+def test_code_patched_in_after_a_capture_is_seen(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Wave 27: patching a class's ``forward`` (``nn.Linear.forward = ...``, as kernel libraries
+    patch model classes), a method the forward calls, or a module-level helper after the first step
+    left the graph running the old code: losses silently differed from eager's."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    reads = {label for label, _, _ in code_reads(_Annealed)}
+    assert {"method _Annealed.forward", "method _Annealed._activate", "method _Base._activate"} <= reads
+    assert f"global function {__name__}._shifted" in reads
+    assert [label for label, _, _ in code_reads(nn.Linear)] == ["method Linear.forward"]
+    torch.manual_seed(0)
+    eager = _Annealed()
+
+    def scaled_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias) * 0.5
+
+    changes = {
+        1: lambda: monkeypatch.setattr(nn.Linear, "forward", scaled_linear),
+        2: lambda: monkeypatch.setattr(_Base, "_activate", lambda self, h: torch.sigmoid(h)),
+        3: lambda: monkeypatch.setattr(f"{__name__}._shifted", _doubled),
+        4: lambda: monkeypatch.setattr(_Annealed, "_activate", lambda self, h: F.softplus(h), raising=False),
+        5: lambda: None,  # nothing changed: no capture
+    }
+    reasons = _capture_reasons_training_beside_eager(eager, changes, 6, caplog)
+    assert len(reasons) == 5, reasons
+    assert "method Linear.forward was replaced" in reasons[1]
+    assert "method _Base._activate was replaced" in reasons[2]
+    assert f"global function {__name__}._shifted was replaced" in reasons[3]
+    assert "method _Annealed._activate was replaced" in reasons[4]  # a subclass given the method
