@@ -50,6 +50,8 @@ _DEEPSPEED_HOOK_STATE = frozenset({"pre_bwd_fn", "post_bwd_fn", "applied_pre_bac
 # Most of a module's attributes are its own tables (parameters, hooks, ...): their contents are
 # watched where they matter (parameters, buffers, submodules, hook ids).
 _TABLES = frozenset({dict, OrderedDict, set})
+# ``nn.Module``'s own tables (``_parameters``, ``_forward_hooks``, ...), read above for what matters.
+_MODULE_TABLES = frozenset(k for k, v in nn.Module().__dict__.items() if type(v) in _TABLES)
 # Per tensor: dtype, device, shape, requires_grad; or, for a second name of the same tensor, the
 # position of its first name.
 TensorKey = tuple[Any, ...]
@@ -129,15 +131,15 @@ def read_state(root: nn.Module) -> ModelState:
         objects: list[tuple[str, int]] = []
         for k, v in attributes.items():
             kind = type(v)
+            # Private values too (``self._skip = True`` between steps; until wave 27 the graph
+            # kept the captured branch): a forward reads them like public ones.
             if kind in _PLAIN:
-                if not k.startswith("_"):
-                    plain.append((k, v))
+                plain.append((k, v))
             elif kind in _TABLES:
-                if not k.startswith("_"):  # the user's own table (``self.weights = {"kl": 0.1}``)
+                if k not in _MODULE_TABLES:  # the user's own table (``self.weights = {"kl": 0.1}``)
                     objects.append((k, id(v), _table_values(v)))
             elif kind in _SEQUENCES and len(v) <= _SHORT and all(type(i) in _PLAIN for i in v):
-                if not k.startswith("_"):
-                    plain.append((k, tuple(v)))
+                plain.append((k, tuple(v)))
             elif is_tensor_attribute(v):
                 tensor_attrs.append((k, v))
             elif is_config_type(kind):

@@ -224,6 +224,46 @@ def test_a_changed_dict_set_or_namespace_value_is_seen(
     assert "schedule.scale changed from 1.0 to 2.0" in reasons[3]
 
 
+class _PrivatelySwitchedNet(Net):
+    """Switches kept in private attributes, as research code keeps them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._skip_activation = False
+        self._scale = 1.0
+        self._weights = {"l2": 0.0}
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x) * self._scale
+        h = h if self._skip_activation else torch.tanh(h)
+        return F.cross_entropy(self.head(h), y) + self._weights["l2"] * h.square().mean()
+
+
+def test_a_changed_private_value_is_seen(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Wave 27: attributes whose names start with an underscore were not watched: the graph kept
+    the branch and the values it was captured with."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+
+    def model(m: nn.Module) -> nn.Module:  # not through the wrapper, whose setattr drops every graph
+        return m.module if isinstance(m, ORTModule) else m
+
+    changes: dict[int, Change] = {
+        1: lambda m: setattr(model(m), "_skip_activation", True),
+        2: lambda m: setattr(model(m), "_scale", 2.0),
+        3: lambda m: model(m)._weights.update(l2=0.5),
+    }
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        _train_through(_PrivatelySwitchedNet(), changes, steps=5)
+    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    assert len(reasons) == 4, reasons
+    assert "_skip_activation changed from False to True" in reasons[1]
+    assert "_scale changed from 1.0 to 2.0" in reasons[2]
+    assert "_weights.l2 changed from 0.0 to 0.5" in reasons[3]
+
+
 @dataclasses.dataclass
 class _LazySettings:
     mode: str | None = None
