@@ -37,6 +37,7 @@ from ortrain.capture.module_paths import annotate_module_paths
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import python_op, python_op_grad, release_calls
 from ortrain.capture.size_guards import SizeGuards
+from ortrain.capture.stale_gradients import stale_gradients_set_aside
 from ortrain.capture.tensor_attributes import tensor_attributes_as_buffers
 from ortrain.capture.tracing_context import tracing_context
 from ortrain.capture.unused_tangents import leave_unused_tangents_none
@@ -254,6 +255,7 @@ def capture(
         # trace failed ("Attempting to use FunctionalTensor on its own") and sent the model to
         # the fallback.
         stack.enter_context(torch.compiler.set_stance("force_eager"))
+        stack.enter_context(stale_gradients_set_aside(module.parameters()))
         stack.enter_context(tensor_attributes_as_buffers(module))
         stack.enter_context(data_assignments_as_copies(module))
         stack.enter_context(annotate_module_paths(module))
