@@ -127,12 +127,11 @@ def _describe_code(function: Any) -> Any:
         return {"property": [_describe_code(f) for f in (function.fget, function.fset, function.fdel)]}
     target = inspect.unwrap(getattr(function, "__func__", function)) if function is not None else None
     code = getattr(target, "__code__", None)
-    if code is None:
-        return (
-            None
-            if target is None
-            else f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', '?')}"
-        )
+    if code is None:  # None, a builtin, or a callable object (described by its class)
+        if target is None:
+            return None
+        kind = target if isinstance(target, type | types.BuiltinFunctionType) else type(target)
+        return f"{kind.__module__}.{kind.__qualname__}"
     return {"function": f"{target.__module__}.{target.__qualname__}", "code": _code_digest(code)}
 
 

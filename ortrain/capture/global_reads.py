@@ -106,7 +106,8 @@ def _reads(cls: type) -> _Reads:
     if reads is None:
         code: list[CodeRead] = []
         values = tuple(_walk(cls, code))
-        unique = {(id(namespace), name): (label, namespace, name) for label, namespace, name in code}
+        # By label: a class's __dict__ is a new mapping proxy at every access.
+        unique = {label: (label, namespace, name) for label, namespace, name in code}
         reads = _cache[cls] = (values, tuple(unique.values()))
     return reads
 
@@ -176,6 +177,14 @@ def _walk(cls: type, code_found: list[CodeRead]) -> Iterator[Read]:
                     code_found.append(
                         (f"global function {namespace.get('__name__', '?')}.{name}", namespace, name)
                     )
+                elif callable(value) and not isinstance(value, type | types.BuiltinFunctionType):
+                    # A callable object: a decorated function, a partial, or Hugging Face's hub
+                    # kernel wrapper (``apply_rotary_pos_emb`` is an nn.Module instance); walked
+                    # through what it wraps or its class's forward.
+                    code_found.append(
+                        (f"global function {namespace.get('__name__', '?')}.{name}", namespace, name)
+                    )
+                    todo.append(_function(value) or _function(getattr(type(value), "forward", None)))
                 elif isinstance(value, types.ModuleType) and not _is_module_library(value):
                     yield from _module_attributes(value, names, found)
         yield from _closure_reads(function, todo, found)

@@ -221,6 +221,29 @@ def _doubled(h: torch.Tensor) -> torch.Tensor:
     return h * 2
 
 
+class _Kernel(nn.Module):
+    """A module-level callable object, as Hugging Face wraps ``apply_rotary_pos_emb`` for hub kernels."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return _shifted(h) * self.scale
+
+
+rotate = _Kernel(1.0)
+
+
+class _WithKernel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rotate(self.lin(x)).square().mean()
+
+
 def test_code_patched_in_after_a_capture_is_seen(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -251,3 +274,19 @@ def test_code_patched_in_after_a_capture_is_seen(
     assert "method _Base._activate was replaced" in reasons[2]
     assert f"global function {__name__}._shifted was replaced" in reasons[3]
     assert "method _Annealed._activate was replaced" in reasons[4]  # a subclass given the method
+
+
+def test_a_callable_object_patched_in_after_a_capture_is_seen(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Wave 27: Hugging Face's ``apply_rotary_pos_emb`` is an nn.Module instance at module level;
+    ``modeling_llama.apply_rotary_pos_emb = faster`` after a capture was not seen."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    reads = {label for label, _, _ in code_reads(_WithKernel)}
+    assert f"global function {__name__}.rotate" in reads
+    assert f"global function {__name__}._shifted" in reads  # walked through the object's forward
+    torch.manual_seed(0)
+    changes = {1: lambda: monkeypatch.setattr(f"{__name__}.rotate", _Kernel(0.5))}
+    reasons = _capture_reasons_training_beside_eager(_WithKernel(), changes, 3, caplog)
+    assert len(reasons) == 2, reasons
+    assert f"global function {__name__}.rotate was replaced" in reasons[1]
