@@ -65,7 +65,14 @@ from ortrain.ortmodule.options import (
 )
 from ortrain.ortmodule.python_randomness import PythonRandomnessError, refusing_python_randomness
 from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves, unread_lifted_inputs
-from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, tensor_signature, unflatten
+from ortrain.ortmodule.schema import (
+    Spec,
+    flatten_inputs,
+    flatten_outputs,
+    memory_layout,
+    tensor_signature,
+    unflatten,
+)
 from ortrain.ortmodule.second_order import BufferWrites, needs_second_order_path, run_twice_differentiable
 from ortrain.ortmodule.signature import (
     base_wrapper_class,
@@ -779,7 +786,10 @@ class ORTModule(nn.Module):
             return None
         call = {
             "spec": key.spec,
-            "inputs": [[str(t.dtype), list(t.shape), str(t.device), t.requires_grad] for t in inputs],
+            "inputs": [
+                [str(t.dtype), list(t.shape), str(t.device), t.requires_grad, memory_layout(t)]
+                for t in inputs
+            ],
             "training": key.training,
             "grad enabled": key.grad_enabled,
             "aliasing": key.aliasing,
@@ -915,6 +925,6 @@ def _show_leaf(leaf: Spec) -> str:
 
 
 def _show_signature(signature: tuple[Any, ...]) -> str:
-    dtype, rank, device, requires_grad = signature
+    dtype, rank, device, requires_grad, layout = signature
     grad = ", requires_grad" if requires_grad else ""
-    return f"{str(dtype).removeprefix('torch.')} of rank {rank} on {device}{grad}"
+    return f"{str(dtype).removeprefix('torch.')} of rank {rank} on {device}{grad}, {layout}"

@@ -192,4 +192,20 @@ def _unflatten(spec: Spec, take: Callable[[], Any]) -> Any:
 
 def tensor_signature(tensor: torch.Tensor) -> tuple[Any, ...]:
     """What a graph depends on besides sizes: a change here needs a new capture."""
-    return (tensor.dtype, tensor.dim(), tensor.device.type, tensor.requires_grad)
+    return (tensor.dtype, tensor.dim(), tensor.device.type, tensor.requires_grad, memory_layout(tensor))
+
+
+def memory_layout(tensor: torch.Tensor) -> str:
+    """Which memory layout a tensor has, coarsely: a forward may branch on it (``x.is_contiguous()``,
+    a channels-last path), and a capture traces the branch its example takes. Until wave 27 a graph
+    traced on a contiguous input also ran a transposed one, taking the contiguous branch. Layouts
+    are told apart by kind only: code that reads the strides themselves is not guarded."""
+    if tensor.layout != torch.strided:
+        return str(tensor.layout).removeprefix("torch.")
+    if tensor.is_contiguous():
+        return "contiguous"
+    if tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last):
+        return "channels_last"
+    if tensor.dim() == 5 and tensor.is_contiguous(memory_format=torch.channels_last_3d):
+        return "channels_last_3d"
+    return "strided"

@@ -418,6 +418,54 @@ def test_a_forward_hook_added_after_capture_runs() -> None:
     _train_through(Net(), {3: hook})
 
 
+class _LayoutBranches(nn.Module):
+    """Branches on its input's layout, as channels-last code paths do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x)
+        if x.is_contiguous(memory_format=torch.channels_last):
+            h = h * 2
+        elif not x.is_contiguous():
+            h = h + 1
+        return h.square().mean()
+
+
+def test_an_input_of_another_memory_layout_is_captured_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Wave 27: a graph traced on a contiguous input also ran a channels-last or a transposed one
+    of the same sizes, taking the contiguous input's branch (losses silently off eager's)."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+    eager = _LayoutBranches()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    layouts = [
+        lambda x: x,
+        lambda x: x.to(memory_format=torch.channels_last),
+        lambda x: x.transpose(2, 3).contiguous().transpose(2, 3),
+        lambda x: x,
+    ]
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for step, layout in enumerate(layouts):
+            x = layout(torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(step)))
+            losses = [m(x) for m in (eager, wrapped)]
+            for loss in losses:
+                loss.backward()
+            assert losses[1].item() == pytest.approx(losses[0].item(), rel=1e-6), f"step {step}"
+            for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
+                torch.testing.assert_close(a.grad, b.grad)
+    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    assert len(reasons) == 3, reasons  # the last step runs the first graph again
+    assert (
+        "from float32 of rank 4 on cpu, contiguous to float32 of rank 4 on cpu, channels_last" in (reasons[1])
+    )
+    assert reasons[2].endswith("to float32 of rank 4 on cpu, strided")
+
+
 def test_dtype_change_after_some_steps() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
