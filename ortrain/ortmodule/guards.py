@@ -140,6 +140,10 @@ def read_state(root: nn.Module) -> ModelState:
                     objects.append((k, id(v), _table_values(v)))
             elif kind in _SEQUENCES and len(v) <= _SHORT and all(type(i) in _PLAIN for i in v):
                 plain.append((k, tuple(v)))
+            elif kind in _SEQUENCES and v and len(v) <= _SHORT and all(type(i) in _TABLES for i in v):
+                # Per-layer settings as a list of dicts (``self.cfg[1]["scale"] = 2.0`` between
+                # steps; until wave 27 only the list's identity was watched).
+                objects.append((k, id(v), _entries_of_tables(v)))
             elif is_tensor_attribute(v):
                 tensor_attrs.append((k, v))
             elif is_config_type(kind):
@@ -232,6 +236,13 @@ def _table_values(table: dict[Any, Any] | set[Any]) -> tuple[Any, ...]:
         return (("members", tuple(sorted(map(repr, table)))),) if plain else ()
     values = tuple((k, _plain_form(v)) for k, v in table.items())
     return () if any(v is _NOT_PLAIN or type(k) not in _PLAIN for k, v in values) else values
+
+
+def _entries_of_tables(tables: list[Any] | tuple[Any, ...]) -> tuple[tuple[str, Any], ...]:
+    """A list of short dicts or sets by their plain values, named by position: ``1.scale``."""
+    return tuple(
+        (f"{i}.{name}", value) for i, table in enumerate(tables) for name, value in _table_values(table)
+    )
 
 
 def _config_values(config: Any, seen: dict[int, tuple[Any, ...]]) -> tuple[Any, ...]:

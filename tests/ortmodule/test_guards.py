@@ -264,6 +264,42 @@ def test_a_changed_private_value_is_seen(
     assert "_weights.l2 changed from 0.0 to 0.5" in reasons[3]
 
 
+class _PerLayerSettingsNet(Net):
+    """Per-layer settings kept as a list of dicts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = [{"scale": 1.0}, {"scale": 1.0, "act": "tanh"}]
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x) * self.layers[0]["scale"]
+        h = torch.tanh(h) if self.layers[1]["act"] == "tanh" else F.gelu(h)
+        return F.cross_entropy(self.head(h * self.layers[1]["scale"]), y)
+
+
+def test_a_changed_value_in_a_list_of_dicts_is_seen(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Wave 27: a list of dicts was watched by its identity only: ``self.layers[1]["scale"] = 2.0``
+    between steps kept the captured value, silently."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+
+    def model(m: nn.Module) -> nn.Module:  # not through the wrapper, whose setattr drops every graph
+        return m.module if isinstance(m, ORTModule) else m
+
+    changes: dict[int, Change] = {
+        1: lambda m: model(m).layers[1].update(scale=2.0),
+        2: lambda m: model(m).layers[1].update(act="gelu"),
+    }
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        _train_through(_PerLayerSettingsNet(), changes, steps=4)
+    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    assert len(reasons) == 3, reasons
+    assert "layers.1.scale changed from 1.0 to 2.0" in reasons[1]
+    assert "layers.1.act changed from 'tanh' to 'gelu'" in reasons[2]
+
+
 @dataclasses.dataclass
 class _LazySettings:
     mode: str | None = None
