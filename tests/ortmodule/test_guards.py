@@ -56,6 +56,12 @@ def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 Change = Callable[[nn.Module], None]
 
 
+def _unwrapped(m: nn.Module) -> nn.Module:
+    """The model itself: a change made through the wrapper's setattr drops every graph, and so
+    would not test what the guards see."""
+    return m.module if isinstance(m, ORTModule) else m
+
+
 def _train_through(model: nn.Module, changes: dict[int, Change], steps: int = 6) -> ORTModule:
     """Train an ORTModule and an eager copy for ``steps``, applying ``changes[step]`` to both first."""
     eager = copy.deepcopy(model)
@@ -247,13 +253,10 @@ def test_a_changed_private_value_is_seen(
     monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
     torch.manual_seed(0)
 
-    def model(m: nn.Module) -> nn.Module:  # not through the wrapper, whose setattr drops every graph
-        return m.module if isinstance(m, ORTModule) else m
-
     changes: dict[int, Change] = {
-        1: lambda m: setattr(model(m), "_skip_activation", True),
-        2: lambda m: setattr(model(m), "_scale", 2.0),
-        3: lambda m: model(m)._weights.update(l2=0.5),
+        1: lambda m: setattr(_unwrapped(m), "_skip_activation", True),
+        2: lambda m: setattr(_unwrapped(m), "_scale", 2.0),
+        3: lambda m: _unwrapped(m)._weights.update(l2=0.5),
     }
     with caplog.at_level(logging.INFO, logger="ortrain"):
         _train_through(_PrivatelySwitchedNet(), changes, steps=5)
@@ -285,12 +288,9 @@ def test_a_changed_value_in_a_list_of_dicts_is_seen(
     monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
     torch.manual_seed(0)
 
-    def model(m: nn.Module) -> nn.Module:  # not through the wrapper, whose setattr drops every graph
-        return m.module if isinstance(m, ORTModule) else m
-
     changes: dict[int, Change] = {
-        1: lambda m: model(m).layers[1].update(scale=2.0),
-        2: lambda m: model(m).layers[1].update(act="gelu"),
+        1: lambda m: _unwrapped(m).layers[1].update(scale=2.0),
+        2: lambda m: _unwrapped(m).layers[1].update(act="gelu"),
     }
     with caplog.at_level(logging.INFO, logger="ortrain"):
         _train_through(_PerLayerSettingsNet(), changes, steps=4)
