@@ -14,6 +14,7 @@ import pickle
 import threading
 import types
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -86,6 +87,13 @@ def _train_through(model: nn.Module, changes: dict[int, Change], steps: int = 6)
     for (name, a), b in zip(wrapped.named_parameters(), eager.parameters(), strict=True):
         assert (a.grad is None) == (b.grad is None), name
     return wrapped
+
+
+def _capture_reasons(caplog: pytest.LogCaptureFixture, *args: Any, **kwargs: Any) -> list[str]:
+    """:func:`_train_through` with INFO logs read: why each capture happened."""
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        _train_through(*args, **kwargs)
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
 
 
 def test_unfreezing_a_layer_gives_it_gradients() -> None:
@@ -179,9 +187,7 @@ def test_a_changed_config_value_is_seen_and_named(
         m.settings.gelu = False
         m.settings.nested["shift"] = 0.5
 
-    with caplog.at_level(logging.INFO, logger="ortrain"):
-        _train_through(_ConfiguredNet(), {2: scale, 4: activation_and_nested})
-    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    reasons = _capture_reasons(caplog, _ConfiguredNet(), {2: scale, 4: activation_and_nested})
     held = "(a config held by '(the model)')"
     assert f"capturing a graph: settings.scale changed from 1.0 to 3.0 {held}" in reasons
     assert f"capturing a graph: settings.gelu changed from True to False {held}" in reasons
@@ -221,9 +227,7 @@ def test_a_changed_dict_set_or_namespace_value_is_seen(
     def scale(m: nn.Module) -> None:
         m.schedule.scale = 2.0
 
-    with caplog.at_level(logging.INFO, logger="ortrain"):
-        _train_through(_TableConfiguredNet(), {1: weight, 2: flag, 4: scale})
-    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    reasons = _capture_reasons(caplog, _TableConfiguredNet(), {1: weight, 2: flag, 4: scale})
     assert len(reasons) == 4, reasons
     assert "loss_weights.l2 changed from 0.0 to 0.5" in reasons[1]
     assert "flags.members changed" in reasons[2]
@@ -258,9 +262,7 @@ def test_a_changed_private_value_is_seen(
         2: lambda m: setattr(_unwrapped(m), "_scale", 2.0),
         3: lambda m: _unwrapped(m)._weights.update(l2=0.5),
     }
-    with caplog.at_level(logging.INFO, logger="ortrain"):
-        _train_through(_PrivatelySwitchedNet(), changes, steps=5)
-    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    reasons = _capture_reasons(caplog, _PrivatelySwitchedNet(), changes, steps=5)
     assert len(reasons) == 4, reasons
     assert "_skip_activation changed from False to True" in reasons[1]
     assert "_scale changed from 1.0 to 2.0" in reasons[2]
@@ -292,9 +294,7 @@ def test_a_changed_value_in_a_list_of_dicts_is_seen(
         1: lambda m: _unwrapped(m).layers[1].update(scale=2.0),
         2: lambda m: _unwrapped(m).layers[1].update(act="gelu"),
     }
-    with caplog.at_level(logging.INFO, logger="ortrain"):
-        _train_through(_PerLayerSettingsNet(), changes, steps=4)
-    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    reasons = _capture_reasons(caplog, _PerLayerSettingsNet(), changes, steps=4)
     assert len(reasons) == 3, reasons
     assert "layers.1.scale changed from 1.0 to 2.0" in reasons[1]
     assert "layers.1.act changed from 'tanh' to 'gelu'" in reasons[2]
