@@ -160,11 +160,11 @@ def _walk(cls: type, code_found: list[CodeRead]) -> Iterator[Read]:
             for name in names:
                 if name.startswith("__"):
                     continue
-                for klass in cls.__mro__:  # self.name(...) or super().name(...): the class's methods
-                    method = _function(klass.__dict__.get(name))
-                    if method is not None:
-                        todo.append(method)
-                        code_found += _method_reads(cls, name)
+                methods = [_function(klass.__dict__.get(name)) for klass in cls.__mro__]
+                methods = [method for method in methods if method is not None]
+                if methods:  # self.name(...) or super().name(...): the class's methods
+                    todo += methods
+                    code_found += _method_reads(cls, name)
                 if name not in namespace:
                     continue
                 value = namespace[name]
@@ -172,19 +172,17 @@ def _walk(cls: type, code_found: list[CodeRead]) -> Iterator[Read]:
                     if (id(namespace), name) not in found:
                         found.add((id(namespace), name))
                         yield f"global {namespace.get('__name__', '?')}.{name}", namespace, name
-                elif isinstance(value, types.FunctionType):
-                    todo.append(value)
-                    code_found.append(
-                        (f"global function {namespace.get('__name__', '?')}.{name}", namespace, name)
-                    )
                 elif callable(value) and not isinstance(value, type | types.BuiltinFunctionType):
-                    # A callable object: a decorated function, a partial, or Hugging Face's hub
-                    # kernel wrapper (``apply_rotary_pos_emb`` is an nn.Module instance); walked
-                    # through what it wraps or its class's forward.
                     code_found.append(
                         (f"global function {namespace.get('__name__', '?')}.{name}", namespace, name)
                     )
-                    todo.append(_function(value) or _function(getattr(type(value), "forward", None)))
+                    if isinstance(value, types.FunctionType):
+                        todo.append(value)
+                    else:
+                        # A callable object: a partial, or Hugging Face's hub kernel wrapper
+                        # (``apply_rotary_pos_emb`` is an nn.Module instance): walked through what
+                        # it wraps or its class's forward.
+                        todo.append(_function(value) or _function(getattr(type(value), "forward", None)))
                 elif isinstance(value, types.ModuleType) and not _is_module_library(value):
                     yield from _module_attributes(value, names, found)
         yield from _closure_reads(function, todo, found)

@@ -30,13 +30,10 @@ def stale_gradients_set_aside(tensors: Iterable[torch.Tensor]) -> Iterator[None]
         yield
     finally:
         for tensor, grad in stale:
-            if tensor.grad is not None:  # the trace made a gradient of its own: keep the user's
-                tensor.grad = None
             # PyTorch checks a gradient against its tensor only when it is assigned: assign it
-            # while the tensor has the gradient's shape, as it had when the gradient was made.
-            assert grad is not None
+            # (over any the trace made) while the tensor has the gradient's shape, as it had when
+            # the gradient was made.
             data = tensor.data
-            with torch.no_grad():
-                tensor.data = torch.empty_like(grad)
-                tensor.grad = grad
-                tensor.data = data
+            tensor.data = torch.empty_like(grad)
+            tensor.grad = grad
+            tensor.data = data
