@@ -74,6 +74,7 @@ from ortrain.ortmodule.schema import (
     unflatten,
 )
 from ortrain.ortmodule.second_order import BufferWrites, needs_second_order_path, run_twice_differentiable
+from ortrain.ortmodule.sharded_models import refuse_fsdp_wrapper_class, refuse_sharded_parameters
 from ortrain.ortmodule.signature import (
     base_wrapper_class,
     new_wrapper,
@@ -104,6 +105,9 @@ _OWN_ATTRIBUTES = frozenset(
         "_ortrain_inspector",
         "_ortrain_forward_lock",
         "training",
+        # FSDP2's fully_shard (and other composable wrappers) give the wrapper a subclass of its
+        # own class; passed on, the model had turned into a wrapper without a model.
+        "__class__",
     }
 )
 
@@ -300,6 +304,8 @@ class ORTModule(nn.Module):
         # DeepSpeed ZeRO-3's hooks keep their bookkeeping on the module they hook, the wrapper:
         # its state, not the model's, so it neither reaches the wrapped module nor drops the graphs.
         # So do the calls of the wrapper itself (see _CALL_ATTRIBUTES).
+        if name == "__class__":
+            refuse_fsdp_wrapper_class(value)
         if name in _OWN_ATTRIBUTES or name in _CALL_ATTRIBUTES or is_deepspeed_hook_state(name):
             object.__setattr__(self, name, value)
             return
@@ -661,6 +667,7 @@ class ORTModule(nn.Module):
         # (frozen BatchNorm and dropout while fine-tuning, a saliency map of its input) still
         # differentiates. Where nothing requires grad, AOTAutograd makes an inference graph anyway.
         training = key.grad_enabled
+        refuse_sharded_parameters(self._ortrain_module)
         flat_module = _FlatCall(self._ortrain_module, key.spec)
         dynamic = self._dynamic_dims(inputs, entries)
         logger.info(
