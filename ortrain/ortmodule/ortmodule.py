@@ -30,6 +30,11 @@ from ortrain.capture.tracing_context import capturing
 from ortrain.inspector.runtime_inspector import RuntimeInspector
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
 from ortrain.ortmodule.create_graph import watch_for_create_graph
+from ortrain.ortmodule.distributed_wrappers import (
+    refuse_data_parallel_inside,
+    refuse_distributed_submodules,
+    refuse_fsdp_wrapper_class,
+)
 from ortrain.ortmodule.eager_check import run_eagerly_leaving_no_trace
 from ortrain.ortmodule.fallback import (
     FallbackManager,
@@ -74,7 +79,6 @@ from ortrain.ortmodule.schema import (
     unflatten,
 )
 from ortrain.ortmodule.second_order import BufferWrites, needs_second_order_path, run_twice_differentiable
-from ortrain.ortmodule.sharded_models import refuse_fsdp_wrapper_class, refuse_sharded_parameters
 from ortrain.ortmodule.signature import (
     base_wrapper_class,
     new_wrapper,
@@ -233,11 +237,7 @@ class ORTModule(nn.Module):
         return super().__new__(wrapper_class_for(cls, module))
 
     def __init__(self, module: nn.Module, debug_options: DebugOptions | None = None) -> None:
-        if isinstance(module, nn.DataParallel):
-            raise TypeError(
-                "ORTModule does not support torch.nn.DataParallel; "
-                "use torch.nn.parallel.DistributedDataParallel instead (wrap the ORTModule with it)"
-            )
+        refuse_data_parallel_inside(module)
         if not isinstance(module, nn.Module):
             raise TypeError(f"ORTModule wraps a torch.nn.Module, not {type(module).__name__}")
         super().__init__()
@@ -667,7 +667,7 @@ class ORTModule(nn.Module):
         # (frozen BatchNorm and dropout while fine-tuning, a saliency map of its input) still
         # differentiates. Where nothing requires grad, AOTAutograd makes an inference graph anyway.
         training = key.grad_enabled
-        refuse_sharded_parameters(self._ortrain_module)
+        refuse_distributed_submodules(self._ortrain_module)
         flat_module = _FlatCall(self._ortrain_module, key.spec)
         dynamic = self._dynamic_dims(inputs, entries)
         logger.info(

@@ -1,8 +1,11 @@
-"""FSDP2 (``fully_shard``) and the wrapper: refused by name, or trained in PyTorch after one warning.
+"""Data-parallel wrappers inside the ORTModule and FSDP2 (``fully_shard``): refused by name, or
+trained in PyTorch after one warning.
 
-Wave 28: ``fully_shard(ORTModule(model))`` turned the wrapped model (not the wrapper) into an FSDP
-module and failed in FSDP with "no attribute '_ortrain_module'", and ``ORTModule(fully_shard(model))``
-failed its capture with "Please convert all Tensors to FakeTensors": neither said what to do.
+Wave 28: ``ORTModule(DistributedDataParallel(model))`` trained each rank on its own gradients,
+silently (the graph skips DDP's forward); ``fully_shard(ORTModule(model))`` turned the wrapped model
+(not the wrapper) into an FSDP module and failed in FSDP with "no attribute '_ortrain_module'", and
+``ORTModule(fully_shard(model))`` failed its capture with "Please convert all Tensors to
+FakeTensors": none said what to do.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ortrain import ORTModule
 from ortrain.errors import ORTModuleTorchModelException
@@ -47,6 +51,34 @@ def one_rank(tmp_path):
         yield
     finally:
         dist.destroy_process_group()
+
+
+def test_wrapping_distributed_data_parallel_is_refused_by_name(one_rank) -> None:
+    with pytest.raises(TypeError, match=r"DistributedDataParallel\(ORTModule\(model\)\)"):
+        ORTModule(DistributedDataParallel(_Net()))
+
+
+class _HoldsDataParallel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = DistributedDataParallel(_Net())
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.body(x, y)
+
+
+def test_a_data_parallel_submodule_trains_in_pytorch(one_rank, monkeypatch, caplog) -> None:
+    wrapped = ORTModule(_HoldsDataParallel())
+    x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+    with pytest.raises(ORTModuleTorchModelException, match="submodule 'body' is a DistributedDataParallel"):
+        wrapped(x, y)
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    wrapped = ORTModule(_HoldsDataParallel())
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        loss = wrapped(x, y)
+    loss.backward()
+    torch.testing.assert_close(loss, wrapped.module(x, y), rtol=0, atol=0)
+    assert "'body' is a DistributedDataParallel" in caplog.text
 
 
 def test_sharding_the_wrapper_is_refused_by_name(one_rank) -> None:
