@@ -56,7 +56,7 @@ from torch.nn.modules import module as torch_module
 
 import ortrain
 from ortrain.cache.graph_key import tensor_digest, versions
-from ortrain.capture.global_reads import code_reads, global_reads
+from ortrain.capture.global_reads import code_reads, global_reads, methods_called_from_outside
 from ortrain.capture.tensor_attributes import tensor_attributes
 
 logger = logging.getLogger("ortrain.cache")
@@ -278,7 +278,15 @@ def describe_model(root: nn.Module, *, depth: int = 0, by_value: bool = False) -
             torch_module._global_backward_pre_hooks,
         )
     ]
-    return [modules, global_hooks]
+    # Methods one module's forward calls on another (``self.scorer.score(h)``), patched or not.
+    called = {
+        f"{cls.__module__}.{cls.__qualname__}": {
+            "globals read": {label: describe(ns.get(name)) for label, ns, name in reads},
+            "code run": {label: _describe_code(ns.get(name)) for label, ns, name in code},
+        }
+        for cls, (reads, code) in methods_called_from_outside({type(m) for m in root.modules()}).items()
+    }
+    return [modules, global_hooks, dict(sorted(called.items()))]
 
 
 @functools.cache

@@ -16,6 +16,12 @@ functions walked (a model class defined inside a function reads its variables). 
 standard library's code is not followed: its globals are its own constants. This over-approximates
 (a name used as an attribute elsewhere is watched too, which costs a lookup) and misses values
 reached in ways code does not name (``globals()[key]``, ``getattr(module, name)``).
+
+A method of another module that a forward calls (``self.backbone.features(x)``, a head calling
+``self.attn.score(q, k)``) is found through the model: the names a class's code looks up on other
+objects (:func:`called_names`) are matched against the methods of every class of the model
+(:func:`methods_called_from_outside`); until wave 28 such a method patched in after a capture, or
+a global only it read, went unseen.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import sys
 import sysconfig
 import types
 import weakref
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Collection, Iterator, Mapping, MutableMapping
 from typing import Any
 
 from ortrain.capture.plain_values import NOT_PLAIN, is_config_type, plain_form
@@ -79,8 +85,12 @@ class _Cell(MutableMapping[str, Any]):
 _LIBRARY_PREFIXES = ("torch", "ortrain", "builtins", "typing")  # top-level package names
 _STDLIB = sysconfig.get_paths()["stdlib"]
 _FUNCTIONS_AT_MOST = 400  # a bound on the walk: Hugging Face's forwards call a few dozen
-_Reads = tuple[tuple[Read, ...], tuple[CodeRead, ...]]
+# (values, code, names looked up on other objects)
+_Reads = tuple[tuple[Read, ...], tuple[CodeRead, ...], frozenset[str]]
 _cache: weakref.WeakKeyDictionary[type, _Reads] = weakref.WeakKeyDictionary()
+# (the model's classes) -> {class: (values, code) of its methods the other classes call}
+_called_cache: dict[frozenset[type], dict[type, tuple[tuple[Read, ...], tuple[CodeRead, ...]]]] = {}
+_CALLED_CACHE_AT_MOST = 64
 
 
 def is_watched(value: Any) -> bool:
@@ -101,14 +111,58 @@ def code_reads(cls: type) -> tuple[CodeRead, ...]:
     return _reads(cls)[1]
 
 
+def called_names(cls: type) -> frozenset[str]:
+    """The names ``cls.forward``'s code (and the code it names) looks up on objects other than
+    ``self`` and the globals: ``score`` of ``self.attn.score(q, k)``, among ``view`` and the like."""
+    return _reads(cls)[2]
+
+
+def methods_called_from_outside(
+    classes: Collection[type],
+) -> dict[type, tuple[tuple[Read, ...], tuple[CodeRead, ...]]]:
+    """For each class of a model (the classes of its modules), the values and code read by its
+    methods that the model's code calls by name on other objects (``self.attn.score(q, k)``
+    reaches ``Attention.score``), other than ``forward`` (walked with each class) and PyTorch's."""
+    key = frozenset(classes)
+    found = _called_cache.get(key)
+    if found is None:
+        names = frozenset().union(*(called_names(cls) for cls in key))
+        found = {}
+        for cls in key:
+            starts = sorted(name for name in names if _user_method(cls, name))
+            if starts:
+                code: list[CodeRead] = []
+                values = tuple(_walk(cls, code, starts))
+                found[cls] = (values, _unique(code))
+        if len(_called_cache) >= _CALLED_CACHE_AT_MOST:  # models built and dropped in a loop
+            _called_cache.clear()
+        _called_cache[key] = found
+    return found
+
+
+def _user_method(cls: type, name: str) -> bool:
+    """Whether ``cls`` has a method ``name`` defined outside PyTorch and the standard library."""
+    if name == "forward" or name.startswith("__"):
+        return False
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            function = _function(klass.__dict__[name])
+            return function is not None and not _is_library(str(function.__module__), function.__code__)
+    return False
+
+
+def _unique(code: list[CodeRead]) -> tuple[CodeRead, ...]:
+    # By label: a class's __dict__ is a new mapping proxy at every access.
+    return tuple({label: (label, namespace, name) for label, namespace, name in code}.values())
+
+
 def _reads(cls: type) -> _Reads:
     reads = _cache.get(cls)
     if reads is None:
         code: list[CodeRead] = []
-        values = tuple(_walk(cls, code))
-        # By label: a class's __dict__ is a new mapping proxy at every access.
-        unique = {label: (label, namespace, name) for label, namespace, name in code}
-        reads = _cache[cls] = (values, tuple(unique.values()))
+        names: set[str] = set()
+        values = tuple(_walk(cls, code, ("forward",), names))
+        reads = _cache[cls] = (values, _unique(code), frozenset(names))
     return reads
 
 
@@ -142,9 +196,14 @@ def _function(value: Any) -> types.FunctionType | None:
     return value if isinstance(value, types.FunctionType) else None
 
 
-def _walk(cls: type, code_found: list[CodeRead]) -> Iterator[Read]:
-    todo = [_function(inspect.getattr_static(cls, "forward", None))]
-    code_found += _method_reads(cls, "forward")  # PyTorch's classes too: their forward is not walked
+def _walk(
+    cls: type, code_found: list[CodeRead], starts: Collection[str], other_names: set[str] | None = None
+) -> Iterator[Read]:
+    """The values read by the methods ``starts`` of ``cls`` and the code they name; the places
+    that code is looked up go to ``code_found``, names it looks up elsewhere to ``other_names``."""
+    todo = [_function(inspect.getattr_static(cls, start, None)) for start in starts]
+    for start in starts:  # PyTorch's classes too: their forward is not walked
+        code_found += _method_reads(cls, start)
     seen_functions: set[types.CodeType] = set()
     found: set[tuple[int, str]] = set()
     while todo and len(seen_functions) < _FUNCTIONS_AT_MOST:
@@ -166,6 +225,8 @@ def _walk(cls: type, code_found: list[CodeRead]) -> Iterator[Read]:
                     todo += methods
                     code_found += _method_reads(cls, name)
                 if name not in namespace:
+                    if not methods and other_names is not None:
+                        other_names.add(name)
                     continue
                 value = namespace[name]
                 if is_watched(value):

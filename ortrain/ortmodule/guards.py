@@ -34,7 +34,13 @@ import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-from ortrain.capture.global_reads import code_reads, global_reads
+from ortrain.capture.global_reads import (
+    CodeRead,
+    Read,
+    code_reads,
+    global_reads,
+    methods_called_from_outside,
+)
 from ortrain.capture.plain_values import NOT_PLAIN as _NOT_PLAIN
 from ortrain.capture.plain_values import PLAIN as _PLAIN
 from ortrain.capture.plain_values import SEQUENCES as _SEQUENCES
@@ -161,6 +167,9 @@ def read_state(root: nn.Module) -> ModelState:
         modules.append((identity, tuple(plain), _hook_ids(m), params, buffers, others, tuple(objects)))
         children = [c for c in attributes["_modules"].values() if c is not None]
         stack.extend(reversed(children))
+    module_classes = [key[0] for key in classes if isinstance(key, tuple) and key[1] == "globals"]
+    for cls, (reads, code) in methods_called_from_outside(module_classes).items():
+        classes[(cls, "called methods")] = _read_values(reads, code, configs)
     key = (tuple(modules), _global_hook_ids(), tuple(classes.items()))
     return ModelState(tensors, key, bool(uninitialized))
 
@@ -187,11 +196,16 @@ def _global_values(cls: type, configs: dict[int, tuple[Any, ...]]) -> tuple[tupl
     """The module-level values ``cls``'s forward reads (see :mod:`global_reads`), read now, and the
     code it runs: its class's ``forward``, the methods and module-level functions it names, each by
     identity (a function patched in after a capture, ``nn.Linear.forward = ...``, is seen)."""
+    return _read_values(global_reads(cls), code_reads(cls), configs)
+
+
+def _read_values(
+    reads: tuple[Read, ...], code: tuple[CodeRead, ...], configs: dict[int, tuple[Any, ...]]
+) -> tuple[tuple[str, Any], ...]:
     values = [
-        (label, _global_value(namespace.get(name, _NOT_PLAIN), configs))
-        for label, namespace, name in global_reads(cls)
+        (label, _global_value(namespace.get(name, _NOT_PLAIN), configs)) for label, namespace, name in reads
     ]
-    values += [(label, _Code(namespace.get(name))) for label, namespace, name in code_reads(cls)]
+    values += [(label, _Code(namespace.get(name))) for label, namespace, name in code]
     return tuple(values)
 
 

@@ -304,6 +304,24 @@ def test_state_behind_callables_and_class_attributes_misses() -> None:
         _WithCallables.SCALE = 1.0
 
 
+class _Scorer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def score(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.proj(h))
+
+
+class _CallsAnotherModulesMethod(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scorer = _Scorer()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scorer.score(x)
+
+
 def test_patched_code_misses(monkeypatch: pytest.MonkeyPatch) -> None:
     """A script that patches a class at start-up under a flag no file or argument names runs other
     code with the same key parts otherwise (wave 27)."""
@@ -318,3 +336,10 @@ def test_patched_code_misses(monkeypatch: pytest.MonkeyPatch) -> None:
         patched = _key(_Block())
     assert patched is not None and patched != reference
     assert _key(_Block()) == reference
+    # A method another module's forward calls by name (wave 28).
+    reference = _key(_CallsAnotherModulesMethod())
+    with monkeypatch.context() as patch:
+        patch.setattr(_Scorer, "score", lambda self, h: h)
+        patched = _key(_CallsAnotherModulesMethod())
+    assert patched is not None and patched != reference
+    assert _key(_CallsAnotherModulesMethod()) == reference

@@ -290,3 +290,51 @@ def test_a_callable_object_patched_in_after_a_capture_is_seen(
     reasons = _capture_reasons_training_beside_eager(_WithKernel(), changes, 3, caplog)
     assert len(reasons) == 2, reasons
     assert f"global function {__name__}.rotate was replaced" in reasons[1]
+
+
+MARGIN = 0.0  # read only by a method another module calls
+
+
+class _Scorer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+    def score(self, h: torch.Tensor) -> torch.Tensor:  # never called by its own forward
+        return torch.tanh(self.proj(h)) + MARGIN
+
+
+class _CallsAnotherModulesMethod(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.scorer = _Scorer()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scorer.score(self.lin(x)).square().mean()
+
+
+def test_a_method_of_another_module_patched_in_after_a_capture_is_seen(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Wave 28: a forward calling a method of a submodule by name (``self.scorer.score(h)``, a
+    head calling its backbone's ``features``) saw neither that method replaced after a capture nor
+    a global only that method read: the graph kept the old code and value, silently."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+
+    def sigmoid_score(self: _Scorer, h: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.proj(h)) + MARGIN
+
+    changes = {
+        1: lambda: monkeypatch.setattr(_Scorer, "score", sigmoid_score),
+        2: lambda: monkeypatch.setattr(f"{__name__}.MARGIN", 0.5),
+        3: lambda: None,  # nothing changed: no capture
+    }
+    reasons = _capture_reasons_training_beside_eager(_CallsAnotherModulesMethod(), changes, 4, caplog)
+    assert len(reasons) == 3, reasons
+    assert "method _Scorer.score was replaced" in reasons[1]
+    assert f"global {__name__}.MARGIN changed from 0.0 to 0.5" in reasons[2]
