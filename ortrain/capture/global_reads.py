@@ -87,9 +87,14 @@ _STDLIB = sysconfig.get_paths()["stdlib"]
 _FUNCTIONS_AT_MOST = 400  # a bound on the walk: Hugging Face's forwards call a few dozen
 # (values, code, names looked up on other objects)
 _Reads = tuple[tuple[Read, ...], tuple[CodeRead, ...], frozenset[str]]
-_cache: weakref.WeakKeyDictionary[type, _Reads] = weakref.WeakKeyDictionary()
-# (the model's classes) -> {class: (values, code) of its methods the other classes call}
-_called_cache: dict[frozenset[type], dict[type, tuple[tuple[Read, ...], tuple[CodeRead, ...]]]] = {}
+# class -> (the code each of its code reads found when walked, its reads)
+_cache: weakref.WeakKeyDictionary[type, tuple[tuple[Any, ...], _Reads]] = weakref.WeakKeyDictionary()
+# class -> (values, code) of its methods that the model's other classes call
+_Called = dict[type, tuple[tuple[Read, ...], tuple[CodeRead, ...]]]
+# the model's classes -> (each class's called names walked, the code found, the reads found)
+_called_cache: dict[
+    frozenset[type], tuple[dict[type, frozenset[str]], dict[type, tuple[Any, ...]], _Called]
+] = {}
 _CALLED_CACHE_AT_MOST = 64
 
 
@@ -111,33 +116,52 @@ def code_reads(cls: type) -> tuple[CodeRead, ...]:
     return _reads(cls)[1]
 
 
+def class_reads(cls: type) -> tuple[tuple[Read, ...], tuple[CodeRead, ...]]:
+    """:func:`global_reads` and :func:`code_reads` at once (the guards read both at every step)."""
+    values, code, _ = _reads(cls)
+    return values, code
+
+
 def called_names(cls: type) -> frozenset[str]:
     """The names ``cls.forward``'s code (and the code it names) looks up on objects other than
     ``self`` and the globals: ``score`` of ``self.attn.score(q, k)``, among ``view`` and the like."""
     return _reads(cls)[2]
 
 
-def methods_called_from_outside(
-    classes: Collection[type],
-) -> dict[type, tuple[tuple[Read, ...], tuple[CodeRead, ...]]]:
+def methods_called_from_outside(classes: Collection[type]) -> _Called:
     """For each class of a model (the classes of its modules), the values and code read by its
     methods that the model's code calls by name on other objects (``self.attn.score(q, k)``
     reaches ``Attention.score``), other than ``forward`` (walked with each class) and PyTorch's."""
     key = frozenset(classes)
-    found = _called_cache.get(key)
-    if found is None:
-        names = frozenset().union(*(called_names(cls) for cls in key))
-        found = {}
-        for cls in key:
-            starts = sorted(name for name in names if _user_method(cls, name))
-            if starts:
-                code: list[CodeRead] = []
-                values = tuple(_walk(cls, code, starts))
-                found[cls] = (values, _unique(code))
-        if len(_called_cache) >= _CALLED_CACHE_AT_MOST:  # models built and dropped in a loop
-            _called_cache.clear()
-        _called_cache[key] = found
+    cached = _called_cache.get(key)
+    if cached is not None:
+        names_walked, code_walked, found = cached
+        # Still valid while every class's own walk and the code found stand (a patched method
+        # reads other globals, a patched forward calls other names).
+        if all(_names_walked(cls) is names_walked[cls] for cls in key) and all(
+            _same_code(found[cls][1], code_walked[cls]) for cls in found
+        ):
+            return found
+    names_walked = {cls: called_names(cls) for cls in key}
+    names = frozenset().union(*names_walked.values())
+    found = {}
+    for cls in key:
+        starts = sorted(name for name in names if _user_method(cls, name))
+        if starts:
+            code: list[CodeRead] = []
+            values = tuple(_walk(cls, code, starts))
+            found[cls] = (values, _unique(code))
+    if len(_called_cache) >= _CALLED_CACHE_AT_MOST:  # models built and dropped in a loop
+        _called_cache.clear()
+    _called_cache[key] = (names_walked, {cls: _code_now(code) for cls, (_, code) in found.items()}, found)
     return found
+
+
+def _names_walked(cls: type) -> frozenset[str] | None:
+    """The names of the class's last walk, not checked against its code: the guards and the key
+    read each class (:func:`class_reads`, which walks it again where its code changed) first."""
+    cached = _cache.get(cls)
+    return cached[1][2] if cached is not None else None
 
 
 def _user_method(cls: type, name: str) -> bool:
@@ -157,13 +181,25 @@ def _unique(code: list[CodeRead]) -> tuple[CodeRead, ...]:
 
 
 def _reads(cls: type) -> _Reads:
-    reads = _cache.get(cls)
-    if reads is None:
-        code: list[CodeRead] = []
-        names: set[str] = set()
-        values = tuple(_walk(cls, code, ("forward",), names))
-        reads = _cache[cls] = (values, _unique(code), frozenset(names))
+    cached = _cache.get(cls)
+    if cached is not None and _same_code(cached[1][1], cached[0]):
+        return cached[1]
+    code: list[CodeRead] = []
+    names: set[str] = set()
+    values = tuple(_walk(cls, code, ("forward",), names))
+    reads = (values, _unique(code), frozenset(names))
+    _cache[cls] = (_code_now(reads[1]), reads)
     return reads
+
+
+def _code_now(code: tuple[CodeRead, ...]) -> tuple[Any, ...]:
+    return tuple(namespace.get(name) for _, namespace, name in code)
+
+
+def _same_code(code: tuple[CodeRead, ...], walked: tuple[Any, ...]) -> bool:
+    """Whether the code found where the walk found it is still what it walked: a function patched
+    in (``Block._attend = ...``) may read other globals, and is walked again."""
+    return all(a is b for a, b in zip(_code_now(code), walked, strict=True))
 
 
 def _method_reads(cls: type, name: str) -> list[CodeRead]:

@@ -37,8 +37,7 @@ from torch.nn.modules import module as torch_module
 from ortrain.capture.global_reads import (
     CodeRead,
     Read,
-    code_reads,
-    global_reads,
+    class_reads,
     methods_called_from_outside,
 )
 from ortrain.capture.plain_values import NOT_PLAIN as _NOT_PLAIN
@@ -196,7 +195,7 @@ def _global_values(cls: type, configs: dict[int, tuple[Any, ...]]) -> tuple[tupl
     """The module-level values ``cls``'s forward reads (see :mod:`global_reads`), read now, and the
     code it runs: its class's ``forward``, the methods and module-level functions it names, each by
     identity (a function patched in after a capture, ``nn.Linear.forward = ...``, is seen)."""
-    return _read_values(global_reads(cls), code_reads(cls), configs)
+    return _read_values(*class_reads(cls), configs)
 
 
 def _read_values(
@@ -376,7 +375,13 @@ def _object_change(module: str, before: tuple[Any, ...], after: tuple[Any, ...])
 
 def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, Any], ...]) -> str:
     """The first of two (name, value) lists' differences: "scale changed from 1.0 to 3.0"."""
-    found = _first_difference(dict(before), dict(after))
+    before_values, after_values = dict(before), dict(after)
+    # Replaced code first: the new code may read other values, which is not the news.
+    for name in sorted(set(before_values) | set(after_values)):
+        was, now = before_values.get(name), after_values.get(name)
+        if was != now and (isinstance(was, _Code) or isinstance(now, _Code)):
+            return f"{name} was replaced (the forward runs other code)"
+    found = _first_difference(before_values, after_values)
     if found is None:
         return "a value changed"
     name, was, now = found
