@@ -343,33 +343,38 @@ def test_a_method_of_another_module_patched_in_after_a_capture_is_seen(
 DEPTH = 1.0  # read only by code patched in after the first capture
 
 
+def _deeper(self: _Base, h: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(h) * DEPTH
+
+
+def _deeper_score(self: _Scorer, h: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(self.proj(h)) * DEPTH
+
+
+@pytest.mark.parametrize(
+    ("build", "owner", "method", "patched"),
+    [
+        (_Annealed, _Base, "_activate", _deeper),  # a method the forward calls on self
+        (_CallsAnotherModulesMethod, _Scorer, "score", _deeper_score),  # one another module calls
+    ],
+)
 def test_the_globals_of_code_patched_in_are_watched(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    build: type[nn.Module],
+    owner: type,
+    method: str,
+    patched: Callable[..., torch.Tensor],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Wave 28: the walk of a class's code was kept for good; a method patched in after a capture
     was seen, but a global only the new code read was not, and changing it kept the graph."""
     monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
-
-    def deeper(self: _Base, h: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(h) * DEPTH
-
-    def deeper_score(self: _Scorer, h: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.proj(h)) * DEPTH
-
     torch.manual_seed(0)
     changes = {
-        1: lambda: monkeypatch.setattr(_Base, "_activate", deeper),
+        1: lambda: monkeypatch.setattr(owner, method, patched),
         2: lambda: monkeypatch.setattr(f"{__name__}.DEPTH", 2.0),
     }
-    reasons = _capture_reasons_training_beside_eager(_Annealed(), changes, 3, caplog)
+    reasons = _capture_reasons_training_beside_eager(build(), changes, 3, caplog)
     assert len(reasons) == 3, reasons
+    assert f"method {owner.__name__}.{method} was replaced" in reasons[1]
     assert f"global {__name__}.DEPTH changed from 1.0 to 2.0" in reasons[2]
-    caplog.clear()
-    monkeypatch.setattr(f"{__name__}.DEPTH", 1.0)
-    changes = {
-        1: lambda: monkeypatch.setattr(_Scorer, "score", deeper_score),
-        2: lambda: monkeypatch.setattr(f"{__name__}.DEPTH", 3.0),
-    }
-    reasons = _capture_reasons_training_beside_eager(_CallsAnotherModulesMethod(), changes, 3, caplog)
-    assert len(reasons) == 3, reasons
-    assert f"global {__name__}.DEPTH changed from 1.0 to 3.0" in reasons[2]
