@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import operator
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -117,6 +118,13 @@ class CheckpointRegions:
 def _recomputable(node: torch.fx.Node) -> bool:
     if node.op != "call_function" or node.target in PYTHON_OPS:
         return False
+    if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+        # An output of a random op with several outputs (``native_dropout``'s values and mask):
+        # saved with it. Tagged recomputable, the partitioner re-ran the op in the backward to get
+        # it (the op itself cannot be saved: it is a tuple), drawing another mask: a reentrant
+        # region that no input needed gradients for (run under no_grad) handed the layers after it
+        # other activations than the forward's, and their gradients were wrong (wave 28).
+        return _recomputable(node.args[0])
     tags = getattr(node.target, "tags", ())
     return torch.Tag.nondeterministic_seeded not in tags
 

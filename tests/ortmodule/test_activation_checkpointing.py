@@ -7,6 +7,8 @@ run in PyTorch as python ops, as upstream did.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from _parity import assert_same_state, train_side_by_side
@@ -103,3 +105,53 @@ def test_selective_checkpointing_is_refused_naming_the_variable() -> None:
 
     with pytest.raises(ORTModuleTorchModelException, match="ORTMODULE_ALLOW_AUTOGRAD_CHECKPOINT"):
         ORTModule(Selective("none"))(torch.randn(4, 16))
+
+
+class _DropoutBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(torch.tanh(self.lin(x)))
+
+
+class _FrozenInputBlocks(nn.Module):
+    """Reentrant checkpoints whose inputs need no gradient: eager runs them without a graph (its
+    blocks get no gradients, with a warning) and the head trains on their outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_DropoutBlock() for _ in range(2))
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=True)
+        return nn.functional.cross_entropy(self.head(x), y)
+
+
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad=True")
+def test_a_reentrant_region_without_gradients_keeps_its_dropout_masks() -> None:
+    """Wave 28: dropout's outputs were tagged for recomputation while the op itself was to be
+    saved; the partitioner re-ran the op in the backward graph, drawing other masks, and the head
+    got its gradient from other activations than the forward's: 0.2 off, silently."""
+    torch.manual_seed(0)
+    eager = _FrozenInputBlocks()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+    for step in range(3):
+        results = []
+        for model in (eager, wrapped):
+            torch.manual_seed(step)
+            loss = model(x, y)
+            loss.backward()
+            results.append((loss.detach(), [p.grad for p in model.parameters()]))
+            model.zero_grad()
+        (loss_e, grads_e), (loss_o, grads_o) = results
+        torch.testing.assert_close(loss_o, loss_e)
+        for a, b in zip(grads_e, grads_o, strict=True):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
