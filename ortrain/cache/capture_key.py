@@ -56,7 +56,12 @@ from torch.nn.modules import module as torch_module
 
 import ortrain
 from ortrain.cache.graph_key import tensor_digest, versions
-from ortrain.capture.global_reads import code_reads, global_reads, methods_called_from_outside
+from ortrain.capture.global_reads import (
+    CodeRead,
+    Read,
+    class_reads,
+    methods_called_from_outside,
+)
 from ortrain.capture.tensor_attributes import tensor_attributes
 
 logger = logging.getLogger("ortrain.cache")
@@ -226,6 +231,14 @@ def _tensor(seen: dict[int, str], name: str, t: torch.Tensor | None, by_value: b
     return [*signature, _values(t)] if by_value else signature
 
 
+def _described_reads(reads: tuple[Read, ...], code: tuple[CodeRead, ...]) -> dict[str, Any]:
+    """The module-level values some code reads, and the code it runs (see global_reads)."""
+    return {
+        "globals read": {label: describe(namespace.get(name)) for label, namespace, name in reads},
+        "code run": {label: _describe_code(namespace.get(name)) for label, namespace, name in code},
+    }
+
+
 def describe_model(root: nn.Module, *, depth: int = 0, by_value: bool = False) -> list[Any]:
     """Every submodule (pre-order, duplicates kept, as the graphs bind them) and the global hooks.
 
@@ -254,12 +267,9 @@ def describe_model(root: nn.Module, *, depth: int = 0, by_value: bool = False) -
                 "name": name,
                 "class": f"{cls.__module__}.{cls.__qualname__}",
                 "class attributes": _class_attributes(cls),
-                "globals read": {
-                    label: describe(namespace.get(name)) for label, namespace, name in global_reads(cls)
-                },
-                # A class or helper patched at start-up (``nn.Linear.forward = ...`` under a flag
-                # read from a file) runs other code with the same files and arguments.
-                "code run": {label: _describe_code(ns.get(name)) for label, ns, name in code_reads(cls)},
+                # "code run": a class or helper patched at start-up (``nn.Linear.forward = ...``
+                # under a flag read from a file) runs other code with the same files and arguments.
+                **_described_reads(*class_reads(cls)),
                 "attributes": attributes,
                 "parameters": [_tensor(seen, f"{name}.{n}", p, by_value) for n, p in m._parameters.items()],
                 "buffers": [_tensor(seen, f"{name}.{n}", b, by_value) for n, b in m._buffers.items()],
@@ -280,10 +290,7 @@ def describe_model(root: nn.Module, *, depth: int = 0, by_value: bool = False) -
     ]
     # Methods one module's forward calls on another (``self.scorer.score(h)``), patched or not.
     called = {
-        f"{cls.__module__}.{cls.__qualname__}": {
-            "globals read": {label: describe(ns.get(name)) for label, ns, name in reads},
-            "code run": {label: _describe_code(ns.get(name)) for label, ns, name in code},
-        }
+        f"{cls.__module__}.{cls.__qualname__}": _described_reads(reads, code)
         for cls, (reads, code) in methods_called_from_outside({type(m) for m in root.modules()}).items()
     }
     return [modules, global_hooks, dict(sorted(called.items()))]

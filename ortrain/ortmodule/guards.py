@@ -106,6 +106,7 @@ def read_state(root: nn.Module) -> ModelState:
     configs: dict[int, tuple[Any, ...]] = {}  # each config object is read once a walk
     # and each class of a module's MRO; (class, "globals") for the globals its forward reads
     classes: dict[Any, tuple[tuple[str, Any], ...]] = {}
+    module_classes: list[type] = []  # each module class once
 
     def tensor_key(name: str, tensor: torch.Tensor | None) -> TensorKey:
         if tensor is None:
@@ -163,10 +164,10 @@ def read_state(root: nn.Module) -> ModelState:
             _read_class_values(type(m), classes)
         if (type(m), "globals") not in classes:
             classes[(type(m), "globals")] = _global_values(type(m), configs)
+            module_classes.append(type(m))
         modules.append((identity, tuple(plain), _hook_ids(m), params, buffers, others, tuple(objects)))
         children = [c for c in attributes["_modules"].values() if c is not None]
         stack.extend(reversed(children))
-    module_classes = [key[0] for key in classes if isinstance(key, tuple) and key[1] == "globals"]
     for cls, (reads, code) in methods_called_from_outside(module_classes).items():
         classes[(cls, "called methods")] = _read_values(reads, code, configs)
     key = (tuple(modules), _global_hook_ids(), tuple(classes.items()))
@@ -387,8 +388,6 @@ def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, A
     name, was, now = found
     if type(was) in _PLAIN and type(now) in _PLAIN:
         return f"{name} changed from {was!r} to {now!r}"
-    if isinstance(was, _Code) or isinstance(now, _Code):
-        return f"{name} was replaced (the forward runs other code)"
     # A global table or configuration object (_global_value): name the entry that changed.
     if isinstance(was, tuple) and isinstance(now, tuple) and was[:1] == now[:1] in (("table",), ("config",)):
         before_items, after_items = dict(was[1]), dict(now[1])
