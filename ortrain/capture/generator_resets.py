@@ -49,6 +49,11 @@ def user_forward() -> Iterator[None]:
         _forward.depth -= 1
 
 
+def in_user_forward() -> bool:
+    """Whether this thread is running a user forward (:func:`user_forward`) right now."""
+    return getattr(_forward, "depth", 0) > 0
+
+
 @contextlib.contextmanager
 def opaque_code() -> Iterator[None]:
     """Marks code that ortrain runs as itself at every step (an opaque autograd Function, probed
@@ -71,7 +76,7 @@ def refusing_generator_resets() -> Iterator[None]:
     def watched(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def call(*args: Any, **kwargs: Any) -> Any:
-            if getattr(_forward, "depth", 0):
+            if in_user_forward():
                 called.append(f"torch.{name}")
             return original(*args, **kwargs)
 

@@ -26,6 +26,7 @@ from ortrain.capture.huggingface import register_hf_cache_types
 from ortrain.capture.lazy_recompile import graph_modules_compiled_on_first_call
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.capture.parametrization_cache import parametrizations_cached
+from ortrain.capture.tensor_hooks import TensorHookError, refusing_tensor_hooks
 from ortrain.capture.tracing_context import capturing
 from ortrain.inspector.runtime_inspector import RuntimeInspector
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
@@ -746,7 +747,7 @@ class ORTModule(nn.Module):
         *,
         package: bool,
     ) -> tuple[Capture, Spec]:
-        with refusing_generator_resets():
+        with refusing_generator_resets(), refusing_tensor_hooks():
             try:
                 with timed("capture"):
                     captured = capture(
@@ -853,6 +854,11 @@ class ORTModule(nn.Module):
         if isinstance(error, (PythonRandomnessError, GeneratorResetError)):
             logger.info(
                 "%s; the model trains through TorchDynamo's graph breaks, which draw at every step", error
+            )
+        elif isinstance(error, TensorHookError):
+            logger.info(
+                "%s; the model trains through TorchDynamo's graph breaks, which register it at every step",
+                error,
             )
         elif error is not None and is_data_dependent(error):
             logger.info(

@@ -1,0 +1,92 @@
+"""Gradient hooks a forward registers on its own tensors run at every backward, as in eager PyTorch:
+a gradient-scaling hook on an activation, Grad-CAM's recorder, ``retain_grad()``, a multi-grad hook.
+Captured as one graph they ran never (wave 29); such a model trains through TorchDynamo's graph
+breaks."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from ortrain import ORTModule
+from ortrain.capture.generator_resets import user_forward
+from ortrain.capture.tensor_hooks import TensorHookError, refusing_tensor_hooks
+
+
+class _Hooked(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.first = nn.Linear(6, 8)
+        self.second = nn.Linear(8, 3)
+        self.seen: list[float] = []
+        self.kept: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        if self.kind == "scale" and h.requires_grad:  # a gradient-reversal layer's way, scaled
+            h.register_hook(lambda grad: grad * -0.5)
+        elif self.kind == "record":  # Grad-CAM keeps the activation's gradient
+            h.register_hook(lambda grad: self.seen.append(grad.abs().sum().item()))
+        elif self.kind == "retain":
+            h.retain_grad()
+            self.kept = h
+        elif self.kind == "multi":
+            torch.autograd.graph.register_multi_grad_hook((h,), lambda grads: self.seen.append(1.0))
+        return nn.functional.cross_entropy(self.second(torch.tanh(h)), y)
+
+
+@pytest.mark.parametrize("kind", ["scale", "record", "retain", "multi"])
+def test_a_hook_registered_in_the_forward_runs_at_every_backward(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch.manual_seed(0)
+    model = _Hooked(kind)
+    eager, wrapped = copy.deepcopy(model), ORTModule(copy.deepcopy(model))
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, wrapped)]
+    x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for _ in range(3):
+            for module, optimizer in zip((eager, wrapped), optimizers, strict=True):
+                module(x, y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    for p, q in zip(wrapped.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+    inner = wrapped.module
+    assert len(inner.seen) == len(eager.seen)
+    torch.testing.assert_close(torch.tensor(inner.seen), torch.tensor(eager.seen))
+    if kind == "retain":
+        assert inner.kept is not None and inner.kept.grad is not None
+        torch.testing.assert_close(inner.kept.grad, eager.kept.grad)
+    assert "registers a gradient hook on a tensor" in caplog.text
+    assert not wrapped._ortrain_fallback.active  # on ortrain's graphs, around the hook
+
+
+def test_without_gradients_the_forward_is_captured_as_one_graph() -> None:
+    """The hook is only registered where the activation needs a gradient: in evaluation nothing
+    is refused."""
+    torch.manual_seed(0)
+    model = _Hooked("scale")
+    wrapped = ORTModule(copy.deepcopy(model)).eval()
+    x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped(x, y), model.eval()(x, y))
+    assert wrapped._ortrain_graph_breaks is None
+
+
+def test_tensor_hooks_are_named_and_the_methods_put_back() -> None:
+    methods = [torch.Tensor.__dict__.get(n) for n in ("register_hook", "retain_grad")]
+    leaf = torch.ones(2, requires_grad=True)
+    with pytest.raises(TensorHookError, match=r"Tensor\.retain_grad"):
+        with refusing_tensor_hooks(), user_forward():
+            (leaf * 2).retain_grad()
+    assert [torch.Tensor.__dict__.get(n) for n in ("register_hook", "retain_grad")] == methods
+    with refusing_tensor_hooks():
+        leaf.register_hook(lambda grad: grad)  # outside the user's forward: PyTorch's own
+        with user_forward(), pytest.raises(RuntimeError, match="doesn't require gradient"):
+            torch.ones(2).register_hook(lambda grad: grad)  # eager's own error
