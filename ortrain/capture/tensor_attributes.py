@@ -44,6 +44,12 @@ def tensor_attributes(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 
 _parameter_views: set[tuple[int, str]] = set()
+_attributes: set[tuple[int, str]] = set()
+
+
+def is_attribute_buffer(module: nn.Module, name: str) -> bool:
+    """Whether ``module.name`` is, during this capture, a plain tensor attribute registered as a buffer."""
+    return (id(module), name) in _attributes
 
 
 def is_parameter_view(module: nn.Module, name: str) -> bool:
@@ -64,21 +70,42 @@ def storage_identity(tensor: torch.Tensor) -> int | None:
 def tensor_attributes_as_buffers(root: nn.Module) -> Iterator[int]:
     """Register every module's plain tensor attributes as buffers; yields how many."""
     moved: list[tuple[nn.Module, str, torch.Tensor]] = []
+    orders: list[tuple[nn.Module, list[str]]] = []
     parameter_storages: set[int | None] | None = None
     try:
         for module in root.modules():
-            for name, value in tensor_attributes(module):
+            attributes = tensor_attributes(module)
+            if attributes:
+                orders.append((module, list(module.__dict__)))
+            for name, value in attributes:
                 if parameter_storages is None:
                     parameter_storages = {storage_identity(p) for p in root.parameters()} - {None}
                 if storage_identity(value) in parameter_storages:
                     _parameter_views.add((id(module), name))
                 del module.__dict__[name]
+                _attributes.add((id(module), name))
                 moved.append((module, name, value))
                 module.register_buffer(name, value, persistent=False)
         yield len(moved)
     finally:
         _parameter_views.clear()
+        _attributes.clear()
         for module, name, value in reversed(moved):
             module._buffers.pop(name, None)
             module._non_persistent_buffers_set.discard(name)
             module.__dict__[name] = value
+        for module, order in orders:
+            _reorder(module.__dict__, order)
+
+
+def _reorder(attributes: dict[str, object], order: list[str]) -> None:
+    """Put ``attributes`` back in ``order`` (names added since go last). The state a step binds is
+    read in attribute order before a capture and the graph's binding after it: attributes
+    re-inserted in another order swapped two of them at every step (wave 29: a model's ``scale``
+    and ``shift`` attributes, each read where the other belonged, a loss 5.44 for eager's 3.00)."""
+    if list(attributes) == order[: len(attributes)]:
+        return
+    kept = {name: attributes[name] for name in order if name in attributes}
+    kept.update((name, value) for name, value in attributes.items() if name not in kept)
+    attributes.clear()
+    attributes.update(kept)

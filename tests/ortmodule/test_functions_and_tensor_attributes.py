@@ -144,6 +144,37 @@ def test_tensor_attributes_train_with_parity_and_module_is_restored() -> None:
     assert len(wrapped._ortrain_graphs) == 1
 
 
+class _ScaleAndShift(nn.Module):
+    """Two tensor attributes of one module, of one shape: bound in the wrong order they give a
+    plausible, wrong answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(5, 5)
+        self.scale = torch.full((5,), 2.0)
+        self.note = "between them"
+        self.shift = torch.full((5,), -1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale + self.shift
+
+
+def test_several_tensor_attributes_of_a_module_keep_their_order_and_their_values() -> None:
+    """The capture put them back in reverse order, and the step's state (read before the
+    capture, in attribute order) was bound by the order after it: every step read ``scale`` as
+    ``shift`` and the reverse, silently (a loss 5.44 for eager's 3.00)."""
+    torch.manual_seed(0)
+    model = _ScaleAndShift()
+    order = list(model.__dict__)
+    batches = [(torch.randn(3, 5), torch.randn(3, 5)) for _ in range(3)]
+    loss_fn = lambda m, b: F.mse_loss(m(b[0]), b[1])  # noqa: E731
+    losses_ort, losses_eager, eager, wrapped = train_side_by_side(model, batches, loss_fn)
+    torch.testing.assert_close(torch.tensor(losses_ort), torch.tensor(losses_eager), rtol=1e-4, atol=1e-7)
+    assert_same_state(wrapped, eager)
+    assert list(model.__dict__) == order
+    assert len(wrapped._ortrain_graphs) == 1
+
+
 def test_changed_tensor_attribute_is_seen(caplog: pytest.LogCaptureFixture) -> None:
     torch.manual_seed(0)
     model = WithTensorAttributes()
