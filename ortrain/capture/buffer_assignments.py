@@ -12,9 +12,9 @@ which AOTAutograd writes back into the real buffer after every run, as it does f
 running statistics. The copy is made without gradient: the buffer holds the value, not the graph
 that computed it (a forward that read it at the next step would, in eager PyTorch, backpropagate
 into a graph already freed). A plain tensor attribute is a buffer during a capture
-(:mod:`ortrain.capture.tensor_attributes`), so ``self.last = h.detach()`` is kept the same way;
-one that requires grad (pruning's ``weight``, recomputed by its pre-hook before each use) or views
-a parameter (spectral_norm's ``weight``, the same) is left as it was.
+(:mod:`ortrain.capture.tensor_attributes`); one assigned in the forward is an output of the graph
+instead (:mod:`ortrain.capture.attribute_assignments`), and one that views a parameter
+(spectral_norm's ``weight``, recomputed by its pre-hook before each use) is left as it was.
 An assignment that changes the shape, dtype or device cannot be an update of the same input, and
 is refused with what to do.
 """

@@ -17,6 +17,12 @@ from torch import nn
 from ortrain.cache.cached_capture import load_capture, save_capture
 from ortrain.cache.capture_key import capture_key
 from ortrain.capture.aot_capture import Capture, GraphSlot, capture
+from ortrain.capture.attribute_assignments import (
+    AssignedAttributes,
+    assign_attributes,
+    take_attribute_assignments,
+    with_assigned_attributes,
+)
 from ortrain.capture.buffer_assignments import buffers_before, keep_assignments_as_updates
 from ortrain.capture.checkpointing import RECOMPUTATION_STOPS
 from ortrain.capture.compile_lock import COMPILE_LOCK
@@ -149,8 +155,11 @@ class _FlatCall(nn.Module):
         buffers = buffers_before(self.module)
         with user_forward():
             out = self.module(*args, **kwargs)
+        # self.aux_loss = ...: an extra output, set on the module after each run.
+        assigned, buffers = take_attribute_assignments(self.module, buffers)
         keep_assignments_as_updates(buffers)  # self.ema = ...: an update of the buffer, not lost
-        flat, self.output_spec = flatten_outputs(out)
+        flat, value_spec = flatten_outputs(out)
+        flat, self.output_spec = with_assigned_attributes(flat, value_spec, assigned)
         return tuple(flat)
 
 
@@ -572,7 +581,12 @@ class ORTModule(nn.Module):
             raise ORTModuleONNXModelException(
                 f"ONNX Runtime failed to run the forward graph: {type(error).__name__}: {error}"
             ) from error
-        return unflatten(entry.output_spec, list(outputs))
+        spec = entry.output_spec
+        if isinstance(spec, AssignedAttributes):
+            values = len(outputs) - spec.extra_outputs
+            assign_attributes(self._ortrain_module, spec, outputs[values:])
+            return unflatten(spec.value_spec, list(outputs[:values]))
+        return unflatten(spec, list(outputs))
 
     def _key_after_capture(self, key: GraphKey) -> GraphKey:
         """The key to keep a new graph under: ``key``, or the model's state as the capture left it

@@ -176,3 +176,43 @@ def test_a_directory_others_can_write_holds_no_captures(
     assert first == second and second[1] == ["capture"]
     kinds = [e.header["kind"] for e in CacheStore(shared).entries()]
     assert "capture" not in kinds and "export" in kinds
+
+
+class _KeepsItsPenalty(nn.Module):
+    """Assigns a differentiable tensor to a plain attribute at every call: an extra graph output,
+    set on the module after each run (ortrain/capture/attribute_assignments.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.penalty = torch.zeros(())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        self.penalty = h.abs().mean()
+        return h.square()
+
+
+def test_a_stored_capture_sets_the_attributes_its_forward_assigns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    torch.manual_seed(0)
+    model, x = _KeepsItsPenalty(), torch.randn(3, 4)
+    runs = []
+    for _ in range(2):  # cold, then from the stored capture
+        startup_timings.RECORDED.clear()
+        wrapped = ORTModule(copy.deepcopy(model))
+        out = wrapped(x)
+        penalty = wrapped.module.penalty
+        (out.sum() + penalty).backward()
+        runs.append((penalty.item(), wrapped.module.fc.weight.grad.clone()))
+        runs[-1] += ([t.stage for t in startup_timings.RECORDED if t.stage.startswith("capture")],)
+    eager = copy.deepcopy(model)
+    out = eager(x)
+    (out.sum() + eager.penalty).backward()
+    assert runs[0][2] == ["capture", "capture (store)"] and runs[1][2] == ["capture (cached)"]
+    for penalty, grad, _ in runs:
+        assert penalty == pytest.approx(eager.penalty.item(), rel=1e-6)
+        torch.testing.assert_close(grad, eager.fc.weight.grad)

@@ -213,6 +213,61 @@ def test_a_buffer_assigned_another_shape_is_refused_with_what_to_do() -> None:
         wrapped(torch.randn(5, 4))
 
 
+class _BalancedGate(nn.Module):
+    """A mixture-of-experts gate that keeps its balancing loss on itself for the training loop to
+    add, and the last routing in a plain attribute for logging."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.router = nn.Linear(4, 3)
+        self.experts = nn.Linear(4, 3)
+        self.aux_loss: torch.Tensor | None = None
+        self.routing: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights = self.router(x).softmax(-1)
+        self.aux_loss = weights.mean(0).square().sum() * 3
+        self.routing = weights.detach().argmax(-1)
+        return (self.experts(x) * weights).square().mean()
+
+
+def _step_with_aux_loss(module: nn.Module, gate: _BalancedGate, x: torch.Tensor) -> float:
+    module.zero_grad(set_to_none=True)
+    loss = module(x)
+    assert gate.aux_loss is not None
+    loss = loss + 0.5 * gate.aux_loss
+    loss.backward()
+    with torch.no_grad():
+        for p in module.parameters():
+            p -= 0.1 * p.grad
+    return loss.item()
+
+
+def test_a_loss_kept_on_the_module_is_differentiable_at_every_step() -> None:
+    """The capture registered ``aux_loss`` as a buffer and its assignment was lost: it kept the
+    tensor of the step that ran in PyTorch, and the next backward through it failed ("Trying to
+    backward through the graph a second time"); without that error, a stale loss. Now it is an
+    output of the graph, set on the module after each run; the routing of a smaller last batch
+    is a new tensor too, and each step's routing is its own tensor."""
+    eager, wrapped = _BalancedGate(), ORTModule(_BalancedGate())
+    kept: dict[str, list[torch.Tensor]] = {"eager": [], "ortrain": []}
+    torch.manual_seed(1)
+    for batch in (5, 5, 5, 2):
+        x = torch.randn(batch, 4)
+        for name, gate in (("eager", eager), ("ortrain", wrapped.module)):
+            kept[name].append(gate.routing)  # the previous step's
+        assert _step_with_aux_loss(wrapped, wrapped.module, x) == pytest.approx(
+            _step_with_aux_loss(eager, eager, x), rel=1e-5
+        )
+        assert_same_state(wrapped, eager)
+        torch.testing.assert_close(wrapped.module.routing, eager.routing)
+    for mine, eagers in zip(kept["ortrain"][1:], kept["eager"][1:], strict=True):
+        torch.testing.assert_close(mine, eagers)  # not overwritten by the later steps
+    assert not wrapped._ortrain_fallback.active and wrapped._ortrain_graph_breaks is None
+    assert len(wrapped._ortrain_graphs) >= 1
+
+
 class _SquareMean(nn.Module):
     def __init__(self, inner: nn.Module | None = None) -> None:
         super().__init__()
