@@ -184,6 +184,9 @@ class GraphKey(NamedTuple):
     training: bool  # the model's own flag (every submodule's is in ``state``)
     grad_enabled: bool
     autocast: tuple[Any, ...]
+    # The dtype of the tensors the forward makes without naming one (torch.zeros(n), arange / 10),
+    # which the graph holds as constants: torch.set_default_dtype between steps needs another graph.
+    default_dtype: torch.dtype
     opaque_functions: bool
     state: tuple[Any, ...]  # the model: see ortrain.ortmodule.guards
     # Per input tensor, the position of the first earlier input sharing its storage (or -1): a graph
@@ -613,6 +616,7 @@ class ORTModule(nn.Module):
             training=self._ortrain_module.training,
             grad_enabled=torch.is_grad_enabled(),
             autocast=_autocast_state(),
+            default_dtype=torch.get_default_dtype(),
             opaque_functions=custom_autograd_enabled(self._ortrain_options.enable_custom_autograd),
             state=state.key,
             aliasing=_input_aliasing(call.inputs),
@@ -641,6 +645,8 @@ class ORTModule(nn.Module):
             return "gradient mode changed" + (" (torch.no_grad)" if not key.grad_enabled else "")
         if last.autocast != key.autocast:
             return f"autocast changed from {last.autocast or 'off'} to {key.autocast or 'off'}"
+        if last.default_dtype != key.default_dtype:
+            return f"the default dtype changed from {last.default_dtype} to {key.default_dtype}"
         if last.aliasing != key.aliasing:
             return "inputs that share memory changed (the same tensor passed twice, or views of one tensor)"
         return "custom autograd support was switched " + ("on" if key.opaque_functions else "off")

@@ -522,6 +522,41 @@ def test_dtype_change_after_some_steps() -> None:
     assert_same_state(wrapped, eager, atol=1e-6)
 
 
+class _MakesItsPositions(nn.Module):
+    """Positions made in the default dtype and added to the input: the output's dtype follows it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) + torch.arange(x.shape[0])[:, None] / 3
+
+
+def test_a_changed_default_dtype_is_captured_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Wave 28 kept the graph across ``torch.set_default_dtype``: the positions stayed float32 and
+    so did the output, where eager's became float64."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+    eager = _MakesItsPositions()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(5, 4)
+    before = torch.get_default_dtype()
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        try:
+            for step in range(4):
+                if step == 2:
+                    torch.set_default_dtype(torch.float64)
+                outputs = [m(x) for m in (eager, wrapped)]
+                assert outputs[1].dtype == outputs[0].dtype, f"step {step}"
+                torch.testing.assert_close(outputs[1], outputs[0])
+        finally:
+            torch.set_default_dtype(before)
+    assert "the default dtype changed from torch.float32 to torch.float64" in caplog.text
+
+
 def test_parameters_swapped_in_place_after_capture(monkeypatch: pytest.MonkeyPatch) -> None:
     """Wave 26: ``torch.utils.swap_tensors`` (``model.double()`` under
     ``set_swap_module_params_on_conversion``) refused the captured model's parameters: the
