@@ -23,6 +23,7 @@ from ortrain.capture.attribute_assignments import (
     take_attribute_assignments,
     with_assigned_attributes,
 )
+from ortrain.capture.autograd_hooks import AutogradHookError, refusing_autograd_hooks
 from ortrain.capture.buffer_assignments import buffers_before, keep_assignments_as_updates
 from ortrain.capture.checkpointing import RECOMPUTATION_STOPS
 from ortrain.capture.compile_lock import COMPILE_LOCK
@@ -32,7 +33,6 @@ from ortrain.capture.huggingface import register_hf_cache_types
 from ortrain.capture.lazy_recompile import graph_modules_compiled_on_first_call
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.capture.parametrization_cache import parametrizations_cached
-from ortrain.capture.tensor_hooks import TensorHookError, refusing_tensor_hooks
 from ortrain.capture.tracing_context import capturing
 from ortrain.inspector.runtime_inspector import RuntimeInspector
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
@@ -767,7 +767,7 @@ class ORTModule(nn.Module):
         *,
         package: bool,
     ) -> tuple[Capture, Spec]:
-        with refusing_generator_resets(), refusing_tensor_hooks():
+        with refusing_generator_resets(), refusing_autograd_hooks():
             try:
                 with timed("capture"):
                     captured = capture(
@@ -875,9 +875,9 @@ class ORTModule(nn.Module):
             logger.info(
                 "%s; the model trains through TorchDynamo's graph breaks, which draw at every step", error
             )
-        elif isinstance(error, TensorHookError):
+        elif isinstance(error, AutogradHookError):
             logger.info(
-                "%s; the model trains through TorchDynamo's graph breaks, which register it at every step",
+                "%s; the model trains through TorchDynamo's graph breaks, which install it at every step",
                 error,
             )
         elif error is not None and is_data_dependent(error):

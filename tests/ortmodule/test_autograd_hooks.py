@@ -1,7 +1,7 @@
-"""Gradient hooks a forward registers on its own tensors run at every backward, as in eager PyTorch:
-a gradient-scaling hook on an activation, Grad-CAM's recorder, ``retain_grad()``, a multi-grad hook.
-Captured as one graph they ran never (wave 29); such a model trains through TorchDynamo's graph
-breaks."""
+"""Autograd hooks a forward installs for its own backward act at every step, as in eager PyTorch:
+a gradient-scaling hook on an activation, Grad-CAM's recorder, ``retain_grad()``, a multi-grad
+hook, saved-tensor hooks that pack activations lossily. Captured as one graph they never ran
+(wave 29); such a model trains through TorchDynamo's graph breaks."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from ortrain import ORTModule
+from ortrain.capture.autograd_hooks import AutogradHookError, refusing_autograd_hooks
 from ortrain.capture.generator_resets import user_forward
-from ortrain.capture.tensor_hooks import TensorHookError, refusing_tensor_hooks
 
 
 class _Hooked(nn.Module):
@@ -37,10 +37,21 @@ class _Hooked(nn.Module):
             self.kept = h
         elif self.kind == "multi":
             torch.autograd.graph.register_multi_grad_hook((h,), lambda grads: self.seen.append(1.0))
+        elif self.kind == "lossy saved tensors":  # activation compression: saved as bfloat16
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                return nn.functional.cross_entropy(self.second(torch.tanh(h)), y)
         return nn.functional.cross_entropy(self.second(torch.tanh(h)), y)
 
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.seen.append(float(tensor.numel()))
+        return tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
 
-@pytest.mark.parametrize("kind", ["scale", "record", "retain", "multi"])
+    @staticmethod
+    def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.float() if tensor.dtype == torch.bfloat16 else tensor
+
+
+@pytest.mark.parametrize("kind", ["scale", "record", "retain", "multi", "lossy saved tensors"])
 def test_a_hook_registered_in_the_forward_runs_at_every_backward(
     kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -63,7 +74,7 @@ def test_a_hook_registered_in_the_forward_runs_at_every_backward(
     if kind == "retain":
         assert inner.kept is not None and inner.kept.grad is not None
         torch.testing.assert_close(inner.kept.grad, eager.kept.grad)
-    assert "registers a gradient hook on a tensor" in caplog.text
+    assert "installs an autograd hook for its own backward" in caplog.text
     assert not wrapped._ortrain_fallback.active  # on ortrain's graphs, around the hook
 
 
@@ -79,14 +90,23 @@ def test_without_gradients_the_forward_is_captured_as_one_graph() -> None:
     assert wrapped._ortrain_graph_breaks is None
 
 
-def test_tensor_hooks_are_named_and_the_methods_put_back() -> None:
+def test_the_hooks_are_named_and_the_methods_put_back() -> None:
     methods = [torch.Tensor.__dict__.get(n) for n in ("register_hook", "retain_grad")]
+    enter = torch.autograd.graph.saved_tensors_hooks.__enter__
     leaf = torch.ones(2, requires_grad=True)
-    with pytest.raises(TensorHookError, match=r"Tensor\.retain_grad"):
-        with refusing_tensor_hooks(), user_forward():
+    with pytest.raises(AutogradHookError, match=r"Tensor\.retain_grad"):
+        with refusing_autograd_hooks(), user_forward():
             (leaf * 2).retain_grad()
     assert [torch.Tensor.__dict__.get(n) for n in ("register_hook", "retain_grad")] == methods
-    with refusing_tensor_hooks():
+    assert torch.autograd.graph.saved_tensors_hooks.__enter__ is enter
+    with pytest.raises(AutogradHookError, match=r"saved_tensors_hooks \(saved-tensor hooks\)"):
+        with refusing_autograd_hooks(), user_forward():
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+                pass
+    with refusing_autograd_hooks(), user_forward():
+        with torch.autograd.graph.save_on_cpu():  # PyTorch's own: the values are kept
+            (leaf * 2).sum().backward()
+    with refusing_autograd_hooks():
         leaf.register_hook(lambda grad: grad)  # outside the user's forward: PyTorch's own
         with user_forward(), pytest.raises(RuntimeError, match="doesn't require gradient"):
             torch.ones(2).register_hook(lambda grad: grad)  # eager's own error

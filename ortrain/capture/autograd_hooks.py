@@ -1,0 +1,95 @@
+"""Autograd hooks that a forward installs for its own backward: gradient hooks on its tensors
+(``h.register_hook(fn)``, ``h.retain_grad()``, ``p.register_post_accumulate_grad_hook(fn)``,
+``torch.autograd.graph.register_multi_grad_hook``) and saved-tensor hooks around a region
+(``with torch.autograd.graph.saved_tensors_hooks(pack, unpack):``).
+
+Such a hook belongs to the autograd graph of one call: it runs in that call's backward, or on
+what that call saves for it. A captured graph installed it once, while tracing, and never ran it:
+a gradient-reversal or gradient-scaling hook on an activation was silently ignored (wave 29: the
+gradients were 0.2 off from the first step), a Grad-CAM hook never saw a gradient, a retained
+activation's ``.grad`` stayed ``None``, and activations packed lossily (rounded to bfloat16, as
+activation compression does) were saved exact, so the gradients were not eager's (4e-4 off).
+TorchDynamo breaks the graph there and runs the call eagerly at every step, as eager PyTorch does.
+
+So capture runs with these watched, and a capture during which the user's forward installed one
+is refused with :class:`AutogradHookError`: the model then trains through TorchDynamo's graph
+breaks. Let through: a gradient hook on a tensor that requires no gradient (eager PyTorch's own
+error, or nothing to do), PyTorch's own saved-tensor hooks (``save_on_cpu`` keeps the values, and
+activation checkpointing is ortrain's to capture), and calls outside the user's forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.autograd.graph import saved_tensors_hooks
+
+from ortrain.capture.generator_resets import in_user_forward
+
+_TENSOR_METHODS = ("register_hook", "register_post_accumulate_grad_hook", "retain_grad")
+
+
+class AutogradHookError(RuntimeError):
+    """The forward installed an autograd hook for its own backward while it was captured."""
+
+
+def _users(hooks: saved_tensors_hooks) -> bool:
+    """Whether a saved-tensor hook is the user's: the base class with the user's functions, or a
+    subclass outside PyTorch."""
+    kind = type(hooks)
+    return kind is saved_tensors_hooks or not kind.__module__.startswith("torch.")
+
+
+@contextlib.contextmanager
+def refusing_autograd_hooks() -> Iterator[None]:
+    """Raise :class:`AutogradHookError` if a user forward run by the body installed a gradient
+    hook on a tensor that requires a gradient, or entered saved-tensor hooks of the user's (the
+    body's own error, if any, is its cause)."""
+    called: list[str] = []
+
+    def refuse(what: str) -> None:
+        called.append(what)
+        # Stop the trace here: the hook must not act on traced values either.
+        raise AutogradHookError(f"the forward calls {what}")
+
+    def watched_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def call(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if in_user_forward() and tensor.requires_grad:
+                refuse(f"Tensor.{name}")
+            return original(tensor, *args, **kwargs)
+
+        return call
+
+    enter = saved_tensors_hooks.__enter__
+
+    @functools.wraps(enter)
+    def watched_enter(hooks: saved_tensors_hooks) -> None:
+        if in_user_forward() and _users(hooks):
+            refuse(f"{type(hooks).__name__} (saved-tensor hooks)")
+        enter(hooks)
+
+    # retain_grad is inherited from the C class: set on torch.Tensor, then deleted again.
+    originals = {name: torch.Tensor.__dict__.get(name) for name in _TENSOR_METHODS}
+    for name in _TENSOR_METHODS:
+        setattr(torch.Tensor, name, watched_method(name, getattr(torch.Tensor, name)))
+    saved_tensors_hooks.__enter__ = watched_enter  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        saved_tensors_hooks.__enter__ = enter  # type: ignore[method-assign]
+        for name, original in originals.items():
+            if original is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, original)
+        if called:
+            raise AutogradHookError(
+                f"the forward installs an autograd hook for its own backward "
+                f"({', '.join(dict.fromkeys(called))}): a captured graph would install it once, "
+                "while tracing, and its backward would never run it"
+            )
