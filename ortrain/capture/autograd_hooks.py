@@ -1,6 +1,7 @@
 """Autograd hooks that a forward installs for its own backward: gradient hooks on its tensors
 (``h.register_hook(fn)``, ``h.retain_grad()``, ``p.register_post_accumulate_grad_hook(fn)``,
-``torch.autograd.graph.register_multi_grad_hook``) and saved-tensor hooks around a region
+``torch.autograd.graph.register_multi_grad_hook``), hooks on their autograd nodes
+(``h.grad_fn.register_hook(fn)``, ``register_prehook``) and saved-tensor hooks around a region
 (``with torch.autograd.graph.saved_tensors_hooks(pack, unpack):``).
 
 Such a hook belongs to the autograd graph of one call: it runs in that call's backward, or on
@@ -13,15 +14,20 @@ TorchDynamo breaks the graph there and runs the call eagerly at every step, as e
 
 So capture runs with these watched, and a capture during which the user's forward installed one
 is refused with :class:`AutogradHookError`: the model then trains through TorchDynamo's graph
-breaks. Let through: a gradient hook on a tensor that requires no gradient (eager PyTorch's own
-error, or nothing to do), PyTorch's own saved-tensor hooks (``save_on_cpu`` keeps the values, and
-activation checkpointing is ortrain's to capture), and calls outside the user's forward.
+breaks. An autograd node is a C object whose methods cannot be replaced, so while capturing, the
+user's forward reads ``tensor.grad_fn`` as a stand-in that is the node in every other respect
+(:class:`_WatchedNode`; the nodes reached from it, ``next_functions``, are not watched). Let
+through: a gradient hook on a tensor that requires no gradient (eager PyTorch's own error, or
+nothing to do), PyTorch's own saved-tensor hooks (``save_on_cpu`` keeps the values, and activation
+checkpointing is ortrain's to capture), and calls from PyTorch's code or outside the user's
+forward.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,8 +39,45 @@ from ortrain.capture.generator_resets import in_user_forward
 _TENSOR_METHODS = ("register_hook", "register_post_accumulate_grad_hook", "retain_grad")
 
 
+_GRAD_FN = torch._C.TensorBase.__dict__["grad_fn"]  # the C property plain tensors use
+
+
 class AutogradHookError(RuntimeError):
     """The forward installed an autograd hook for its own backward while it was captured."""
+
+
+class _WatchedNode:
+    """A traced tensor's ``grad_fn`` as the user's forward sees it while captured: the node, except
+    that registering a hook on it is refused."""
+
+    __slots__ = ("_node", "_refuse")
+
+    def __init__(self, node: Any, refuse: Callable[[str], None]) -> None:
+        object.__setattr__(self, "_node", node)
+        object.__setattr__(self, "_refuse", refuse)
+
+    def register_hook(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("grad_fn.register_hook")
+
+    def register_prehook(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("grad_fn.register_prehook")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._node, name)
+
+    def __eq__(self, other: object) -> bool:
+        return self._node == (other._node if isinstance(other, _WatchedNode) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._node)
+
+    def __repr__(self) -> str:
+        return repr(self._node)
+
+
+def _called_from_torch() -> bool:
+    # Two frames up: the code that read the property (this function's caller is the getter).
+    return str(sys._getframe(2).f_globals.get("__name__", "")).startswith("torch.")
 
 
 def _users(hooks: saved_tensors_hooks) -> bool:
@@ -73,10 +116,17 @@ def refusing_autograd_hooks() -> Iterator[None]:
             refuse(f"{type(hooks).__name__} (saved-tensor hooks)")
         enter(hooks)
 
-    # retain_grad is inherited from the C class: set on torch.Tensor, then deleted again.
-    originals = {name: torch.Tensor.__dict__.get(name) for name in _TENSOR_METHODS}
+    def grad_fn(tensor: torch.Tensor) -> Any:
+        node = _GRAD_FN.__get__(tensor)
+        if node is None or not in_user_forward() or _called_from_torch():
+            return node
+        return _WatchedNode(node, refuse)
+
+    # retain_grad and grad_fn are inherited from the C class: set on torch.Tensor, then deleted.
+    originals = {name: torch.Tensor.__dict__.get(name) for name in (*_TENSOR_METHODS, "grad_fn")}
     for name in _TENSOR_METHODS:
         setattr(torch.Tensor, name, watched_method(name, getattr(torch.Tensor, name)))
+    torch.Tensor.grad_fn = property(grad_fn, doc=_GRAD_FN.__doc__)  # type: ignore[method-assign, assignment]
     saved_tensors_hooks.__enter__ = watched_enter  # type: ignore[method-assign]
     try:
         yield

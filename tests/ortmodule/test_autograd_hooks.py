@@ -37,6 +37,12 @@ class _Hooked(nn.Module):
             self.kept = h
         elif self.kind == "multi":
             torch.autograd.graph.register_multi_grad_hook((h,), lambda grads: self.seen.append(1.0))
+        elif self.kind == "node hook" and h.grad_fn is not None:
+            h.grad_fn.register_hook(
+                lambda grads_in, _grads_out: tuple(None if g is None else g * -0.5 for g in grads_in)
+            )
+        elif self.kind == "node prehook" and h.grad_fn is not None:
+            h.grad_fn.register_prehook(lambda grads_out: tuple(g * -0.5 for g in grads_out))
         elif self.kind == "lossy saved tensors":  # activation compression: saved as bfloat16
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
                 return nn.functional.cross_entropy(self.second(torch.tanh(h)), y)
@@ -51,7 +57,9 @@ class _Hooked(nn.Module):
         return tensor.float() if tensor.dtype == torch.bfloat16 else tensor
 
 
-@pytest.mark.parametrize("kind", ["scale", "record", "retain", "multi", "lossy saved tensors"])
+@pytest.mark.parametrize(
+    "kind", ["scale", "record", "retain", "multi", "node hook", "node prehook", "lossy saved tensors"]
+)
 def test_a_hook_registered_in_the_forward_runs_at_every_backward(
     kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -76,6 +84,34 @@ def test_a_hook_registered_in_the_forward_runs_at_every_backward(
         torch.testing.assert_close(inner.kept.grad, eager.kept.grad)
     assert "installs an autograd hook for its own backward" in caplog.text
     assert not wrapped._ortrain_fallback.active  # on ortrain's graphs, around the hook
+
+
+class _ReadsItsNodes(nn.Module):
+    """Reads autograd nodes without hooking them, as some code checks what it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(6, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        nodes = {h.grad_fn, torch.tanh(h).grad_fn, h.grad_fn}
+        assert h.grad_fn is not None and h.grad_fn.name() and len(nodes) == 2
+        assert x.grad_fn is None
+        return torch.tanh(h).square().mean()
+
+
+def test_a_forward_that_only_reads_its_nodes_is_captured_as_one_graph() -> None:
+    torch.manual_seed(0)
+    model = _ReadsItsNodes()
+    wrapped = ORTModule(copy.deepcopy(model))
+    x = torch.randn(5, 6)
+    wrapped(x).backward()
+    model(x).backward()
+    for p, q in zip(wrapped.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert wrapped._ortrain_graph_breaks is None and len(wrapped._ortrain_graphs) == 1
+    assert "grad_fn" not in torch.Tensor.__dict__
 
 
 def test_without_gradients_the_forward_is_captured_as_one_graph() -> None:
