@@ -63,6 +63,7 @@ from ortrain.ortmodule.guards import (
     without_config_values,
 )
 from ortrain.ortmodule.inactive_options import announce_inactive_options
+from ortrain.ortmodule.input_containers import InputContainerChange, contents, refuse_changed_containers
 from ortrain.ortmodule.log_output import configure_log_output
 from ortrain.ortmodule.module_snapshot import ModuleSnapshot
 from ortrain.ortmodule.nested_state_dict import load_wrapped_model
@@ -153,8 +154,10 @@ class _FlatCall(nn.Module):
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args, kwargs = unflatten(self.input_spec, list(tensors))
         buffers = buffers_before(self.module)
+        given = contents((args, kwargs))
         with user_forward():
             out = self.module(*args, **kwargs)
+        refuse_changed_containers(given, contents((args, kwargs)))
         # self.aux_loss = ...: an extra output, set on the module after each run.
         assigned, buffers = take_attribute_assignments(self.module, buffers)
         keep_assignments_as_updates(buffers)  # self.ema = ...: an update of the buffer, not lost
@@ -880,6 +883,12 @@ class ORTModule(nn.Module):
                 "%s; the model trains through TorchDynamo's graph breaks, which install it at every step",
                 error,
             )
+        elif (change := _cause_of(error, InputContainerChange)) is not None:
+            logger.info(
+                "%s; the model trains through TorchDynamo's graph breaks, which make the change to the "
+                "caller's containers at every step",
+                change,
+            )
         elif error is not None and is_data_dependent(error):
             logger.info(
                 "whole-graph capture failed on data-dependent Python; splitting the model at graph breaks"
@@ -904,6 +913,17 @@ class ORTModule(nn.Module):
     def _raise_if_user_error(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """If eager PyTorch rejects these inputs too, raise PyTorch's own error: the user's to fix."""
         run_eagerly_leaving_no_trace(self._ortrain_module, args, kwargs)
+
+
+def _cause_of(error: BaseException | None, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of ``kind`` in ``error``'s chain of causes (the capture wraps its own)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, kind):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _first_few(items: list[str], most: int, separator: str) -> str:
