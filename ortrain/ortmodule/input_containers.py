@@ -1,5 +1,6 @@
 """A forward that changes the containers it is given: ``batch["logits"] = out`` into the batch dict,
-``features.append(h)`` into a list passed to collect activations, ``del batch["labels"]``.
+``features.append(h)`` into a list passed to collect activations, ``del batch["labels"]``,
+``batch.logits = out`` on a dataclass batch.
 
 In eager PyTorch the caller's dict or list holds the change afterwards. A capture runs the forward
 on containers rebuilt from the call's flat tensors (``ortrain.ortmodule.schema``), so the change
@@ -15,11 +16,12 @@ captured graph writes them back into the caller's tensors.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 
 class InputContainerChange(RuntimeError):
-    """The forward added, removed or replaced an entry of a list or dict it was given."""
+    """The forward added, removed or replaced an entry of a list, dict or dataclass it was given."""
 
 
 def contents(value: Any) -> Any:
@@ -30,6 +32,9 @@ def contents(value: Any) -> Any:
         return ("list", id(value), tuple(contents(item) for item in value))
     if isinstance(value, tuple):  # immutable: only what it holds can change
         return ("tuple", tuple(contents(item) for item in value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = tuple((f.name, contents(getattr(value, f.name, None))) for f in dataclasses.fields(value))
+        return ("dataclass", id(value), fields)
     return id(value)
 
 
@@ -37,7 +42,8 @@ def refuse_changed_containers(before: Any, after: Any) -> None:
     """Raise :class:`InputContainerChange` where ``after`` (:func:`contents`) differs from ``before``."""
     if before != after:
         raise InputContainerChange(
-            "the forward changes a list or dict it was given (an entry added, removed or replaced): "
+            "the forward changes a list, dict or dataclass it was given (an entry added, removed or "
+            "replaced): "
             "a captured graph would do that once, while it was traced, to a copy, and never to the "
             "caller's"
         )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 
 import pytest
@@ -53,7 +54,7 @@ def test_the_callers_batch_and_list_get_the_forwards_changes(caplog: pytest.LogC
             assert len(feats_w) == len(feats_e) == 2
     for p, q in zip(wrapped.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
-    assert "changes a list or dict it was given" in caplog.text
+    assert "changes a list, dict or dataclass it was given" in caplog.text
     assert not wrapped._ortrain_fallback.active
 
 
@@ -65,5 +66,30 @@ def test_unchanged_containers_pass_and_changes_are_refused() -> None:
     batch["x"].add_(1)  # a write into a tensor is the graph's, not a container change
     refuse_changed_containers(before, contents(batch))
     batch["parts"][0] = x.clone()
-    with pytest.raises(InputContainerChange, match="changes a list or dict it was given"):
+    with pytest.raises(InputContainerChange, match="changes a list, dict or dataclass it was given"):
         refuse_changed_containers(before, contents(batch))
+
+
+@dataclasses.dataclass
+class _Batch:
+    x: torch.Tensor
+    logits: torch.Tensor | None = None
+
+
+class _SetsItsLogits(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, batch: _Batch) -> torch.Tensor:
+        batch.logits = self.fc(batch.x)
+        return batch.logits.square().mean()
+
+
+def test_a_field_set_on_a_dataclass_batch_reaches_the_callers() -> None:
+    wrapped = ORTModule(_SetsItsLogits())
+    for _ in range(2):
+        batch = _Batch(torch.randn(5, 4))
+        wrapped(batch).backward()
+        assert batch.logits is not None
+        torch.testing.assert_close(batch.logits, wrapped.module.fc(batch.x))
