@@ -19,6 +19,8 @@
   a capture that fails is handled (the user's own error from eager PyTorch for bad inputs, the
   fallback policy otherwise, the capture's error at DEBUG), and a wrong input shape printed
   forty lines of ERROR before PyTorch's one-line answer.
+- TorchScript parts run op by op (see :mod:`ortrain.capture.torchscript_calls`): an optimized
+  plan hid its ops, and their gradients, from the trace.
 - Saved-tensor hooks around the wrapper (``torch.utils.checkpoint.checkpoint(model, x)``,
   ``torch.autograd.graph.save_on_cpu``) do not see what tracing saves: a first step captured
   inside a non-reentrant checkpoint counted the trace's fake tensors as saved by the forward
@@ -37,6 +39,7 @@ import torch
 
 from ortrain.capture.attention_kernel import attention_kernel_choice
 from ortrain.capture.huggingface import hf_masks_traceable
+from ortrain.capture.torchscript_calls import torchscript_unoptimized
 
 
 @contextlib.contextmanager
@@ -102,4 +105,5 @@ def tracing_context() -> Iterator[None]:
         stack.enter_context(reports_compiling())
         stack.enter_context(meta_failures_unlogged())
         stack.enter_context(saved_tensor_hooks_ignored())
+        stack.enter_context(torchscript_unoptimized())
         yield
