@@ -65,6 +65,10 @@ class _WatchedNode:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._node, name)
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # isinstance(h.grad_fn, Node) / AddmmBackward0 answers as for the node
+        return type(self._node)
+
     def __eq__(self, other: object) -> bool:
         return self._node == (other._node if isinstance(other, _WatchedNode) else other)
 
@@ -118,7 +122,9 @@ def refusing_autograd_hooks() -> Iterator[None]:
 
     def grad_fn(tensor: torch.Tensor) -> Any:
         node = _GRAD_FN.__get__(tensor)
-        if node is None or not in_user_forward() or _called_from_torch():
+        # A tensor subclass (a traced FunctionalTensor) reads its grad_fn through this property
+        # again, from C: the node may come back watched already.
+        if node is None or type(node) is _WatchedNode or not in_user_forward() or _called_from_torch():
             return node
         return _WatchedNode(node, refuse)
 

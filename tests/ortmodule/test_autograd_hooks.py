@@ -97,6 +97,7 @@ class _ReadsItsNodes(nn.Module):
         h = self.first(x)
         nodes = {h.grad_fn, torch.tanh(h).grad_fn, h.grad_fn}
         assert h.grad_fn is not None and h.grad_fn.name() and len(nodes) == 2
+        assert isinstance(h.grad_fn, torch.autograd.graph.Node)
         assert x.grad_fn is None
         return torch.tanh(h).square().mean()
 
