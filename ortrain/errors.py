@@ -8,6 +8,7 @@ failure the fallback policy decides about without importing the user-facing wrap
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 
 
 class FallbackPolicy(enum.IntFlag):
@@ -56,3 +57,13 @@ class ORTModuleTorchModelException(ORTModuleFallbackException):
 
 class ORTModuleONNXModelException(ORTModuleFallbackException):
     policy = FallbackPolicy.FALLBACK_UNSUPPORTED_ONNX_MODEL
+
+
+def exception_chain(error: BaseException | None) -> Iterator[BaseException]:
+    """``error``, then what caused it (or what it was raised while handling), and so on, each once:
+    a capture wraps the errors it meets in its own, and the one that decides is often below."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__

@@ -45,10 +45,11 @@ def keep_assignments_as_updates(before: Buffers) -> None:
     for module, name, old in before:
         new = module._buffers.get(name)
         if new is old or old.requires_grad or is_parameter_view(module, name):
-            # A tensor attribute that requires grad is a value some forward computes from the
-            # parameters (pruning's ``weight = weight_orig * mask``, set by its pre-hook before each
-            # use): updating it in place would tie this step's graph to the one that made it. One
-            # that views a parameter would have the update written into the parameter.
+            # A buffer that requires grad holds a value computed from the parameters: updating it
+            # in place would tie this step's graph to the one that made it. A tensor attribute that
+            # views a parameter (spectral_norm's ``weight``) would have the update written into the
+            # parameter. (Other tensor attributes the forward assigns, pruning's ``weight`` among
+            # them, are graph outputs: ortrain.capture.attribute_assignments.)
             continue
         if not isinstance(new, torch.Tensor) or (new.dtype, new.device) != (old.dtype, old.device):
             raise ORTModuleTorchModelException(_refusal(module, name, old, new))

@@ -36,6 +36,7 @@ from ortrain.capture.output_layouts import in_traced_layouts, traced_layouts
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import UnsupportedFunctionError
 from ortrain.capture.tracing_context import tracing_context
+from ortrain.errors import exception_chain
 
 logger = logging.getLogger("ortrain.capture")
 
@@ -269,14 +270,7 @@ def reads_outside_tensors(error: BaseException) -> bool:
     model's parameters, buffers and tensor attributes: a module kept in a list (a distillation
     teacher hidden from ``parameters()``), tensors in a list, a module-level tensor. AOTAutograd
     lifts only the module's own state; TorchDynamo guards such tensors and passes them as inputs."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if "Please convert all Tensors to FakeTensors first" in str(current):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any("Please convert all Tensors to FakeTensors first" in str(e) for e in exception_chain(error))
 
 
 # ---- errors that mean "this model has data-dependent Python" --------------------------------------
@@ -286,10 +280,7 @@ def is_data_dependent(error: BaseException) -> bool:
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     kinds = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in exception_chain(error):
         if isinstance(current, UnsupportedFunctionError):
             # An opaque Function that cannot be a python op: named, and judged by the fallback policy.
             return False
@@ -299,5 +290,4 @@ def is_data_dependent(error: BaseException) -> bool:
             return True
         if ".numpy() is not supported for tensor subclasses" in str(current):
             return True  # NumPy in forward reads the values: TorchDynamo traces through it
-        current = current.__cause__ or current.__context__
     return False

@@ -34,6 +34,7 @@ from ortrain.capture.lazy_recompile import graph_modules_compiled_on_first_call
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.capture.parametrization_cache import parametrizations_cached
 from ortrain.capture.tracing_context import capturing
+from ortrain.errors import exception_chain
 from ortrain.inspector.runtime_inspector import RuntimeInspector
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
 from ortrain.ortmodule.create_graph import watch_for_create_graph
@@ -883,7 +884,7 @@ class ORTModule(nn.Module):
                 "%s; the model trains through TorchDynamo's graph breaks, which install it at every step",
                 error,
             )
-        elif (change := _cause_of(error, InputContainerChange)) is not None:
+        elif (change := _first(exception_chain(error), InputContainerChange)) is not None:
             logger.info(
                 "%s; the model trains through TorchDynamo's graph breaks, which make the change to the "
                 "caller's containers at every step",
@@ -915,15 +916,8 @@ class ORTModule(nn.Module):
         run_eagerly_leaving_no_trace(self._ortrain_module, args, kwargs)
 
 
-def _cause_of(error: BaseException | None, kind: type[BaseException]) -> BaseException | None:
-    """The first exception of ``kind`` in ``error``'s chain of causes (the capture wraps its own)."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, kind):
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
+def _first(errors: Iterator[BaseException], kind: type[BaseException]) -> BaseException | None:
+    return next((error for error in errors if isinstance(error, kind)), None)
 
 
 def _first_few(items: list[str], most: int, separator: str) -> str:
