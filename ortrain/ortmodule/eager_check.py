@@ -28,7 +28,7 @@ def run_eagerly_leaving_no_trace(module: nn.Module, args: tuple[Any, ...], kwarg
     ]
     cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     try:
-        with torch.random.fork_rng(devices=cuda), python_generators_kept(), torch.no_grad():
+        with torch.random.fork_rng(devices=cuda), python_generators_kept(module), torch.no_grad():
             module(*args, **kwargs)
     finally:
         with torch.no_grad():

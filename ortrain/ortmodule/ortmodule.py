@@ -678,7 +678,7 @@ class ORTModule(nn.Module):
         # Graph modules generate their Python code only if something runs them in PyTorch.
         with (
             COMPILE_LOCK,
-            refusing_python_randomness(),
+            refusing_python_randomness(self._ortrain_module),
             torch.random.fork_rng(devices=[]),
             compile_garbage_collected(),
             graph_modules_compiled_on_first_call(),

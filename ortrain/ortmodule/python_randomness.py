@@ -6,6 +6,11 @@ repeats that draw, the same layers dropped at every step. Tracing also advanced 
 generators, so the numbers later drawn outside the model moved too. TorchDynamo calls such
 functions at every run of its graphs, in eager's order.
 
+Besides the process-wide generators, a model keeps its own: ``self.rng =
+np.random.default_rng(seed)`` for a reproducible augmentation, a ``random.Random`` in the module that
+defines it. Those the forward can reach are watched too: generators held by a submodule (or by a
+plain object it holds), and those in the globals or closures of its class's methods.
+
 So capture and ortrain's eager error check run with these generators saved and put back, and a
 capture during which they moved is refused with :class:`PythonRandomnessError`: the model then
 trains through TorchDynamo's graph breaks.
@@ -16,53 +21,133 @@ from __future__ import annotations
 import contextlib
 import random
 import sys
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import torch
+from torch import nn
 
 
 class PythonRandomnessError(RuntimeError):
     """The forward drew from Python's ``random`` or ``numpy.random`` while it was captured."""
 
 
-def _states() -> list[tuple[Any, Any]]:
-    """(how to restore, state) of each generator the forward may draw from."""
-    states: list[tuple[Any, Any]] = [(random.setstate, random.getstate())]
+def _generator_kinds() -> tuple[type, ...]:
+    kinds: list[type] = [random.Random]
+    numpy = sys.modules.get("numpy")  # a model holding NumPy generators has imported it
+    if numpy is not None:
+        kinds += [numpy.random.Generator, numpy.random.RandomState, numpy.random.BitGenerator]
+    return tuple(kinds)
+
+
+def _state_access(generator: Any) -> tuple[Callable[[], Any], Callable[[Any], None]] | None:
+    """(read the state, write it back) of one generator; None where it has none to read
+    (``random.SystemRandom`` draws from the operating system)."""
+    if isinstance(generator, random.SystemRandom):
+        return None
+    if isinstance(generator, random.Random):
+        return generator.getstate, generator.setstate
+    if hasattr(generator, "bit_generator"):  # numpy.random.Generator
+        bits = generator.bit_generator
+        return (lambda: bits.state), (lambda state: setattr(bits, "state", state))
+    if hasattr(generator, "get_state"):  # numpy.random.RandomState
+        return generator.get_state, generator.set_state
+    return (lambda: generator.state), (lambda state: setattr(generator, "state", state))  # BitGenerator
+
+
+def _held_values(value: Any) -> list[Any]:
+    """The attribute values of a plain object (not a module, tensor, class or function)."""
+    if isinstance(value, (nn.Module, torch.Tensor, type, types.FunctionType, types.ModuleType)):
+        return []
+    try:
+        held = object.__getattribute__(value, "__dict__")
+    except (AttributeError, TypeError):
+        return []
+    return list(held.values()) if isinstance(held, dict) else []
+
+
+def _cell_contents(function: types.FunctionType) -> list[Any]:
+    contents = []
+    for cell in function.__closure__ or ():
+        with contextlib.suppress(ValueError):  # a cell not yet filled
+            contents.append(cell.cell_contents)
+    return contents
+
+
+def reachable_generators(module: nn.Module) -> list[Any]:
+    """The model's own generators: held by a submodule or by a plain object it holds, or found in
+    the globals and closures of the submodules' classes' methods."""
+    kinds = _generator_kinds()
+    found: dict[int, Any] = {}
+    seen_namespaces: set[int] = set()
+
+    def consider(values: Any, depth: int) -> None:
+        for value in values:
+            if isinstance(value, kinds):
+                found[id(value)] = value
+            elif depth:
+                consider(_held_values(value), depth - 1)
+
+    for submodule in module.modules():
+        consider(vars(submodule).values(), 1)
+        for cls in type(submodule).__mro__:
+            if cls in (nn.Module, object):
+                break
+            for function in vars(cls).values():
+                if not isinstance(function, types.FunctionType):
+                    continue
+                if id(function.__globals__) not in seen_namespaces:
+                    seen_namespaces.add(id(function.__globals__))
+                    consider(list(function.__globals__.values()), 0)
+                consider(_cell_contents(function), 0)
+    return list(found.values())
+
+
+def _watched(module: nn.Module | None) -> list[tuple[Callable[[], Any], Callable[[Any], None]]]:
+    """(read the state, write it back) of each generator the forward may draw from."""
+    watched: list[tuple[Callable[[], Any], Callable[[Any], None]]] = [(random.getstate, random.setstate)]
     numpy = sys.modules.get("numpy")  # a forward that uses NumPy has imported it
     if numpy is not None:
-        states.append((numpy.random.set_state, numpy.random.get_state()))
-    return states
+        watched.append((numpy.random.get_state, numpy.random.set_state))
+    for generator in reachable_generators(module) if module is not None else ():
+        if (access := _state_access(generator)) is not None:
+            watched.append(access)
+    return watched
 
 
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, tuple) and isinstance(b, tuple):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):  # a NumPy bit generator's state
+        return a.keys() == b.keys() and all(_same(a[key], b[key]) for key in a)
     equal = a == b
     return bool(equal.all()) if hasattr(equal, "all") else bool(equal)  # NumPy's key array
 
 
 @contextlib.contextmanager
-def python_generators_kept() -> Iterator[list[bool]]:
-    """Put ``random``'s and ``numpy.random``'s states back on exit; the list it yields holds one
-    flag, set on exit when the body drew from either."""
-    before = _states()
+def python_generators_kept(module: nn.Module | None = None) -> Iterator[list[bool]]:
+    """Put ``random``'s and ``numpy.random``'s states back on exit, and those of the generators
+    ``module`` holds; the list it yields holds one flag, set on exit when the body drew from any."""
+    # Only generators there before count: importing NumPy while tracing draws nothing.
+    before = [(read, write, read()) for read, write in _watched(module)]
     drawn = [False]
     try:
         yield drawn
     finally:
-        after = _states()
-        # Only generators there before count: importing NumPy while tracing draws nothing.
-        drawn[0] = any(not _same(a, b) for (_, a), (_, b) in zip(before, after, strict=False))
-        for restore, state in before:
-            restore(state)
+        drawn[0] = any(not _same(state, read()) for read, _, state in before)
+        for _, write, state in before:
+            write(state)
 
 
 @contextlib.contextmanager
-def refusing_python_randomness() -> Iterator[None]:
-    """Raise :class:`PythonRandomnessError` if the body drew from Python's generators (put back)."""
-    with python_generators_kept() as drawn:
+def refusing_python_randomness(module: nn.Module | None = None) -> Iterator[None]:
+    """Raise :class:`PythonRandomnessError` if the body drew from Python's generators or from
+    those ``module`` holds (all put back)."""
+    with python_generators_kept(module) as drawn:
         yield
     if drawn[0]:
         raise PythonRandomnessError(
-            "the forward draws Python random numbers (random or numpy.random): a captured graph "
-            "would repeat one draw at every step"
+            "the forward draws Python random numbers (random, numpy.random or a generator the "
+            "model holds): a captured graph would repeat one draw at every step"
         )

@@ -6,10 +6,13 @@ import random
 
 import numpy as np
 import pytest
+import torch
+from torch import nn
 
 from ortrain.ortmodule.python_randomness import (
     PythonRandomnessError,
     python_generators_kept,
+    reachable_generators,
     refusing_python_randomness,
 )
 
@@ -34,3 +37,54 @@ def test_a_draw_while_capturing_is_refused_and_undone() -> None:
     assert np.random.rand() == np.random.RandomState(3).rand()
     with refusing_python_randomness():  # nothing drawn: nothing raised
         sum(range(3))
+
+
+_MODULE_GENERATOR = np.random.default_rng(5)
+
+
+class _Augmenter:
+    def __init__(self) -> None:
+        self.state = np.random.RandomState(4)
+
+
+class _HoldsGenerators(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(2, 2)
+        self.rng = np.random.default_rng(0)
+        self.python_rng = random.Random(1)
+        self.augmenter = _Augmenter()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * float(_MODULE_GENERATOR.uniform())
+
+
+def test_the_generators_a_model_holds_are_found() -> None:
+    """On a submodule, on a plain object it holds, and in the globals of its class's methods."""
+    model = nn.Sequential(_HoldsGenerators())
+    found = reachable_generators(model)
+    held = model[0]
+    assert {id(g) for g in found} == {
+        id(held.rng),
+        id(held.python_rng),
+        id(held.augmenter.state),
+        id(_MODULE_GENERATOR),
+    }
+
+
+def test_a_held_generator_is_put_back_and_its_draw_refused() -> None:
+    model = _HoldsGenerators()
+    fresh = (np.random.default_rng(0), random.Random(1), np.random.RandomState(4))
+    expected = (fresh[0].uniform(), fresh[1].random(), fresh[2].rand())
+    with pytest.raises(PythonRandomnessError, match="a generator the model holds"):
+        with refusing_python_randomness(model):
+            model.rng.uniform()
+            model.python_rng.random()
+            model.augmenter.state.rand()
+    assert (model.rng.uniform(), model.python_rng.random(), model.augmenter.state.rand()) == expected
+    state = _MODULE_GENERATOR.bit_generator.state
+    with pytest.raises(PythonRandomnessError), refusing_python_randomness(model):
+        model(torch.ones(1, 2))  # draws from the generator of its module's globals
+    assert _MODULE_GENERATOR.bit_generator.state == state
+    with refusing_python_randomness(model):  # nothing drawn: nothing raised
+        model.linear(torch.ones(1, 2))
