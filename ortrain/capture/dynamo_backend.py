@@ -21,11 +21,13 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+from unittest import mock
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
 from torch._dynamo.exc import BackendCompilerFailed
+from torch._dynamo.variables.misc import RandomVariable
 
 from ortrain.capture.aot_capture import GraphRunner
 from ortrain.capture.compile_lock import COMPILE_LOCK
@@ -251,13 +253,26 @@ def _scalar_inputs(graph: torch.fx.GraphModule) -> list[tuple[int, torch.dtype]]
     ]
 
 
-def hooks_guarded() -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def hooks_guarded() -> Iterator[None]:
     """TorchDynamo as eager as it can be, meanwhile: it guards on the modules' hooks (by default it
     does not, and a forward hook added or removed after compiling would be ignored: the graphs of
-    the old hooks run on), and ``numpy.random`` inside a compiled frame draws from NumPy's own
+    the old hooks run on), ``numpy.random`` inside a compiled frame draws from NumPy's own
     generator (by default from PyTorch's: SpecAugment's masks in Wav2Vec2 and Whisper were other
-    masks than eager's under the same seeds, losses off by 0.07)."""
-    return torch._dynamo.config.patch(skip_nnmodule_hook_guards=False, use_numpy_random_stream=True)
+    masks than eager's under the same seeds, losses off by 0.07), and a ``random.Random`` the model
+    holds is called at every step. TorchDynamo traces such a generator's draws on a copy of it and
+    guards only its type: ``self.rng.uniform(0.5, 1.5)`` became a constant of the graph and the
+    generator was set back to the traced state at every run, the same number drawn at every step.
+    Seen as an ordinary object, its draws are a graph break, run by Python each time."""
+    with (
+        torch._dynamo.config.patch(skip_nnmodule_hook_guards=False, use_numpy_random_stream=True),
+        mock.patch.object(RandomVariable, "is_supported_random_obj", staticmethod(_never)),
+    ):
+        yield
+
+
+def _never(value: object) -> bool:
+    return False
 
 
 def source_line(file: str, line: int) -> str:

@@ -479,3 +479,29 @@ def test_draws_between_graph_breaks_are_eagers_draws(model: type[nn.Module], see
             losses[-1].backward()
         torch.testing.assert_close(losses[1], losses[0])
         torch.testing.assert_close(wrapped.linear.weight.grad, eager.linear.weight.grad)
+
+
+class _OwnGenerators(nn.Module):
+    """A reproducible augmentation with the model's own generators, NumPy's and Python's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.rng = np.random.default_rng(0)
+        self.python_rng = random.Random(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * float(self.rng.uniform(0.5, 2.0)) + self.python_rng.uniform(-1.0, 1.0)
+        return self.linear(x).pow(2).mean()
+
+
+def test_the_models_own_generators_draw_at_every_step_as_in_eager() -> None:
+    """The capture drew once from ``self.rng`` and repeated that scale at every step; on the graph
+    break path TorchDynamo set a held ``random.Random`` back to its traced state at every run."""
+    torch.manual_seed(0)
+    eager = _OwnGenerators()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    _three_steps_alike(wrapped, eager)
+    assert wrapped.module.rng.bit_generator.state == eager.rng.bit_generator.state
+    assert wrapped.module.python_rng.getstate() == eager.python_rng.getstate()
+    assert wrapped._ortrain_graph_breaks is not None
