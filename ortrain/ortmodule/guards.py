@@ -18,9 +18,11 @@ so ``model.config.use_cache = False`` or ``self.cfg.scale = 2.0`` between steps 
 module's own attribute (until wave 18 the graph kept the value it was captured with). So are the
 plain values set on the classes of the modules (``Net.SCALE = 3.0``), and a module's own short
 dicts and sets of plain values (``self.loss_weights["kl"] = 0.5``), and the module-level plain
-values the forward's code names (:mod:`ortrain.capture.global_reads`). Not watched: state inside
-other objects (a tokenizer, a custom class instance); after changing such state, set an attribute
-through the wrapper or call ``ORTModule.reset_graphs()``.
+values the forward's code names (:mod:`ortrain.capture.global_reads`), and the plain values of
+the other objects a module holds, two levels deep (:mod:`ortrain.capture.held_objects`: a schedule,
+``self.annealing.beta``; until wave 30 such an object was watched by identity only). Not watched:
+state deeper than that, or inside objects of PyTorch's or of the standard library; after changing
+such state, call ``ORTModule.reset_graphs()``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ from ortrain.capture.global_reads import (
     class_reads,
     methods_called_from_outside,
 )
+from ortrain.capture.held_objects import DEPTH as HELD_DEPTH
+from ortrain.capture.held_objects import attributes as held_attributes
+from ortrain.capture.held_objects import is_held_object
 from ortrain.capture.plain_values import NOT_PLAIN as _NOT_PLAIN
 from ortrain.capture.plain_values import PLAIN as _PLAIN
 from ortrain.capture.plain_values import SEQUENCES as _SEQUENCES
@@ -154,6 +159,8 @@ def read_state(root: nn.Module) -> ModelState:
                 tensor_attrs.append((k, v))
             elif is_config_type(kind):
                 objects.append((k, id(v), _config_values(v, configs)))
+            elif is_held_object(v):  # a schedule, a counter (``self.schedule.beta``)
+                objects.append((k, id(v), _held_values(v, HELD_DEPTH, configs)))
             elif not is_deepspeed_hook_state(k):
                 objects.append((k, id(v)))
         params = tuple(tensor_key(n, p) for n, p in attributes["_parameters"].items())
@@ -287,6 +294,25 @@ def _config_values(config: Any, seen: dict[int, tuple[Any, ...]]) -> tuple[Any, 
     return described
 
 
+def _held_values(held: Any, depth: int, configs: dict[int, tuple[Any, ...]]) -> tuple[Any, ...]:
+    """A held object's values, as a config's: plain ones, short plain tables, configs, and the
+    held objects it holds while ``depth`` lasts. Others (tensors, devices, functions) are left out,
+    not watched by identity: an object may rebind them at every call (accelerate's hooks set the
+    input's device), and a graph does not bake them in."""
+    values: list[tuple[str, Any]] = []
+    for k, v in held_attributes(held).items():
+        kind, plain = type(v), _plain_form(v)
+        if plain is not _NOT_PLAIN:
+            values.append((k, plain))
+        elif kind in _TABLES:
+            values.append((k, _table_values(v)))
+        elif is_config_type(kind):
+            values.append((k, _config_values(v, configs)))
+        elif depth > 1 and is_held_object(v):
+            values.append((k, _held_values(v, depth - 1, configs)))
+    return tuple(values)
+
+
 def _global_hook_ids() -> tuple[int, ...]:
     tables = (
         torch_module._global_forward_hooks,
@@ -338,10 +364,10 @@ def describe_change(root: nn.Module, old: tuple[Any, ...], new: tuple[Any, ...])
             if before != after:
                 change = _value_change(before, after)
                 return change if change.startswith(("global ", "method ")) else f"class attribute {change}"
-    names = [name or "(the model)" for name, _ in root.named_modules(remove_duplicate=False)]
+    named = [(name or "(the model)", m) for name, m in root.named_modules(remove_duplicate=False)]
     if len(old_modules) != len(new_modules):
         return f"submodules were added or removed ({len(old_modules)} → {len(new_modules)} modules)"
-    for name, before, after in zip(names, old_modules, new_modules, strict=True):
+    for (name, module), before, after in zip(named, old_modules, new_modules, strict=True):
         if before == after:
             continue
         if before[0] != after[0]:
@@ -359,18 +385,19 @@ def describe_change(root: nn.Module, old: tuple[Any, ...], new: tuple[Any, ...])
         if before[5] != after[5]:
             return _tensor_change(name, "tensor attribute", before[5], after[5])
         if before[6] != after[6]:
-            return _object_change(name, before[6], after[6])
+            return _object_change(name, module, before[6], after[6])
     return "the model changed"
 
 
-def _object_change(module: str, before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
-    """Which object attribute was replaced, or which value of a config it holds changed."""
+def _object_change(module: str, owner: nn.Module, before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+    """Which object attribute was replaced, or which value of a config or held object changed."""
     found = _first_difference({entry[0]: entry for entry in before}, {entry[0]: entry for entry in after})
     if found is None:
         return f"an attribute of {module!r} was replaced"
     name, was, now = found
     if isinstance(was, tuple) and isinstance(now, tuple) and was[1] == now[1] and len(was) == len(now) == 3:
-        return f"{name}.{_value_change(was[2], now[2])} (a config held by {module!r})"
+        holder = "a config" if is_config_type(type(owner.__dict__.get(name))) else "an object"
+        return f"{name}.{_value_change(was[2], now[2])} ({holder} held by {module!r})"
     return f"attribute {name!r} of {module!r} was replaced"
 
 
@@ -396,7 +423,16 @@ def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, A
             if old != new and type(old) in _PLAIN and type(new) in _PLAIN:
                 entry = f"[{key!r}]" if was[0] == "table" else f".{key}"
                 return f"{name}{entry} changed from {old!r} to {new!r}"
+    if _is_described_object(was) and _is_described_object(now):  # a held object's held object
+        return f"{name}.{_value_change(was, now)}"
     return f"{name} changed"
+
+
+def _is_described_object(value: Any) -> bool:
+    """Whether ``value`` is a (name, value) list: the description of a held object or config."""
+    return isinstance(value, tuple) and all(
+        isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str) for entry in value
+    )
 
 
 def _attribute_change(module: str, before: dict[str, Any], after: dict[str, Any]) -> str:

@@ -21,9 +21,13 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from ortrain.capture.global_reads import global_reads
+from ortrain.capture.held_objects import attributes as held_attributes
+from ortrain.capture.held_objects import held_objects
+from ortrain.capture.plain_values import PLAIN
 
 # Values that are tables of a module: their contents are recorded, not just the table object.
 # (A list a forward appends to, ``self.history.append(x.mean().item())``, kept the traced value.)
@@ -51,6 +55,14 @@ class _Recorded:
 
 
 @dataclass
+class _RecordedHeld:
+    label: str  # "object 'stats' held by the model"
+    held: Any
+    attributes: dict[str, Any]
+    tables: dict[str, Any]
+
+
+@dataclass
 class _RecordedGlobal:
     label: str  # "global train.STATS"
     namespace: MutableMapping[str, Any]  # a module's globals, or a closure's cell
@@ -65,12 +77,18 @@ class ModuleSnapshot:
     def __init__(self, root: nn.Module) -> None:
         self._records: list[_Recorded] = []
         self._globals: list[_RecordedGlobal] = []
+        self._held: list[_RecordedHeld] = []
         classes: set[type] = set()
         for name, module in root.named_modules(remove_duplicate=True):
             attributes = dict(module.__dict__)
             tables = {k: _copy(v) for k, v in attributes.items() if isinstance(v, _TABLES)}
             self._records.append(_Recorded(name, module, attributes, tables))
             classes.add(type(module))
+            where = repr(name) if name else "the model"
+            for path, held in held_objects(attributes.items()):
+                state = dict(held_attributes(held))
+                held_tables = {k: _copy(v) for k, v in state.items() if isinstance(v, _TABLES)}
+                self._held.append(_RecordedHeld(f"object {path!r} held by {where}", held, state, held_tables))
         read: set[tuple[int, str]] = set()
         for cls in classes:
             for label, namespace, name in global_reads(cls):
@@ -97,6 +115,8 @@ class ModuleSnapshot:
                         table.clear()
                         table.update(contents)
                 changes += found
+        for held in self._held:
+            changes += _restore_held(held)
         for recorded in self._globals:
             changes += _restore_global(recorded)
         return changes
@@ -119,6 +139,39 @@ def _changes(record: _Recorded, derived: frozenset[str]) -> list[str]:
         elif key in record.tables and not _same_contents(after, record.tables[key]):
             found.append(f"{key.strip('_')} of {where} changed")
     return found
+
+
+def _restore_held(recorded: _RecordedHeld) -> list[str]:
+    """Put a held object's attributes (and its tables' contents) back; what the capture changed.
+    A value set again equal to itself (a device, a mode string) is no change; a tensor set is."""
+    current = held_attributes(recorded.held)
+    before = recorded.attributes
+    found = [f"attribute {k!r} of {recorded.label} was added" for k in current.keys() - before.keys()]
+    for key, was in before.items():
+        now = current.get(key, _MISSING)
+        if not _same_value(was, now):
+            how = "removed" if now is _MISSING else "changed"
+            found.append(f"attribute {key!r} of {recorded.label} was {how}")
+        elif key in recorded.tables and not _same_contents(now, recorded.tables[key]):
+            found.append(f"{key!r} of {recorded.label} changed")
+    if found:
+        current.clear()
+        current.update(before)
+        for key, contents in recorded.tables.items():
+            table = before[key]
+            if isinstance(table, list):
+                table[:] = contents
+            else:
+                table.clear()
+                table.update(contents)
+    return found
+
+
+def _same_value(was: Any, now: Any) -> bool:
+    if was is now:
+        return True
+    kind = type(was)
+    return kind is type(now) and (kind in PLAIN or kind in (torch.device, torch.dtype)) and was == now
 
 
 def _contents(value: Any) -> Any:

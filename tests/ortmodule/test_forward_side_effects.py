@@ -505,3 +505,37 @@ def test_the_models_own_generators_draw_at_every_step_as_in_eager() -> None:
     assert wrapped.module.rng.bit_generator.state == eager.rng.bit_generator.state
     assert wrapped.module.python_rng.getstate() == eager.python_rng.getstate()
     assert wrapped._ortrain_graph_breaks is not None
+
+
+class _CallStatistics:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.norms: list[float] = []
+
+
+class _CountsOnAnObject(nn.Module):
+    """A forward that keeps its statistics on an object of its own, not on the module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.statistics = _CallStatistics()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.statistics.calls += 1
+        h = self.linear(x)
+        self.statistics.norms.append(len(self.statistics.norms))
+        return h.pow(2).mean() * (1.0 + 0.1 * self.statistics.calls)
+
+
+def test_a_forward_that_updates_an_object_it_holds_does_so_at_every_step() -> None:
+    """Wave 30: the capture ran ``self.statistics.calls += 1`` once and the graph never again (the
+    loss kept the scale of call 1); the objects the model holds are put back after a capture and
+    their change reported, as the model's own attributes are."""
+    torch.manual_seed(0)
+    eager = _CountsOnAnObject()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    _three_steps_alike(wrapped, eager)
+    assert wrapped.module.statistics.calls == eager.statistics.calls == 3
+    assert wrapped.module.statistics.norms == [0, 1, 2]
+    assert wrapped._ortrain_graph_breaks is not None

@@ -234,6 +234,55 @@ def test_a_changed_dict_set_or_namespace_value_is_seen(
     assert "schedule.scale changed from 1.0 to 2.0" in reasons[3]
 
 
+class _Progress:
+    def __init__(self) -> None:
+        self.epoch = 0
+
+
+class _KLAnnealing:
+    """A schedule object of the user's own (not a config): the loop moves it, the forward reads it."""
+
+    def __init__(self) -> None:
+        self.beta = 0.0
+        self.progress = _Progress()
+        self.device = torch.device("cpu")  # rebound by the loop at every step: not baked in
+
+
+class _AnnealedNet(Net):
+    def __init__(self) -> None:
+        super().__init__()
+        self.annealing = _KLAnnealing()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.encoder(x))
+        penalty = h.square().mean() * (self.annealing.beta + 0.1 * self.annealing.progress.epoch)
+        return F.cross_entropy(self.head(h), y) + penalty
+
+
+def test_a_value_of_an_object_the_model_holds_is_seen(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Wave 30: an instance of the user's own class was watched by identity only, and the graph
+    kept the beta it was captured with (the loss off by 0.6 by the fourth step, silently). Its
+    plain values are read at every step, two objects deep; a device it rebinds is no change."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+
+    def beta(m: nn.Module) -> None:
+        m.annealing.beta = 0.5
+
+    def epoch(m: nn.Module) -> None:
+        m.annealing.progress.epoch = 1
+
+    def device(m: nn.Module) -> None:
+        m.annealing.device = torch.device("cpu")
+
+    reasons = _capture_reasons(caplog, _AnnealedNet(), {1: device, 2: beta, 3: device, 4: epoch})
+    assert len(reasons) == 3, reasons
+    assert reasons[1].endswith("annealing.beta changed from 0.0 to 0.5 (an object held by '(the model)')")
+    assert "annealing.progress.epoch changed from 0 to 1 (an object held by" in reasons[2]
+
+
 class _PrivatelySwitchedNet(Net):
     """Switches kept in private attributes, as research code keeps them."""
 

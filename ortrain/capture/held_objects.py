@@ -1,0 +1,72 @@
+"""Plain Python objects a model holds: a schedule, a counter, a trainer's state.
+
+A module keeps ``self.schedule = KLSchedule()`` and its forward reads ``self.schedule.beta``,
+which the training loop raises at every step; or the forward counts its calls on an object of its
+own, ``self.stats.calls += 1``. A captured graph bakes in the value its trace read, and repeats
+none of the forward's Python: until wave 30 the graph kept the first beta for good, and the counter
+moved once, at capture, silently (the loss off by 0.6 by the fourth step).
+
+Such objects are instances of classes that are neither PyTorch's nor the standard library's,
+keeping their state in a ``__dict__``; they are found on the modules' attributes and, up to
+:data:`DEPTH` levels down, on each other's (``self.trainer.state.epoch``). The guards read their
+plain values at every step (:mod:`ortrain.ortmodule.guards`); the snapshot around a capture puts
+them back and reports what the trace changed (:mod:`ortrain.ortmodule.module_snapshot`).
+Configuration objects (:func:`ortrain.capture.plain_values.is_config_type`) are read as before.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ortrain.capture.plain_values import is_config_type
+
+DEPTH = 2  # a held object's held objects are read too, and no deeper
+_LIBRARY_PACKAGES = frozenset({"torch", "ortrain", "builtins", *sys.stdlib_module_names})
+_NOT_HELD = (type, types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.ModuleType)
+_is_held_type: dict[type, bool] = {}
+
+
+def is_held_object(value: Any) -> bool:
+    """Whether ``value`` is an object whose state a forward may read: an instance of a class of the
+    user's or of a library other than PyTorch and Python's own, with a ``__dict__``, that is not a
+    configuration object (read as one) or a module of the model."""
+    kind = type(value)
+    known = _is_held_type.get(kind)
+    if known is None:
+        package = str(getattr(kind, "__module__", "") or "").split(".")[0]
+        known = (
+            package not in _LIBRARY_PACKAGES
+            and not issubclass(kind, _NOT_HELD)
+            and not is_config_type(kind)
+            and not _is_module(kind)
+        )
+        _is_held_type[kind] = known
+    return known and isinstance(getattr(value, "__dict__", None), dict)
+
+
+def _is_module(kind: type) -> bool:
+    return any(c.__module__ == "torch.nn.modules.module" and c.__name__ == "Module" for c in kind.__mro__)
+
+
+def attributes(value: Any) -> dict[str, Any]:
+    """A held object's own attributes (its ``__dict__``, not read through ``__getattr__``)."""
+    return object.__getattribute__(value, "__dict__")
+
+
+def held_objects(named_values: Iterable[tuple[str, Any]], depth: int = DEPTH) -> Iterator[tuple[str, Any]]:
+    """(path, object) of the held objects among ``named_values`` and, ``depth`` levels down, among
+    their attributes (``"schedule"``, ``"trainer.state"``); each object once."""
+    seen: set[int] = set()
+    level = [(name, v) for name, v in named_values if is_held_object(v)]
+    for _ in range(depth):
+        following: list[tuple[str, Any]] = []
+        for path, value in level:
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            yield path, value
+            following += [(f"{path}.{k}", v) for k, v in attributes(value).items() if is_held_object(v)]
+        level = following
