@@ -34,6 +34,7 @@ import weakref
 from collections.abc import Collection, Iterator, Mapping, MutableMapping
 from typing import Any
 
+from ortrain.capture.held_objects import is_held_object
 from ortrain.capture.plain_values import NOT_PLAIN, is_config_type, plain_form
 
 # (label, namespace, name): read ``namespace[name]`` at every step, reported as ``label``.
@@ -99,9 +100,15 @@ _CALLED_CACHE_AT_MOST = 64
 
 
 def is_watched(value: Any) -> bool:
-    """Plain values, the tables holding them (``CONFIG = {"scale": 2.0}``) and configuration
-    objects (``args = parser.parse_args()``, a dataclass instance): what the guards compare."""
-    return plain_form(value) is not NOT_PLAIN or type(value) in (dict, set) or is_config_type(type(value))
+    """Plain values, the tables holding them (``CONFIG = {"scale": 2.0}``), configuration objects
+    (``args = parser.parse_args()``, a dataclass instance) and other objects of the user's
+    (``SCHEDULE = KLSchedule()``, wave 30): what the guards compare."""
+    return (
+        plain_form(value) is not NOT_PLAIN
+        or type(value) in (dict, set)
+        or is_config_type(type(value))
+        or is_held_object(value)
+    )
 
 
 def global_reads(cls: type) -> tuple[Read, ...]:

@@ -47,6 +47,12 @@ def is_held_object(value: Any) -> bool:
     return known and isinstance(getattr(value, "__dict__", None), dict)
 
 
+def is_pytorch_class(klass: type) -> bool:
+    """A class of PyTorch's (``nn.Linear``, ``nn.Module``) or ``object``: its attributes are
+    constants of its code, not the model's state."""
+    return str(getattr(klass, "__module__", "")).startswith(("torch.", "builtins"))
+
+
 def _is_module(kind: type) -> bool:
     return any(c.__module__ == "torch.nn.modules.module" and c.__name__ == "Module" for c in kind.__mro__)
 

@@ -44,7 +44,7 @@ from ortrain.capture.global_reads import (
 )
 from ortrain.capture.held_objects import DEPTH as HELD_DEPTH
 from ortrain.capture.held_objects import attributes as held_attributes
-from ortrain.capture.held_objects import is_held_object
+from ortrain.capture.held_objects import is_held_object, is_pytorch_class
 from ortrain.capture.plain_values import NOT_PLAIN as _NOT_PLAIN
 from ortrain.capture.plain_values import PLAIN as _PLAIN
 from ortrain.capture.plain_values import SEQUENCES as _SEQUENCES
@@ -168,7 +168,7 @@ def read_state(root: nn.Module) -> ModelState:
         others = tuple(tensor_key(n, t) for n, t in tensor_attrs)
         identity = (id(m), type(m))  # the class too: ``m.__class__ = ...`` swaps its code
         if type(m) not in classes:
-            _read_class_values(type(m), classes)
+            _read_class_values(type(m), classes, configs)
         if (type(m), "globals") not in classes:
             classes[(type(m), "globals")] = _global_values(type(m), configs)
             module_classes.append(type(m))
@@ -181,21 +181,29 @@ def read_state(root: nn.Module) -> ModelState:
     return ModelState(tensors, key, bool(uninitialized))
 
 
-def _read_class_values(cls: type, classes: dict[Any, tuple[tuple[str, Any], ...]]) -> None:
+def _read_class_values(
+    cls: type, classes: dict[Any, tuple[tuple[str, Any], ...]], configs: dict[int, tuple[Any, ...]]
+) -> None:
     """The plain values set on each class of ``cls``'s MRO not read yet (``Net.SCALE = 2.0``, a
     class-level flag), which the forward reads like the module's attributes. PyTorch's classes hold
     constants of its code. Each class once a walk: Hugging Face's model classes share large bases."""
     for klass in cls.__mro__:
         if klass in classes:
             continue
-        if str(getattr(klass, "__module__", "")).startswith(("torch.", "builtins")):
+        if is_pytorch_class(klass):
             classes[klass] = ()
             continue
         values: list[tuple[str, Any]] = []
         for name, value in vars(klass).items():
+            if name.startswith("__"):
+                continue
             plain = _plain_form(value)
-            if plain is not _NOT_PLAIN and not name.startswith("__"):
+            if plain is not _NOT_PLAIN:
                 values.append((f"{klass.__qualname__}.{name}", plain))
+            elif type(value) in _TABLES:  # ``LOSS_WEIGHTS = {"kl": 0.1}`` on the class (wave 30)
+                values.append((f"{klass.__qualname__}.{name}", _table_values(value)))
+            elif is_held_object(value):  # a schedule object shared by the class's instances
+                values.append((f"{klass.__qualname__}.{name}", _held_values(value, HELD_DEPTH, configs)))
         classes[klass] = tuple(values)
 
 
@@ -245,6 +253,8 @@ def _global_value(value: Any, configs: dict[int, tuple[Any, ...]]) -> Any:
         return ("table", tuple((k, v) for k, v in value.items() if type(k) in _PLAIN and type(v) in _PLAIN))
     if is_config_type(kind):
         return ("config", _config_values(value, configs))
+    if is_held_object(value):  # ``SCHEDULE = KLSchedule()``
+        return ("object", _held_values(value, HELD_DEPTH, configs))
     return _NOT_PLAIN
 
 
@@ -416,7 +426,8 @@ def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, A
     if type(was) in _PLAIN and type(now) in _PLAIN:
         return f"{name} changed from {was!r} to {now!r}"
     # A global table or configuration object (_global_value): name the entry that changed.
-    if isinstance(was, tuple) and isinstance(now, tuple) and was[:1] == now[:1] in (("table",), ("config",)):
+    kinds = (("table",), ("config",), ("object",))
+    if isinstance(was, tuple) and isinstance(now, tuple) and was[:1] == now[:1] in kinds:
         before_items, after_items = dict(was[1]), dict(now[1])
         for key in [*before_items, *(k for k in after_items if k not in before_items)]:
             old, new = before_items.get(key, "<unset>"), after_items.get(key, "<unset>")

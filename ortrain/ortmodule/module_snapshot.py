@@ -17,7 +17,7 @@ a model that changes at every call trains through TorchDynamo's graph breaks).
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ from torch import nn
 
 from ortrain.capture.global_reads import global_reads
 from ortrain.capture.held_objects import attributes as held_attributes
-from ortrain.capture.held_objects import held_objects
+from ortrain.capture.held_objects import held_objects, is_held_object, is_pytorch_class
 from ortrain.capture.plain_values import PLAIN
 
 # Values that are tables of a module: their contents are recorded, not just the table object.
@@ -90,6 +90,14 @@ class ModuleSnapshot:
                 held_tables = {k: _copy(v) for k, v in state.items() if isinstance(v, _TABLES)}
                 self._held.append(_RecordedHeld(f"object {path!r} held by {where}", held, state, held_tables))
         read: set[tuple[int, str]] = set()
+        for klass in {k for cls in classes for k in cls.__mro__ if not is_pytorch_class(k)}:
+            # Tables and objects kept on the class are the instances' too (``self.STATS["calls"]
+            # += 1`` on a class-level dict): until wave 30 the capture's change stayed, once.
+            namespace = _ClassAttributes(klass)
+            for name, value in vars(klass).items():
+                if not name.startswith("__") and (isinstance(value, _TABLES) or is_held_object(value)):
+                    label = f"class attribute {klass.__qualname__}.{name}"
+                    self._globals.append(_RecordedGlobal(label, namespace, name, value, _contents(value)))
         for cls in classes:
             for label, namespace, name in global_reads(cls):
                 if (id(namespace), name) not in read:
@@ -123,6 +131,29 @@ class ModuleSnapshot:
 
 
 _MISSING = object()
+
+
+class _ClassAttributes(MutableMapping[str, Any]):
+    """A class's own attributes as a namespace (its ``__dict__`` is read-only), for the globals'
+    record and restore."""
+
+    def __init__(self, klass: type) -> None:
+        self._klass = klass
+
+    def __getitem__(self, key: str) -> Any:
+        return vars(self._klass)[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self._klass, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        delattr(self._klass, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(vars(self._klass))
+
+    def __len__(self) -> int:
+        return len(vars(self._klass))
 
 
 def _changes(record: _Recorded, derived: frozenset[str]) -> list[str]:
@@ -203,7 +234,8 @@ def _restore_global(recorded: _RecordedGlobal) -> list[str]:
             value.update(contents)
         return [f"{recorded.label} changed"]
     attributes = value.__dict__
-    if attributes.keys() == contents.keys() and all(attributes[k] is v for k, v in contents.items()):
+    same = attributes.keys() == contents.keys()
+    if same and all(_same_value(contents[k], attributes[k]) for k in contents):
         return []
     attributes.clear()
     attributes.update(contents)

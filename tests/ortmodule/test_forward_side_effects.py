@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import logging
 import random
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -539,3 +539,32 @@ def test_a_forward_that_updates_an_object_it_holds_does_so_at_every_step() -> No
     assert wrapped.module.statistics.calls == eager.statistics.calls == 3
     assert wrapped.module.statistics.norms == [0, 1, 2]
     assert wrapped._ortrain_graph_breaks is not None
+
+
+class _CountsOnItsClass(nn.Module):
+    """A call count kept in a dict on the class, read and written through ``self``."""
+
+    STATISTICS: ClassVar[dict[str, int]] = {"calls": 0}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.STATISTICS["calls"] += 1
+        return self.linear(x).pow(2).mean() * (1.0 + 0.1 * self.STATISTICS["calls"])
+
+
+def test_a_forward_that_updates_a_table_on_its_class_does_so_at_every_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Wave 30: the class's dict was not in the snapshot around a capture, and the count moved once."""
+    monkeypatch.setattr(_CountsOnItsClass, "STATISTICS", {"calls": 0})
+    torch.manual_seed(0)
+    model = _CountsOnItsClass()
+    eager_losses = [_step(model, torch.ones(2, 4)) for _ in range(3)]
+    torch.manual_seed(0)
+    _CountsOnItsClass.STATISTICS["calls"] = 0
+    wrapped = ORTModule(_CountsOnItsClass())
+    assert [_step(wrapped, torch.ones(2, 4)) for _ in range(3)] == pytest.approx(eager_losses, rel=1e-5)
+    assert _CountsOnItsClass.STATISTICS["calls"] == 3

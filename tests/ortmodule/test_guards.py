@@ -14,7 +14,7 @@ import pickle
 import threading
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -281,6 +281,42 @@ def test_a_value_of_an_object_the_model_holds_is_seen(
     assert len(reasons) == 3, reasons
     assert reasons[1].endswith("annealing.beta changed from 0.0 to 0.5 (an object held by '(the model)')")
     assert "annealing.progress.epoch changed from 0 to 1 (an object held by" in reasons[2]
+
+
+_ANNEALING = _KLAnnealing()  # a module-level schedule object
+
+
+class _SharedScheduleNet(Net):
+    """Weights kept on the class and on a module-level object, shared by every instance."""
+
+    LOSS_WEIGHTS: ClassVar[dict[str, float]] = {"l2": 0.0}  # as research code keeps one
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.encoder(x))
+        penalty = h.square().mean() * (self.LOSS_WEIGHTS["l2"] + _ANNEALING.beta)
+        return F.cross_entropy(self.head(h), y) + penalty
+
+
+def test_a_class_level_table_and_a_global_object_are_seen(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Wave 30: a dict on the class and a module-level object of the user's class were not read,
+    and the graph kept the weights it was captured with."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    monkeypatch.setattr(_SharedScheduleNet, "LOSS_WEIGHTS", {"l2": 0.0})
+    monkeypatch.setattr(_ANNEALING, "beta", 0.0)
+    torch.manual_seed(0)
+
+    def table(m: nn.Module) -> None:  # eager and ORTModule share the class and the global
+        _SharedScheduleNet.LOSS_WEIGHTS["l2"] = 0.5
+
+    def schedule(m: nn.Module) -> None:
+        _ANNEALING.beta = 0.25
+
+    reasons = _capture_reasons(caplog, _SharedScheduleNet(), {2: table, 4: schedule})
+    assert len(reasons) == 3, reasons
+    assert "_SharedScheduleNet.LOSS_WEIGHTS.l2 changed from 0.0 to 0.5" in reasons[1]
+    assert "_ANNEALING.beta changed from 0.0 to 0.25" in reasons[2]
 
 
 class _PrivatelySwitchedNet(Net):
