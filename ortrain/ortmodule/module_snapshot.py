@@ -112,16 +112,7 @@ class ModuleSnapshot:
             derived = _derived(record.module)
             found = _changes(record, derived)
             if found or any(record.module.__dict__.get(k) is not record.attributes.get(k) for k in derived):
-                current = record.module.__dict__
-                current.clear()
-                current.update(record.attributes)
-                for key, contents in record.tables.items():
-                    table = record.attributes[key]
-                    if isinstance(table, list):
-                        table[:] = contents
-                    else:
-                        table.clear()
-                        table.update(contents)
+                _put_back(record.module.__dict__, record.attributes, record.tables)
                 changes += found
         for held in self._held:
             changes += _restore_held(held)
@@ -186,16 +177,24 @@ def _restore_held(recorded: _RecordedHeld) -> list[str]:
         elif key in recorded.tables and not _same_contents(now, recorded.tables[key]):
             found.append(f"{key!r} of {recorded.label} changed")
     if found:
-        current.clear()
-        current.update(before)
-        for key, contents in recorded.tables.items():
-            table = before[key]
-            if isinstance(table, list):
-                table[:] = contents
-            else:
-                table.clear()
-                table.update(contents)
+        _put_back(current, before, recorded.tables)
     return found
+
+
+def _put_back(current: dict[str, Any], attributes: dict[str, Any], tables: dict[str, Any]) -> None:
+    """An object's ``__dict__`` as recorded, and the recorded contents of the tables it held."""
+    current.clear()
+    current.update(attributes)
+    for key, contents in tables.items():
+        _refill(attributes[key], contents)
+
+
+def _refill(table: Any, contents: list[Any]) -> None:
+    if isinstance(table, list):
+        table[:] = contents
+    else:
+        table.clear()
+        table.update(contents)
 
 
 def _same_value(was: Any, now: Any) -> bool:
@@ -227,11 +226,7 @@ def _restore_global(recorded: _RecordedGlobal) -> list[str]:
     if isinstance(value, _TABLES):
         if _same_contents(value, contents):
             return []
-        if isinstance(value, list):
-            value[:] = contents
-        else:
-            value.clear()
-            value.update(contents)
+        _refill(value, contents)
         return [f"{recorded.label} changed"]
     attributes = value.__dict__
     same = attributes.keys() == contents.keys()
