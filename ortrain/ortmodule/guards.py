@@ -159,7 +159,7 @@ def read_state(root: nn.Module) -> ModelState:
                 tensor_attrs.append((k, v))
             elif is_config_type(kind):
                 objects.append((k, id(v), _config_values(v, configs)))
-            elif is_held_object(v):  # a schedule, a counter (``self.schedule.beta``)
+            elif is_held_object(v) and not is_deepspeed_hook_state(k):  # ``self.schedule.beta``
                 objects.append((k, id(v), _held_values(v, HELD_DEPTH, configs)))
             elif not is_deepspeed_hook_state(k):
                 objects.append((k, id(v)))

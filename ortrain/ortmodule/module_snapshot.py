@@ -28,6 +28,7 @@ from ortrain.capture.global_reads import global_reads
 from ortrain.capture.held_objects import attributes as held_attributes
 from ortrain.capture.held_objects import held_objects, is_held_object, is_pytorch_class
 from ortrain.capture.plain_values import PLAIN
+from ortrain.ortmodule.guards import is_deepspeed_hook_state
 
 # Values that are tables of a module: their contents are recorded, not just the table object.
 # (A list a forward appends to, ``self.history.append(x.mean().item())``, kept the traced value.)
@@ -85,7 +86,9 @@ class ModuleSnapshot:
             self._records.append(_Recorded(name, module, attributes, tables))
             classes.add(type(module))
             where = repr(name) if name else "the model"
-            for path, held in held_objects(attributes.items()):
+            # DeepSpeed's hooks keep their own state on the modules they hook, changed at every call.
+            own = ((k, v) for k, v in attributes.items() if not is_deepspeed_hook_state(k))
+            for path, held in held_objects(own):
                 state = dict(held_attributes(held))
                 held_tables = {k: _copy(v) for k, v in state.items() if isinstance(v, _TABLES)}
                 self._held.append(_RecordedHeld(f"object {path!r} held by {where}", held, state, held_tables))

@@ -283,6 +283,23 @@ def test_a_value_of_an_object_the_model_holds_is_seen(
     assert "annealing.progress.epoch changed from 0 to 1 (an object held by" in reasons[2]
 
 
+def test_deepspeeds_state_on_a_module_is_not_read_as_the_models(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DeepSpeed ZeRO-3 keeps objects of its own on the modules it hooks (``ds_*``), changed at
+    every step: read as held objects, each step would capture again."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+    model = Net()
+    model.ds_progress = _Progress()
+
+    def step(m: nn.Module) -> None:
+        m.ds_progress.epoch += 1
+
+    reasons = _capture_reasons(caplog, model, dict.fromkeys(range(1, 4), step))
+    assert reasons == ["capturing a graph: first call"]
+
+
 _ANNEALING = _KLAnnealing()  # a module-level schedule object
 
 
