@@ -89,13 +89,16 @@ def _code_digest(code: types.CodeType) -> str:
     return digest.hexdigest()
 
 
-def _describe_callable(fn: Any) -> Any:
+def _describe_callable(fn: Any, depth: int = 0) -> Any:
     target = getattr(fn, "__func__", fn)
     if isinstance(target, functools.partial):
+        # accelerate patches ``module.forward = partial(new_forward, module)``: a module bound in
+        # is named, as a method's module is (described where it is in the model), not walked
+        # again (that walk reached the same partial, without end: a RecursionError).
         return {
-            "partial": _describe_callable(target.func),
-            "args": [describe(a) for a in target.args],
-            "kwargs": {k: describe(v) for k, v in sorted(target.keywords.items())},
+            "partial": _describe_callable(target.func, depth + 1),
+            "args": [_describe_bound(a, depth + 1) for a in target.args],
+            "kwargs": {k: _describe_bound(v, depth + 1) for k, v in sorted(target.keywords.items())},
         }
     code = getattr(target, "__code__", None)
     if code is None:
@@ -103,25 +106,28 @@ def _describe_callable(fn: Any) -> Any:
         if name is None:
             raise Undescribable(f"callable {target!r}")
         return {"builtin": f"{getattr(target, '__module__', '')}.{name}"}
-    closure = [describe(c.cell_contents) for c in (target.__closure__ or ())]
+    closure = [describe(c.cell_contents, depth + 1) for c in (target.__closure__ or ())]
     described = {
         "function": f"{target.__module__}.{target.__qualname__}",
         "code": _code_digest(code),
         "closure": closure,
         # ``lambda h, s=cfg["slope"]: ...``: a default is a value the call uses.
-        "defaults": describe(target.__defaults__ or ()),
-        "kwdefaults": describe(dict(sorted((target.__kwdefaults__ or {}).items()))),
+        "defaults": describe(target.__defaults__ or (), depth + 1),
+        "kwdefaults": describe(dict(sorted((target.__kwdefaults__ or {}).items())), depth + 1),
     }
     owner = getattr(fn, "__self__", None)
     if isinstance(fn, types.MethodType) and owner is not None:
-        # ``Scaler(s).apply``: the object it is bound to is state the call reads. A module's own
-        # method reads the module, which the key describes where the module is in the model.
-        described["self"] = (
-            ["module", f"{type(owner).__module__}.{type(owner).__qualname__}"]
-            if isinstance(owner, nn.Module)
-            else describe(owner)
-        )
+        # ``Scaler(s).apply``: the object it is bound to is state the call reads.
+        described["self"] = _describe_bound(owner, depth + 1)
     return described
+
+
+def _describe_bound(value: Any, depth: int) -> Any:
+    """A value a method or partial is bound to. A module's own method reads the module, which the
+    key describes where the module is in the model."""
+    if isinstance(value, nn.Module):
+        return ["module", f"{type(value).__module__}.{type(value).__qualname__}"]
+    return describe(value, depth)
 
 
 def _describe_code(function: Any) -> Any:
@@ -189,7 +195,7 @@ def describe(value: Any, depth: int = 0) -> Any:
     if isinstance(
         value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
     ):
-        return ["callable", _describe_callable(value)]
+        return ["callable", _describe_callable(value, depth)]
     if isinstance(value, nn.Module):
         # A module held outside the module tree (in a list: a teacher, an EMA copy): its
         # parameters are not the graph's inputs but constants in it, so they are keyed by value.

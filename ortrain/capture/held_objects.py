@@ -6,11 +6,12 @@ own, ``self.stats.calls += 1``. A captured graph bakes in the value its trace re
 none of the forward's Python: until wave 30 the graph kept the first beta for good, and the counter
 moved once, at capture, silently (the loss off by 0.6 by the fourth step).
 
-Such objects are instances of classes that are neither PyTorch's nor the standard library's,
-keeping their state in a ``__dict__``; they are found on the modules' attributes and, up to
-:data:`DEPTH` levels down, on each other's (``self.trainer.state.epoch``). The guards read their
-plain values at every step (:mod:`ortrain.ortmodule.guards`); the snapshot around a capture puts
-them back and reports what the trace changed (:mod:`ortrain.ortmodule.module_snapshot`).
+Such objects are instances of classes that are neither PyTorch's nor the standard library's (nor
+the hooks of accelerate and DeepSpeed), keeping their state in a ``__dict__``; they are found on the
+modules' attributes and, up to :data:`DEPTH` levels down, on each other's
+(``self.trainer.state.epoch``). The guards read their plain values at every step
+(:mod:`ortrain.ortmodule.guards`); the snapshot around a capture puts them back and reports what
+the trace changed (:mod:`ortrain.ortmodule.module_snapshot`).
 Configuration objects (:func:`ortrain.capture.plain_values.is_config_type`) are read as before.
 """
 
@@ -24,14 +25,20 @@ from typing import Any
 from ortrain.capture.plain_values import is_config_type
 
 DEPTH = 2  # a held object's held objects are read too, and no deeper
-_LIBRARY_PACKAGES = frozenset({"torch", "ortrain", "builtins", *sys.stdlib_module_names})
+# Packages whose objects on a module are not the model's state: PyTorch's and Python's own, and the
+# hooks that accelerate and DeepSpeed attach to the modules they wrap, which record the devices
+# and progress of every call (accelerate's ``_hf_hook.input_device``: each first step would have
+# run eagerly and captured twice). The forward they patch in is watched by identity.
+_LIBRARY_PACKAGES = frozenset(
+    {"torch", "ortrain", "builtins", "accelerate", "deepspeed", *sys.stdlib_module_names}
+)
 _NOT_HELD = (type, types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.ModuleType)
 _is_held_type: dict[type, bool] = {}
 
 
 def is_held_object(value: Any) -> bool:
     """Whether ``value`` is an object whose state a forward may read: an instance of a class of the
-    user's or of a library other than PyTorch and Python's own, with a ``__dict__``, that is not a
+    user's or of a library other than those above, with a ``__dict__``, that is not a
     configuration object (read as one) or a module of the model."""
     kind = type(value)
     known = _is_held_type.get(kind)

@@ -249,6 +249,23 @@ def test_undescribable_attribute_is_not_cached() -> None:
     assert _key(model) is None
 
 
+def _wrapped_forward(module: nn.Module, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    return type(module).forward(module, x) * scale
+
+
+def test_a_forward_patched_as_a_partial_of_its_module_has_a_key() -> None:
+    """accelerate's hooks patch ``module.forward = partial(new_forward, module)``: describing the
+    partial described the module again, which held the partial (a RecursionError at capture)."""
+    import functools
+
+    model = _Block()
+    model.fc.forward = functools.partial(_wrapped_forward, model.fc)
+    key = _key(model)
+    assert key is not None
+    model.fc.forward = functools.partial(_wrapped_forward, model.fc, scale=2.0)
+    assert _key(model) not in (None, key)
+
+
 SHARPNESS = 1.0  # a module-level value the forward reads, set at start-up
 
 

@@ -300,6 +300,20 @@ def test_deepspeeds_state_on_a_module_is_not_read_as_the_models(
     assert reasons == ["capturing a graph: first call"]
 
 
+def test_accelerates_hooks_record_devices_without_a_second_capture(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """accelerate's hook sets ``_hf_hook.input_device`` at every call: read as the model's state,
+    the first step ran eagerly after its capture and the model was captured twice."""
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+    model = Net()
+    add_hook_to_module(model.encoder, AlignDevicesHook(execution_device="cpu", io_same_device=True))
+    assert _capture_reasons(caplog, model, {}) == ["capturing a graph: first call"]
+
+
 _ANNEALING = _KLAnnealing()  # a module-level schedule object
 
 
