@@ -31,6 +31,7 @@ from ortrain.capture.functorch_transforms import functorch_transform_active
 from ortrain.capture.generator_resets import GeneratorResetError, refusing_generator_resets, user_forward
 from ortrain.capture.huggingface import register_hf_cache_types
 from ortrain.capture.lazy_recompile import graph_modules_compiled_on_first_call
+from ortrain.capture.memoized_functions import memoized_functions_unwrapped
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.capture.parametrization_cache import parametrizations_cached
 from ortrain.capture.tracing_context import capturing
@@ -771,7 +772,8 @@ class ORTModule(nn.Module):
         *,
         package: bool,
     ) -> tuple[Capture, Spec]:
-        with refusing_generator_resets(), refusing_autograd_hooks():
+        classes = {type(m) for m in self._ortrain_module.modules()}
+        with refusing_generator_resets(), refusing_autograd_hooks(), memoized_functions_unwrapped(classes):
             try:
                 with timed("capture"):
                     captured = capture(
