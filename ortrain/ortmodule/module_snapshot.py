@@ -17,14 +17,15 @@ a model that changes at every call trains through TorchDynamo's graph breaks).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+import types
+from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ortrain.capture.global_reads import global_reads
+from ortrain.capture.global_reads import code_reads, global_reads
 from ortrain.capture.held_objects import attributes as held_attributes
 from ortrain.capture.held_objects import held_objects, is_held_object, is_pytorch_class
 from ortrain.capture.plain_values import PLAIN
@@ -66,7 +67,8 @@ class _RecordedHeld:
 @dataclass
 class _RecordedGlobal:
     label: str  # "global train.STATS"
-    namespace: MutableMapping[str, Any]  # a module's globals, or a closure's cell
+    # a module's globals, a closure's cell, a class; None for a default argument (no binding)
+    namespace: MutableMapping[str, Any] | None
     name: str
     value: Any
     contents: Any  # a table's contents or an object's attributes, copied; None for others
@@ -88,10 +90,7 @@ class ModuleSnapshot:
             where = repr(name) if name else "the model"
             # DeepSpeed's hooks keep their own state on the modules they hook, changed at every call.
             own = ((k, v) for k, v in attributes.items() if not is_deepspeed_hook_state(k))
-            for path, held in held_objects(own):
-                state = dict(held_attributes(held))
-                held_tables = {k: _copy(v) for k, v in state.items() if isinstance(v, _TABLES)}
-                self._held.append(_RecordedHeld(f"object {path!r} held by {where}", held, state, held_tables))
+            self._record_held(own, f"held by {where}")
         read: set[tuple[int, str]] = set()
         for klass in {k for cls in classes for k in cls.__mro__ if not is_pytorch_class(k)}:
             # Tables and objects kept on the class are the instances' too (``self.STATS["calls"]
@@ -99,14 +98,42 @@ class ModuleSnapshot:
             namespace = _ClassAttributes(klass)
             for name, value in vars(klass).items():
                 if not name.startswith("__") and (isinstance(value, _TABLES) or is_held_object(value)):
-                    label = f"class attribute {klass.__qualname__}.{name}"
-                    self._globals.append(_RecordedGlobal(label, namespace, name, value, _contents(value)))
+                    self._record_global(f"class attribute {klass.__qualname__}.{name}", namespace, name)
         for cls in classes:
             for label, namespace, name in global_reads(cls):
                 if (id(namespace), name) not in read:
                     read.add((id(namespace), name))
-                    value = namespace.get(name, _MISSING)
-                    self._globals.append(_RecordedGlobal(label, namespace, name, value, _contents(value)))
+                    self._record_global(label, namespace, name)
+            for label, namespace, name in code_reads(cls):
+                function = namespace.get(name)
+                if isinstance(function, types.FunctionType) and (id(function), "defaults") not in read:
+                    read.add((id(function), "defaults"))
+                    self._record_defaults(label, function)
+
+    def _record_global(self, label: str, namespace: MutableMapping[str, Any], name: str) -> None:
+        value = namespace.get(name, _MISSING)
+        if is_held_object(value):  # ``SHARED = MaskCache()``: its attributes and their tables
+            self._globals.append(_RecordedGlobal(label, namespace, name, value, None))
+            self._record_held([(name, value)], f"({label})")
+        else:
+            self._globals.append(_RecordedGlobal(label, namespace, name, value, _contents(value)))
+
+    def _record_held(self, named_values: Iterable[tuple[str, Any]], where: str) -> None:
+        for path, held in held_objects(named_values):
+            state = dict(held_attributes(held))
+            tables = {k: _copy(v) for k, v in state.items() if isinstance(v, _TABLES)}
+            self._held.append(_RecordedHeld(f"object {path!r} {where}", held, state, tables))
+
+    def _record_defaults(self, label: str, function: types.FunctionType) -> None:
+        """A default argument that is a table or an object (``def mask(n, _cache={})``, a cache
+        filled at the first call) is state the function keeps between calls."""
+        defaults = [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
+        for value in defaults:
+            if isinstance(value, _TABLES):
+                where = f"a default argument of {label.split()[-1]}"
+                self._globals.append(_RecordedGlobal(where, None, "", value, _contents(value)))
+        named = [(f"default of {label.split()[-1]}", v) for v in defaults]
+        self._record_held(named, "")
 
     def restore(self) -> list[str]:
         """Put every recorded module back as it was; returns what had changed (empty: nothing)."""
@@ -217,7 +244,7 @@ def _contents(value: Any) -> Any:
 def _restore_global(recorded: _RecordedGlobal) -> list[str]:
     """Put one module-level value back (the name's binding, then its contents); what changed."""
     namespace, name, value = recorded.namespace, recorded.name, recorded.value
-    if namespace.get(name, _MISSING) is not value:
+    if namespace is not None and namespace.get(name, _MISSING) is not value:
         if value is _MISSING:
             namespace.pop(name, None)
         else:

@@ -59,3 +59,51 @@ def test_a_memoized_tensor_helper_trains_and_its_cache_stays_real() -> None:
             torch.testing.assert_close(p.grad, q.grad)
     assert type(_causal_mask(5)) is torch.Tensor
     assert not wrapped._ortrain_fallback.active
+
+
+def _mask_with_default_cache(length: int, _cache: dict[int, torch.Tensor] = {}) -> torch.Tensor:  # noqa: B006
+    if length not in _cache:
+        _cache[length] = torch.triu(torch.ones(length, length), 1).bool()
+    return _cache[length]
+
+
+class _MaskStore:
+    def __init__(self) -> None:
+        self.masks: dict[int, torch.Tensor] = {}
+
+    def get(self, length: int) -> torch.Tensor:
+        if length not in self.masks:
+            self.masks[length] = torch.triu(torch.ones(length, length), 1).bool()
+        return self.masks[length]
+
+
+_MASKS = _MaskStore()
+
+
+class _CachedMasks(nn.Module):
+    def __init__(self, shared_store: bool) -> None:
+        super().__init__()
+        self.query = nn.Linear(8, 8)
+        self.shared_store = shared_store
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length = x.shape[1]
+        mask = _MASKS.get(length) if self.shared_store else _mask_with_default_cache(length)
+        scores = (self.query(x) @ x.transpose(1, 2)).masked_fill(mask, float("-inf"))
+        return scores.softmax(-1).pow(2).sum()
+
+
+@pytest.mark.parametrize("shared_store", [False, True], ids=["default argument", "module-level object"])
+def test_a_cache_kept_by_a_helper_holds_real_tensors(shared_store: bool) -> None:
+    """A cache in a mutable default argument or in a module-level object's dict kept the capture's
+    fake mask, and the next call in PyTorch failed on it (wave 30)."""
+    _MASKS.masks.clear()
+    _mask_with_default_cache.__defaults__[0].clear()  # type: ignore[index]
+    torch.manual_seed(0)
+    wrapped = ORTModule(_CachedMasks(shared_store))
+    eager = copy.deepcopy(wrapped.module)
+    for length in (5, 5, 6):
+        x = torch.randn(2, length, 8)
+        assert wrapped(x).item() == pytest.approx(eager(x).item(), rel=1e-5)
+    cache = _MASKS.masks if shared_store else _mask_with_default_cache.__defaults__[0]  # type: ignore[index]
+    assert {type(mask) for mask in cache.values()} == {torch.Tensor}
