@@ -39,7 +39,8 @@ from ortrain.capture.generator_resets import in_user_forward
 _TENSOR_METHODS = ("register_hook", "register_post_accumulate_grad_hook", "retain_grad")
 
 
-_GRAD_FN = torch._C.TensorBase.__dict__["grad_fn"]  # the C property plain tensors use
+_GRAD_FN = torch._C.TensorBase.__dict__["grad_fn"]  # the C properties plain tensors use
+_GRAD = torch._C.TensorBase.__dict__["grad"]
 
 
 class AutogradHookError(RuntimeError):
@@ -128,11 +129,17 @@ def refusing_autograd_hooks() -> Iterator[None]:
             return node
         return _WatchedNode(node, refuse)
 
-    # retain_grad and grad_fn are inherited from the C class: set on torch.Tensor, then deleted.
-    originals = {name: torch.Tensor.__dict__.get(name) for name in (*_TENSOR_METHODS, "grad_fn")}
+    def grad(tensor: torch.Tensor) -> Any:
+        if in_user_forward() and tensor.requires_grad and not _called_from_torch():
+            refuse("Tensor.grad")
+        return _GRAD.__get__(tensor)
+
+    # retain_grad, grad_fn and grad are inherited from the C class: set on torch.Tensor, then deleted.
+    originals = {name: torch.Tensor.__dict__.get(name) for name in (*_TENSOR_METHODS, "grad_fn", "grad")}
     for name in _TENSOR_METHODS:
         setattr(torch.Tensor, name, watched_method(name, getattr(torch.Tensor, name)))
     torch.Tensor.grad_fn = property(grad_fn, doc=_GRAD_FN.__doc__)  # type: ignore[method-assign, assignment]
+    torch.Tensor.grad = property(grad, _GRAD.__set__, _GRAD.__delete__, doc=_GRAD.__doc__)  # type: ignore[method-assign, assignment]
     saved_tensors_hooks.__enter__ = watched_enter  # type: ignore[method-assign]
     try:
         yield
@@ -143,6 +150,11 @@ def refusing_autograd_hooks() -> Iterator[None]:
                 delattr(torch.Tensor, name)
             else:
                 setattr(torch.Tensor, name, original)
+        if "Tensor.grad" in called:
+            raise AutogradHookError(
+                "the forward reads a gradient an earlier backward left (Tensor.grad): a captured "
+                "graph would keep what it read while tracing"
+            )
         if called:
             raise AutogradHookError(
                 f"the forward installs an autograd hook for its own backward "

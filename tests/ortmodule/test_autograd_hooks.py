@@ -147,3 +147,34 @@ def test_the_hooks_are_named_and_the_methods_put_back() -> None:
         leaf.register_hook(lambda grad: grad)  # outside the user's forward: PyTorch's own
         with user_forward(), pytest.raises(RuntimeError, match="doesn't require gradient"):
             torch.ones(2).register_hook(lambda grad: grad)  # eager's own error
+
+
+class _ReadsItsGradient(nn.Module):
+    """A regularizer on the gradient the last backward left (gradient accumulation keeps it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = nn.functional.cross_entropy(self.linear(x), y)
+        previous = self.linear.weight.grad
+        if previous is not None:
+            loss = loss + 0.5 * (self.linear.weight * previous).sum()
+        return loss
+
+
+def test_a_forward_that_reads_a_gradient_sees_each_steps_gradient() -> None:
+    """Wave 30: the capture read ``weight.grad`` once (None) and the graph kept that branch while
+    the gradients accumulated: the loss stayed the first step's, silently."""
+    torch.manual_seed(0)
+    eager = _ReadsItsGradient()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x, y = torch.randn(4, 6), torch.tensor([0, 2, 1, 0])
+    for _ in range(3):  # accumulating: no zero_grad
+        losses = [module(x, y) for module in (wrapped, eager)]
+        for loss in losses:
+            loss.backward()
+        assert losses[0].item() == pytest.approx(losses[1].item(), rel=1e-5)
+    torch.testing.assert_close(wrapped.linear.weight.grad, eager.linear.weight.grad)
+    assert wrapped._ortrain_graph_breaks is not None
