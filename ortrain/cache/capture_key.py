@@ -62,6 +62,7 @@ from ortrain.capture.global_reads import (
     class_reads,
     methods_called_from_outside,
 )
+from ortrain.capture.plain_values import python_attributes
 from ortrain.capture.tensor_attributes import tensor_attributes
 
 logger = logging.getLogger("ortrain.cache")
@@ -234,6 +235,8 @@ def _tensor(seen: dict[int, str], name: str, t: torch.Tensor | None, by_value: b
         return [name, "alias", first]
     # The device with its index: a graph holds device constants (rank 1 on cuda:1 must miss rank 0's).
     signature = [name, str(t.dtype), str(t.device), list(t.shape), t.requires_grad]
+    if attributes := python_attributes(t):  # ``weight.lr_scale = 2.0``: read by the trace
+        signature.append(describe(attributes))
     return [*signature, _values(t)] if by_value else signature
 
 

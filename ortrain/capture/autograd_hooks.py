@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
+from ortrain.capture.function_overrides import grad_of_a_traced_leaf
 from ortrain.capture.generator_resets import in_user_forward
 
 _TENSOR_METHODS = ("register_hook", "register_post_accumulate_grad_hook", "retain_grad")
@@ -80,9 +81,22 @@ class _WatchedNode:
         return repr(self._node)
 
 
+# Frames that pass a property read on rather than make it: torch function modes (ortrain's own,
+# proxy tracing's) re-dispatch ``p.grad`` read by ``Module._apply`` inside a ``module.to()`` call.
+_PASSING_ON = (
+    "ortrain.",
+    "torch.overrides",
+    "torch.fx.experimental.proxy_tensor",
+    "torch.utils._python_dispatch",
+)
+
+
 def _called_from_torch() -> bool:
-    # Two frames up: the code that read the property (this function's caller is the getter).
-    return str(sys._getframe(2).f_globals.get("__name__", "")).startswith("torch.")
+    """Whether PyTorch's code read the property (frames that pass the read on skipped)."""
+    frame = sys._getframe(2)  # this function's caller is the getter; its caller, the reader
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith(_PASSING_ON):
+        frame = frame.f_back
+    return frame is not None and str(frame.f_globals.get("__name__", "")).startswith("torch.")
 
 
 def _users(hooks: saved_tensors_hooks) -> bool:
@@ -132,7 +146,7 @@ def refusing_autograd_hooks() -> Iterator[None]:
     def grad(tensor: torch.Tensor) -> Any:
         if in_user_forward() and tensor.requires_grad and not _called_from_torch():
             refuse("Tensor.grad")
-        return _GRAD.__get__(tensor)
+        return grad_of_a_traced_leaf(tensor)  # without the non-leaf warning eager never gives
 
     # retain_grad, grad_fn and grad are inherited from the C class: set on torch.Tensor, then deleted.
     originals = {name: torch.Tensor.__dict__.get(name) for name in (*_TENSOR_METHODS, "grad_fn", "grad")}

@@ -25,7 +25,7 @@ from ortrain.capture.storage_views import OVERRIDES as STORAGE_VIEWS
 _GRAD_GETTER = torch.Tensor.grad.__get__
 
 
-def _grad_of_a_traced_leaf(tensor: torch.Tensor) -> torch.Tensor | None:
+def grad_of_a_traced_leaf(tensor: torch.Tensor) -> torch.Tensor | None:
     # While tracing, parameters are traced tensors that are not leaves: reading `p.grad` in a
     # forward (as `module.to()` does) warned about a non-leaf's .grad, which eager never shows.
     with warnings.catch_warnings():
@@ -39,7 +39,7 @@ def _overrides(recurrent_as_python_ops: bool) -> dict[Callable[..., Any], Callab
     # as_strided on a permuted tensor: see capture/storage_views.py
     return {
         torch.nn.functional.ctc_loss: ctc_loss_function,
-        _GRAD_GETTER: _grad_of_a_traced_leaf,
+        _GRAD_GETTER: grad_of_a_traced_leaf,
         **recurrent,
         **STORAGE_VIEWS,
     }

@@ -39,6 +39,7 @@ import torch
 
 from ortrain.capture.attention_kernel import attention_kernel_choice
 from ortrain.capture.huggingface import hf_masks_traceable
+from ortrain.capture.tensor_python_attributes import python_attributes_carried
 from ortrain.capture.torchscript_calls import torchscript_unoptimized
 
 
@@ -106,4 +107,5 @@ def tracing_context() -> Iterator[None]:
         stack.enter_context(meta_failures_unlogged())
         stack.enter_context(saved_tensor_hooks_ignored())
         stack.enter_context(torchscript_unoptimized())
+        stack.enter_context(python_attributes_carried())
         yield

@@ -49,7 +49,7 @@ from ortrain.capture.plain_values import NOT_PLAIN as _NOT_PLAIN
 from ortrain.capture.plain_values import PLAIN as _PLAIN
 from ortrain.capture.plain_values import SEQUENCES as _SEQUENCES
 from ortrain.capture.plain_values import SHORT as _SHORT
-from ortrain.capture.plain_values import is_config_type
+from ortrain.capture.plain_values import is_config_type, python_attributes
 from ortrain.capture.plain_values import plain_form as _plain_form
 from ortrain.capture.tensor_attributes import is_tensor_attribute, tensor_attributes
 
@@ -125,7 +125,8 @@ def read_state(root: nn.Module) -> ModelState:
         if type(tensor) in _UNINITIALIZED:  # it has no shape yet
             uninitialized.append(name)
             return (name, "uninitialized")
-        return (name, tensor.dtype, tensor.device, tensor.shape, tensor.requires_grad)
+        attributes = python_attributes(tensor)  # ``weight.lr_scale``, read like a module's (wave 30)
+        return (name, tensor.dtype, tensor.device, tensor.shape, tensor.requires_grad, attributes)
 
     stack: list[nn.Module] = [root]
     while stack:
@@ -468,7 +469,7 @@ def _first_difference(before: dict[str, Any], after: dict[str, Any]) -> tuple[st
 def _tensor_change(module: str, kind: str, before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
     if [t[0] for t in before] != [t[0] for t in after]:
         return f"{kind}s of {module!r} were added or removed"
-    fields = ("dtype", "device", "shape", "requires_grad")
+    fields = ("dtype", "device", "shape", "requires_grad", "Python attributes")
     for b, a in zip(before, after, strict=True):
         if b == a:
             continue

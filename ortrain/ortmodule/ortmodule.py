@@ -34,6 +34,7 @@ from ortrain.capture.lazy_recompile import graph_modules_compiled_on_first_call
 from ortrain.capture.memoized_functions import memoized_functions_unwrapped
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.capture.parametrization_cache import parametrizations_cached
+from ortrain.capture.plain_values import python_attributes
 from ortrain.capture.tracing_context import capturing
 from ortrain.errors import exception_chain
 from ortrain.inspector.runtime_inspector import RuntimeInspector
@@ -822,6 +823,7 @@ class ORTModule(nn.Module):
             "spec": key.spec,
             "inputs": [
                 [str(t.dtype), list(t.shape), str(t.device), t.requires_grad, memory_layout(t)]
+                + ([list(attributes)] if (attributes := python_attributes(t)) else [])
                 for t in inputs
             ],
             "training": key.training,
@@ -974,6 +976,7 @@ def _show_leaf(leaf: Spec) -> str:
 
 
 def _show_signature(signature: tuple[Any, ...]) -> str:
-    dtype, rank, device, requires_grad, layout = signature
+    dtype, rank, device, requires_grad, layout, *attributes = signature
     grad = ", requires_grad" if requires_grad else ""
-    return f"{str(dtype).removeprefix('torch.')} of rank {rank} on {device}{grad}, {layout}"
+    carried = f", with {dict(attributes[0])}" if attributes else ""
+    return f"{str(dtype).removeprefix('torch.')} of rank {rank} on {device}{grad}, {layout}{carried}"

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ortrain.capture.huggingface import layered_cache, rebuilt_cache
+from ortrain.capture.plain_values import python_attributes
 from ortrain.capture.pytree_nodes import NodeContext, flatten_registered, unflatten_registered
 from ortrain.ortmodule.fallback import ORTModuleIOError
 
@@ -192,7 +193,9 @@ def _unflatten(spec: Spec, take: Callable[[], Any]) -> Any:
 
 def tensor_signature(tensor: torch.Tensor) -> tuple[Any, ...]:
     """What a graph depends on besides sizes: a change here needs a new capture."""
-    return (tensor.dtype, tensor.dim(), tensor.device.type, tensor.requires_grad, memory_layout(tensor))
+    signature = (tensor.dtype, tensor.dim(), tensor.device.type, tensor.requires_grad, memory_layout(tensor))
+    attributes = python_attributes(tensor)  # a flag set on the input (``x.scale = 2.0``), wave 30
+    return (*signature, attributes) if attributes else signature
 
 
 def memory_layout(tensor: torch.Tensor) -> str:

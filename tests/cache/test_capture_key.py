@@ -87,6 +87,7 @@ CHANGES: dict[str, Callable[[nn.Module], None]] = {
     "submodule swapped": lambda m: setattr(m, "drop", nn.Identity()),
     "listed tensor's values": lambda m: m.table[0].add_(1),
     "listed module's weights": lambda m: m.teacher[0].bias.data.add_(1),
+    "parameter's Python attribute": lambda m: setattr(m.fc.weight, "lr_scale", 2.0),
 }
 
 

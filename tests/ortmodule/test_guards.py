@@ -314,6 +314,38 @@ def test_accelerates_hooks_record_devices_without_a_second_capture(
     assert _capture_reasons(caplog, model, {}) == ["capturing a graph: first call"]
 
 
+class _ScaledByAttributes(Net):
+    """Reads Python attributes set on a parameter and on its input, as flags."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        scale = getattr(self.head.weight, "logit_scale", 1.0) * getattr(x, "scale", 1.0)
+        return F.cross_entropy(self.head(torch.tanh(self.encoder(x))) * scale, y)
+
+
+def test_python_attributes_of_a_parameter_and_an_input_are_read_and_seen(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Wave 30: the capture traced fake tensors without the real ones' Python attributes (the
+    forward read the default, 1.0), and the key did not hold them either."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+    model = _ScaledByAttributes()
+
+    def attribute(value: float) -> Change:
+        return lambda m: setattr(m.head.weight, "logit_scale", value)  # deepcopy drops it: set both
+
+    reasons = _capture_reasons(caplog, model, {0: attribute(2.0), 2: attribute(3.0)})
+    assert len(reasons) == 2, reasons
+    assert "Python attributes of parameter 'head.weight' changed" in reasons[1]
+    wrapped, eager = ORTModule(copy.deepcopy(model)), model
+    attribute(3.0)(wrapped)
+    x, y = _batch(0)
+    flagged = x.clone()
+    flagged.scale = 0.5
+    for inputs in ((x, y), (flagged, y)):
+        assert wrapped(*inputs).item() == pytest.approx(eager(*inputs).item(), rel=1e-5)
+
+
 _ANNEALING = _KLAnnealing()  # a module-level schedule object
 
 
