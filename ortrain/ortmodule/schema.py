@@ -79,8 +79,27 @@ def _child(where: tuple[str, str], key: Any) -> tuple[str, str]:
     return (what, f"{path}[{key!r}]")
 
 
+# Tensors no capture can trace: PyTorch's fake tensors have no form of them ("NestedTensorImpl
+# doesn't support sizes. Please file an issue", "layout_impl is only implemented for TensorImpl
+# subclasses" was the cause the fallback warning gave, sending users to PyTorch's tracker).
+_COMPRESSED_SPARSE = frozenset({torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc})
+
+
+def _uncapturable(tensor: torch.Tensor) -> str | None:
+    if tensor.is_nested:
+        return "a nested tensor (torch.nested)"
+    if tensor.layout in _COMPRESSED_SPARSE:
+        return f"a {str(tensor.layout).removeprefix('torch.')} tensor"
+    return None
+
+
 def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) -> Spec:
     if isinstance(value, torch.Tensor):
+        if (kind := _uncapturable(value)) is not None:
+            raise ORTModuleIOError(
+                f"ORTModule cannot capture {_describe(where)}, {kind}: pass padded strided tensors "
+                "(with a mask) or sparse COO ones (tensor.to_sparse())"
+            )
         tensors.append(value)
         return ("tensor",)
     if isinstance(value, _CONSTANT_TYPES):

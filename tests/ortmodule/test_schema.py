@@ -98,3 +98,19 @@ def test_unsupported_input_error_names_its_place(args: tuple, kwargs: dict, wher
 def test_unsupported_output_error_names_its_place(value: object, where: str) -> None:
     with pytest.raises(ORTModuleIOError, match=re.escape(f"cannot pass {where} (a object)")):
         flatten_outputs(value)
+
+
+@pytest.mark.parametrize(
+    ("tensor", "kind"),
+    [
+        (torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)]), "a nested tensor (torch.nested)"),
+        (torch.eye(3).to_sparse_csr(), "a sparse_csr tensor"),
+    ],
+    ids=["nested", "csr"],
+)
+def test_an_input_no_capture_can_trace_is_named_with_what_to_pass(tensor: torch.Tensor, kind: str) -> None:
+    """The fallback's cause was PyTorch's internal error ("NestedTensorImpl doesn't support sizes.
+    Please file an issue")."""
+    expected = re.escape(f"cannot capture input 'batch', {kind}: pass padded")
+    with pytest.raises(ORTModuleIOError, match=expected):
+        flatten_inputs((), {"batch": tensor})
