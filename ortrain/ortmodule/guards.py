@@ -407,7 +407,11 @@ def _object_change(module: str, owner: nn.Module, before: tuple[Any, ...], after
         return f"an attribute of {module!r} was replaced"
     name, was, now = found
     if isinstance(was, tuple) and isinstance(now, tuple) and was[1] == now[1] and len(was) == len(now) == 3:
-        holder = "a config" if is_config_type(type(owner.__dict__.get(name))) else "an object"
+        held = owner.__dict__.get(name)
+        if type(held) in _TABLES:
+            holder = f"a {type(held).__name__}"
+        else:
+            holder = "a config" if is_config_type(type(held)) else "an object"
         return f"{name}.{_value_change(was[2], now[2])} ({holder} held by {module!r})"
     return f"attribute {name!r} of {module!r} was replaced"
 

@@ -229,7 +229,7 @@ def test_a_changed_dict_set_or_namespace_value_is_seen(
 
     reasons = _capture_reasons(caplog, _TableConfiguredNet(), {1: weight, 2: flag, 4: scale})
     assert len(reasons) == 4, reasons
-    assert "loss_weights.l2 changed from 0.0 to 0.5" in reasons[1]
+    assert "loss_weights.l2 changed from 0.0 to 0.5 (a dict held by '(the model)')" in reasons[1]
     assert "flags.members changed" in reasons[2]
     assert "schedule.scale changed from 1.0 to 2.0" in reasons[3]
 
