@@ -234,6 +234,13 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.binary_cross_entropy_with_logits.default] = losses.binary_cross_entropy_with_logits
     table[aten.nll_loss_backward.default] = losses.nll_loss_backward
     table[aten.nll_loss2d_backward.default] = losses.nll_loss_backward
+    table[aten.mean.default] = math_ops.mean_of_nothing
+    table[aten.mean.dim] = math_ops.mean_of_nothing
+    for regression_loss in (aten.mse_loss, aten.smooth_l1_loss, aten.huber_loss):
+        table[regression_loss.default] = losses.mean_loss_of_nothing
+    table[aten.mse_loss_backward.default] = losses.mse_loss_backward
+    table[aten.smooth_l1_loss_backward.default] = losses.smooth_l1_loss_backward
+    table[aten.huber_loss_backward.default] = losses.huber_loss_backward
     table[aten.mv.default] = math_ops.mv
     table[aten.addmv.default] = math_ops.addmv
     table[aten.kthvalue.default] = math_ops.kthvalue

@@ -11,11 +11,19 @@ gradient, a full-size broadcast of ``weight`` when there is one: three passes ov
 on the row ((rows, 1)) and written by one scatter into the zeros, which ONNX Runtime runs in place.
 The scatter is also the form :mod:`ortrain.capture.loss_backward` recognises to fuse it with
 ``log_softmax``'s backward.
+
+``mse_loss_backward``, ``smooth_l1_loss_backward``, ``huber_loss_backward``: safe for an empty
+input (below).
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import torch
+
+from ortrain.capture.decompositions_math import is_statically_empty
 
 _NONE, _MEAN, _SUM = 0, 1, 2
 
@@ -71,3 +79,69 @@ def nll_loss_backward(
         grad = grad * weight.index_select(0, safe_target.reshape(-1)).reshape(safe_target.shape)
     row = torch.where(counted, -grad, 0).to(self.dtype)
     return torch.zeros_like(self).scatter(channel_dim, safe_target, row)
+
+
+# ---- the backward of the pointwise regression losses, safe for an empty input --------------------
+# PyTorch's decompositions of these divide by ``input.numel()`` in Python, and fake tensors run
+# them to infer shapes: a loss over an empty selection (``mse_loss(pred[valid], y[valid])`` in a
+# batch where nothing is valid, where eager PyTorch returns NaN) raised ZeroDivisionError in the
+# capture, and the model fell back to PyTorch for good. An empty input's gradient is empty, so any
+# scale serves there; ``sym_max`` keeps a size the graph leaves open unguarded.
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _mean_scale(scale: float, input: torch.Tensor, reduction: int) -> float | torch.SymFloat:
+    return scale / torch.sym_max(input.numel(), 1) if reduction == _MEAN else scale
+
+
+def _in_opmath(function: Any) -> Any:
+    """Compute in float32 for half-precision tensors and round the result, as PyTorch's kernels do."""
+
+    @functools.wraps(function)
+    def computed(grad_output: torch.Tensor, input: torch.Tensor, target: torch.Tensor, *rest: Any) -> Any:
+        dtype = input.dtype
+        if dtype not in _LOW_PRECISION:
+            return function(grad_output, input, target, *rest)
+        upcast = [t.float() for t in (grad_output, input, target)]
+        return function(*upcast, *rest).to(dtype)
+
+    return computed
+
+
+@_in_opmath
+def mse_loss_backward(
+    grad_output: torch.Tensor, input: torch.Tensor, target: torch.Tensor, reduction: int
+) -> torch.Tensor:
+    return _mean_scale(2.0, input, reduction) * (input - target) * grad_output
+
+
+@_in_opmath
+def smooth_l1_loss_backward(
+    grad_output: torch.Tensor, input: torch.Tensor, target: torch.Tensor, reduction: int, beta: float
+) -> torch.Tensor:
+    difference = input - target
+    scaled = _mean_scale(1.0, input, reduction) * grad_output
+    return torch.where(difference.abs() < beta, scaled * difference / beta, scaled * torch.sign(difference))
+
+
+@_in_opmath
+def huber_loss_backward(
+    grad_output: torch.Tensor, input: torch.Tensor, target: torch.Tensor, reduction: int, delta: float
+) -> torch.Tensor:
+    difference = input - target
+    scaled = _mean_scale(1.0, input, reduction) * grad_output
+    return torch.where(
+        difference < -delta,
+        -scaled * delta,
+        torch.where(difference > delta, scaled * delta, scaled * difference),
+    )
+
+
+def mean_loss_of_nothing(
+    input: torch.Tensor, target: torch.Tensor, reduction: int = _MEAN, *rest: Any
+) -> Any:
+    """``mse_loss``, ``smooth_l1_loss``, ``huber_loss`` averaged over an empty input: NaN, as in
+    PyTorch (ONNX Runtime's mean of nothing is 0); others are left to their translation."""
+    if reduction != _MEAN or not any(is_statically_empty(size) for size in input.shape):
+        return NotImplemented
+    return (input - target).sum() + float("nan")  # the empty sum keeps the gradient's path

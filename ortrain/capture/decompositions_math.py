@@ -447,3 +447,28 @@ def nextafter(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     value = torch.where(wide == target, target, value)
     value = torch.where(torch.isnan(wide) | torch.isnan(target), math.nan, value)
     return value.to(x.dtype)
+
+
+def mean_of_nothing(
+    input: torch.Tensor,
+    dim: list[int] | None = None,
+    keepdim: bool = False,
+    *,
+    dtype: torch.dtype | None = None,
+) -> Any:
+    """``mean`` over no elements is NaN in PyTorch; ONNX Runtime's ReduceMean gives 0 (a masked
+    loss over an empty selection read 0 where eager read NaN, and a script that skips a NaN step
+    stepped on). Written as the empty sum plus NaN where the graph itself reduces a dimension of
+    size 0; every other mean stays one ReduceMean, which ONNX Runtime's normalization fusions
+    look for."""
+    if input.dim() == 0:
+        return NotImplemented
+    dims = list(range(input.dim())) if not dim else [d % input.dim() for d in dim]
+    if not any(is_statically_empty(input.shape[d]) for d in dims):
+        return NotImplemented
+    return input.sum(dims, keepdim=keepdim, dtype=dtype) + float("nan")
+
+
+def is_statically_empty(size: int | torch.SymInt) -> bool:
+    """A size that is 0 in the graph itself (PyTorch never leaves a size of 0 open)."""
+    return type(size) is int and size == 0

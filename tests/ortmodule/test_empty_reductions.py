@@ -1,0 +1,78 @@
+"""Means over nothing, as a loss over an empty selection takes them: NaN as in eager PyTorch, and no
+failure of the capture (ortrain/capture/decompositions_losses.py, decompositions_math.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ortrain import ORTModule
+
+
+class _MaskedRegression(nn.Module):
+    def __init__(self, loss: str) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 1)
+        self.loss = loss
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        prediction = self.linear(x).squeeze(-1)
+        return getattr(F, self.loss)(prediction[valid], y[valid])
+
+
+@pytest.mark.parametrize("loss", ["mse_loss", "smooth_l1_loss", "huber_loss", "l1_loss"])
+def test_a_loss_over_an_empty_selection_is_nan_and_the_model_stays_on_ort(loss: str) -> None:
+    """Wave 30: mse, smooth L1 and Huber failed their capture there (PyTorch's decomposition of
+    their backward divides by the element count in Python) and the model fell back to PyTorch for
+    good; the mean of nothing was 0 on ONNX Runtime, NaN in eager PyTorch."""
+    torch.manual_seed(0)
+    eager = _MaskedRegression(loss)
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for step in range(4):
+        x, y = torch.randn(5, 6), torch.randn(5)
+        valid = torch.zeros(5, dtype=torch.bool) if step == 2 else torch.tensor([1, 0, 1, 1, 0]).bool()
+        got, expected = wrapped(x, y, valid), eager(x, y, valid)
+        got.backward()
+        expected.backward()
+        torch.testing.assert_close(got, expected, equal_nan=True)
+        torch.testing.assert_close(wrapped.linear.weight.grad, eager.linear.weight.grad)
+        wrapped.zero_grad()
+        eager.zero_grad()
+    assert not wrapped._ortrain_fallback.active
+
+
+class _Means(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x * self.scale
+        return h.mean(), h.mean(0)
+
+
+def test_the_mean_of_an_empty_input_is_nan() -> None:
+    wrapped = ORTModule(_Means())
+    whole, per_column = wrapped(torch.ones(0, 3))
+    assert whole.isnan() and per_column.isnan().all() and per_column.shape == (3,)
+    whole, per_column = wrapped(torch.ones(2, 3))  # a mean over something is the plain mean
+    assert whole.item() == 1.0 and per_column.tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("loss", ["mse_loss", "smooth_l1_loss", "huber_loss"])
+def test_the_loss_backwards_match_eager_in_bfloat16(loss: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written anew for the empty case, they compute in float32 and round, as PyTorch's kernels.
+    (ONNX Runtime has no CPU kernels for bfloat16 matmuls: those run in PyTorch.)"""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_ONNX_MODEL")
+    torch.manual_seed(0)
+    eager = _MaskedRegression(loss).to(torch.bfloat16)
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x, y = torch.randn(5, 6, dtype=torch.bfloat16), torch.randn(5, dtype=torch.bfloat16)
+    valid = torch.ones(5, dtype=torch.bool)
+    wrapped(x, y, valid).backward()
+    eager(x, y, valid).backward()
+    torch.testing.assert_close(wrapped.linear.weight.grad, eager.linear.weight.grad)
