@@ -236,6 +236,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.nll_loss2d_backward.default] = losses.nll_loss_backward
     table[aten.mean.default] = math_ops.mean_of_nothing
     table[aten.mean.dim] = math_ops.mean_of_nothing
+    table[aten.var.correction] = math_ops.spread_of_nothing
+    table[aten.std.correction] = math_ops.spread_of_nothing
     for regression_loss in (aten.mse_loss, aten.smooth_l1_loss, aten.huber_loss):
         table[regression_loss.default] = losses.mean_loss_of_nothing
     table[aten.mse_loss_backward.default] = losses.mse_loss_backward

@@ -469,6 +469,18 @@ def mean_of_nothing(
     return input.sum(dims, keepdim=keepdim, dtype=dtype) + float("nan")
 
 
+def spread_of_nothing(
+    input: torch.Tensor,
+    dim: list[int] | None = None,
+    *,
+    correction: float | None = None,
+    keepdim: bool = False,
+) -> Any:
+    """``var`` and ``std`` over no elements: NaN in PyTorch, 0 from their ONNX translation."""
+    del correction  # no correction makes a spread of nothing a number
+    return mean_of_nothing(input, dim, keepdim)
+
+
 def is_statically_empty(size: int | torch.SymInt) -> bool:
     """A size that is 0 in the graph itself (PyTorch never leaves a size of 0 open)."""
     return type(size) is int and size == 0
