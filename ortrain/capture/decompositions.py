@@ -237,6 +237,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.mean.default] = math_ops.mean_of_nothing
     table[aten.mean.dim] = math_ops.mean_of_nothing
     table[aten.var.correction] = math_ops.spread_of_nothing
+    table[aten.mul.Scalar] = math_ops.mul_by_symbolic_scalar
+    table[aten.div.Scalar] = math_ops.div_by_symbolic_scalar
     table[aten.std.correction] = math_ops.spread_of_nothing
     for regression_loss in (aten.mse_loss, aten.smooth_l1_loss, aten.huber_loss):
         table[regression_loss.default] = losses.mean_loss_of_nothing

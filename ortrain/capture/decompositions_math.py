@@ -484,3 +484,24 @@ def spread_of_nothing(
 def is_statically_empty(size: int | torch.SymInt) -> bool:
     """A size that is 0 in the graph itself (PyTorch never leaves a size of 0 open)."""
     return type(size) is int and size == 0
+
+
+def _symbolic_scalar_as_tensor(operation: Callable[..., Any]) -> Callable[..., Any]:
+    def with_tensor(input: torch.Tensor, other: Any) -> Any:
+        if not isinstance(other, (torch.SymFloat, torch.SymInt)):
+            return NotImplemented
+        # The dtype a Python number of its kind gives in type promotion with ``input``.
+        if input.is_floating_point() or input.is_complex() or isinstance(other, torch.SymInt):
+            dtype = input.dtype
+        else:
+            dtype = torch.get_default_dtype()
+        return operation(input, torch.scalar_tensor(other, dtype=dtype, device=input.device))
+
+    return with_tensor
+
+
+# ``tensor * (2.0 / (n - 1))`` with ``n`` a size the graph leaves open (``var``'s backward over a
+# dynamic batch, VICReg's variance term): the exporter's translation of ``mul.Scalar`` takes its
+# scalar as a Python float and failed on the symbolic one; as a 0-d tensor it is an ordinary input.
+mul_by_symbolic_scalar = _symbolic_scalar_as_tensor(torch.ops.aten.mul.Tensor)
+div_by_symbolic_scalar = _symbolic_scalar_as_tensor(torch.ops.aten.div.Tensor)
