@@ -8,8 +8,8 @@ functions at every run of its graphs, in eager's order.
 
 Besides the process-wide generators, a model keeps its own: ``self.rng =
 np.random.default_rng(seed)`` for a reproducible augmentation, a ``random.Random`` in the module that
-defines it. Those the forward can reach are watched too: generators held by a submodule (or by a
-plain object it holds), and those in the globals or closures of its class's methods.
+defines it. Those the forward can reach are watched too: generators held by a submodule (or by an
+object it holds), and those in the globals or closures of its class's methods.
 
 So capture and ortrain's eager error check run with these generators saved and put back, and a
 capture during which they moved is refused with :class:`PythonRandomnessError`: the model then
@@ -22,11 +22,13 @@ import contextlib
 import random
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import torch
 from torch import nn
+
+from ortrain.capture.held_objects import attributes as held_attributes
+from ortrain.capture.held_objects import held_objects
 
 
 class PythonRandomnessError(RuntimeError):
@@ -56,17 +58,6 @@ def _state_access(generator: Any) -> tuple[Callable[[], Any], Callable[[Any], No
     return (lambda: generator.state), (lambda state: setattr(generator, "state", state))  # BitGenerator
 
 
-def _held_values(value: Any) -> list[Any]:
-    """The attribute values of a plain object (not a module, tensor, class or function)."""
-    if isinstance(value, (nn.Module, torch.Tensor, type, types.FunctionType, types.ModuleType)):
-        return []
-    try:
-        held = object.__getattribute__(value, "__dict__")
-    except (AttributeError, TypeError):
-        return []
-    return list(held.values()) if isinstance(held, dict) else []
-
-
 def _cell_contents(function: types.FunctionType) -> list[Any]:
     contents = []
     for cell in function.__closure__ or ():
@@ -76,21 +67,21 @@ def _cell_contents(function: types.FunctionType) -> list[Any]:
 
 
 def reachable_generators(module: nn.Module) -> list[Any]:
-    """The model's own generators: held by a submodule or by a plain object it holds, or found in
-    the globals and closures of the submodules' classes' methods."""
+    """The model's own generators: held by a submodule or by an object it holds
+    (:mod:`ortrain.capture.held_objects`), or found in the globals and closures of the submodules'
+    classes' methods."""
     kinds = _generator_kinds()
     found: dict[int, Any] = {}
     seen_namespaces: set[int] = set()
 
-    def consider(values: Any, depth: int) -> None:
-        for value in values:
-            if isinstance(value, kinds):
-                found[id(value)] = value
-            elif depth:
-                consider(_held_values(value), depth - 1)
+    def consider(values: Iterable[Any]) -> None:
+        found.update((id(value), value) for value in values if isinstance(value, kinds))
 
     for submodule in module.modules():
-        consider(vars(submodule).values(), 1)
+        named = list(vars(submodule).items())
+        consider(value for _, value in named)
+        for _, held in held_objects(named):
+            consider(held_attributes(held).values())
         for cls in type(submodule).__mro__:
             if cls in (nn.Module, object):
                 break
@@ -99,8 +90,8 @@ def reachable_generators(module: nn.Module) -> list[Any]:
                     continue
                 if id(function.__globals__) not in seen_namespaces:
                     seen_namespaces.add(id(function.__globals__))
-                    consider(list(function.__globals__.values()), 0)
-                consider(_cell_contents(function), 0)
+                    consider(list(function.__globals__.values()))
+                consider(_cell_contents(function))
     return list(found.values())
 
 
