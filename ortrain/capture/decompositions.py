@@ -238,6 +238,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.mean.dim] = math_ops.mean_of_nothing
     table[aten.var.correction] = math_ops.spread_of_nothing
     table[aten.mul.Scalar] = math_ops.mul_by_symbolic_scalar
+    table[aten.mul.Tensor] = math_ops.mul_by_symbolic_scalar
     table[aten.div.Scalar] = math_ops.div_by_symbolic_scalar
     table[aten.std.correction] = math_ops.spread_of_nothing
     for regression_loss in (aten.mse_loss, aten.smooth_l1_loss, aten.huber_loss):

@@ -503,5 +503,7 @@ def _symbolic_scalar_as_tensor(operation: Callable[..., Any]) -> Callable[..., A
 # ``tensor * (2.0 / (n - 1))`` with ``n`` a size the graph leaves open (``var``'s backward over a
 # dynamic batch, VICReg's variance term): the exporter's translation of ``mul.Scalar`` takes its
 # scalar as a Python float and failed on the symbolic one; as a 0-d tensor it is an ordinary input.
+# ``mul.Tensor`` too: an integer tensor times such a float reaches ``mul.Scalar`` only after
+# PyTorch's type promotion, below this table.
 mul_by_symbolic_scalar = _symbolic_scalar_as_tensor(torch.ops.aten.mul.Tensor)
 div_by_symbolic_scalar = _symbolic_scalar_as_tensor(torch.ops.aten.div.Tensor)

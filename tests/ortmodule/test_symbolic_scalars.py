@@ -12,18 +12,19 @@ from ortrain import ORTModule
 
 
 class _VarianceTerms(nn.Module):
-    """VICReg's variance and covariance terms over the batch."""
+    """VICReg's variance and covariance terms over the batch, and an integer count scaled by it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.projector = nn.Linear(8, 6)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         z = self.projector(x)
         centered = z - z.mean(0)
         covariance = centered.T @ centered / (z.shape[0] - 1)
         loss = torch.relu(1 - torch.sqrt(z.var(dim=0) + 1e-4)).mean() + covariance.pow(2).sum() / 6
-        return loss + z.std(0).mean() * (x.shape[0] / 2)
+        positives = (x > 0).long() * (x.shape[0] / 2)  # an integer tensor times a float: float
+        return loss + z.std(0).mean() * (x.shape[0] / 2), positives
 
 
 def test_var_and_std_over_a_dynamic_batch_train_on_ort() -> None:
@@ -35,10 +36,11 @@ def test_var_and_std_over_a_dynamic_batch_train_on_ort() -> None:
     wrapped = ORTModule(copy.deepcopy(eager))
     for batch in (5, 7, 4):  # the second size captures with the batch size open
         x = torch.randn(batch, 8)
-        loss, expected = wrapped(x), eager(x)
+        (loss, positives), (expected, expected_positives) = wrapped(x), eager(x)
         loss.backward()
         expected.backward()
         torch.testing.assert_close(loss, expected)
+        torch.testing.assert_close(positives, expected_positives)
         torch.testing.assert_close(wrapped.projector.weight.grad, eager.projector.weight.grad)
         wrapped.zero_grad()
         eager.zero_grad()
