@@ -22,6 +22,8 @@ import types
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from torch import nn
+
 from ortrain.capture.plain_values import is_config_type
 
 DEPTH = 2  # a held object's held objects are read too, and no deeper
@@ -48,7 +50,7 @@ def is_held_object(value: Any) -> bool:
             package not in _LIBRARY_PACKAGES
             and not issubclass(kind, _NOT_HELD)
             and not is_config_type(kind)
-            and not _is_module(kind)
+            and not issubclass(kind, nn.Module)
         )
         _is_held_type[kind] = known
     return known and isinstance(getattr(value, "__dict__", None), dict)
@@ -58,10 +60,6 @@ def is_pytorch_class(klass: type) -> bool:
     """A class of PyTorch's (``nn.Linear``, ``nn.Module``) or ``object``: its attributes are
     constants of its code, not the model's state."""
     return str(getattr(klass, "__module__", "")).startswith(("torch.", "builtins"))
-
-
-def _is_module(kind: type) -> bool:
-    return any(c.__module__ == "torch.nn.modules.module" and c.__name__ == "Module" for c in kind.__mro__)
 
 
 def attributes(value: Any) -> dict[str, Any]:

@@ -160,10 +160,10 @@ def read_state(root: nn.Module) -> ModelState:
                 tensor_attrs.append((k, v))
             elif is_config_type(kind):
                 objects.append((k, id(v), _config_values(v, configs)))
-            elif is_held_object(v) and not is_deepspeed_hook_state(k):  # ``self.schedule.beta``
-                objects.append((k, id(v), _held_values(v, HELD_DEPTH, configs)))
             elif not is_deepspeed_hook_state(k):
-                objects.append((k, id(v)))
+                # An object of the user's by its values too (``self.schedule.beta``), others by identity.
+                held = is_held_object(v)
+                objects.append((k, id(v), _held_values(v, HELD_DEPTH, configs)) if held else (k, id(v)))
         params = tuple(tensor_key(n, p) for n, p in attributes["_parameters"].items())
         buffers = tuple(tensor_key(n, b) for n, b in attributes["_buffers"].items())
         others = tuple(tensor_key(n, t) for n, t in tensor_attrs)

@@ -18,7 +18,7 @@ a model that changes at every call trains through TorchDynamo's graph breaks).
 from __future__ import annotations
 
 import types
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,36 +179,46 @@ class _ClassAttributes(MutableMapping[str, Any]):
 
 def _changes(record: _Recorded, derived: frozenset[str]) -> list[str]:
     """What the capture changed in the module, its ``derived`` attributes left out."""
-    current = record.module.__dict__
     where = repr(record.name) if record.name else "the model"
-    found = [f"attribute {key!r} of {where} was added" for key in current.keys() - record.attributes.keys()]
-    for key, before in record.attributes.items():
-        if key in derived:
-            continue
-        after = current.get(key, _MISSING)
-        if after is not before:
-            found.append(f"attribute {key!r} of {where} was {'removed' if after is _MISSING else 'changed'}")
-        elif key in record.tables and not _same_contents(after, record.tables[key]):
-            found.append(f"{key.strip('_')} of {where} changed")
-    return found
+    return _attribute_changes(
+        record.module.__dict__, record.attributes, record.tables, where, _same_object, skip=derived
+    )
 
 
 def _restore_held(recorded: _RecordedHeld) -> list[str]:
     """Put a held object's attributes (and its tables' contents) back; what the capture changed.
     A value set again equal to itself (a device, a mode string) is no change; a tensor set is."""
     current = held_attributes(recorded.held)
-    before = recorded.attributes
-    found = [f"attribute {k!r} of {recorded.label} was added" for k in current.keys() - before.keys()]
-    for key, was in before.items():
-        now = current.get(key, _MISSING)
-        if not _same_value(was, now):
-            how = "removed" if now is _MISSING else "changed"
-            found.append(f"attribute {key!r} of {recorded.label} was {how}")
-        elif key in recorded.tables and not _same_contents(now, recorded.tables[key]):
-            found.append(f"{key!r} of {recorded.label} changed")
+    found = _attribute_changes(current, recorded.attributes, recorded.tables, recorded.label, _same_value)
     if found:
-        _put_back(current, before, recorded.tables)
+        _put_back(current, recorded.attributes, recorded.tables)
     return found
+
+
+def _attribute_changes(
+    current: dict[str, Any],
+    recorded: dict[str, Any],
+    tables: dict[str, Any],
+    where: str,
+    same: Callable[[Any, Any], bool],
+    skip: frozenset[str] = frozenset(),
+) -> list[str]:
+    """An object's attributes added, removed or changed since ``recorded``, and its tables whose
+    contents changed, each said of ``where``."""
+    found = [f"attribute {key!r} of {where} was added" for key in current.keys() - recorded.keys()]
+    for key, before in recorded.items():
+        if key in skip:
+            continue
+        after = current.get(key, _MISSING)
+        if not same(before, after):
+            found.append(f"attribute {key!r} of {where} was {'removed' if after is _MISSING else 'changed'}")
+        elif key in tables and not _same_contents(after, tables[key]):
+            found.append(f"{key.strip('_')} of {where} changed")
+    return found
+
+
+def _same_object(was: Any, now: Any) -> bool:
+    return was is now
 
 
 def _put_back(current: dict[str, Any], attributes: dict[str, Any], tables: dict[str, Any]) -> None:
