@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
 
+from ortrain.capture.attribute_reads import ABSENT, AttributeReads
 from ortrain.capture.global_reads import (
     CodeRead,
     Read,
@@ -88,6 +90,8 @@ class ModelState:
     key: tuple[Any, ...]
     # Lazy modules (``nn.LazyLinear``, ...) whose parameters their first forward has yet to make.
     uninitialized: bool = False
+    # The held objects and configs the key describes by value (what a capture records reads of).
+    described: tuple[Any, ...] = ()
 
 
 def is_deepspeed_hook_state(name: str) -> bool:
@@ -102,13 +106,36 @@ def _hook_ids(m: nn.Module) -> tuple[int, ...]:
     return tuple(hid for table in hooks for hid in table)
 
 
-def read_state(root: nn.Module) -> ModelState:
-    """One walk over ``root``'s tree: every parameter and buffer, and the state key."""
+class _Walk:
+    """What one walk over the model shares: each config described once, the attributes captures
+    read of each object (``reads``; None: all of them), and the objects described by value."""
+
+    def __init__(self, reads: AttributeReads | None) -> None:
+        self.reads = reads
+        self.configs: dict[int, tuple[Any, ...]] = {}
+        self.described: dict[int, Any] = {}
+
+    def watched(self, value: Any, attributes: dict[str, Any]) -> Iterable[tuple[str, Any]]:
+        """The (name, value) pairs of ``value``'s attributes that a graph may have baked in: those
+        the captures read (ABSENT where ``value`` has no such attribute now), or all of them."""
+        self.described[id(value)] = value
+        names = self.reads.names(value) if self.reads is not None else None
+        if names is None:
+            return attributes.items()
+        return [(name, attributes.get(name, ABSENT)) for name in names]
+
+
+def read_state(root: nn.Module, reads: AttributeReads | None = None) -> ModelState:
+    """One walk over ``root``'s tree: every parameter and buffer, and the state key.
+
+    ``reads``: the attributes of held objects and configs that the captures read, the only ones
+    watched where known (:mod:`ortrain.capture.attribute_reads`); without it, all of them.
+    """
     tensors: list[torch.Tensor] = []
     first_position: dict[int, int] = {}
     modules: list[ModuleKey] = []
     uninitialized: list[str] = []
-    configs: dict[int, tuple[Any, ...]] = {}  # each config object is read once a walk
+    walk = _Walk(reads)
     # and each class of a module's MRO; (class, "globals") for the globals its forward reads
     classes: dict[Any, tuple[tuple[str, Any], ...]] = {}
     module_classes: list[type] = []  # each module class once
@@ -159,32 +186,30 @@ def read_state(root: nn.Module) -> ModelState:
             elif is_tensor_attribute(v):
                 tensor_attrs.append((k, v))
             elif is_config_type(kind):
-                objects.append((k, id(v), _config_values(v, configs)))
+                objects.append((k, id(v), _config_values(v, walk)))
             elif not is_deepspeed_hook_state(k):
                 # An object of the user's by its values too (``self.schedule.beta``), others by identity.
                 held = is_held_object(v)
-                objects.append((k, id(v), _held_values(v, HELD_DEPTH, configs)) if held else (k, id(v)))
+                objects.append((k, id(v), _held_values(v, HELD_DEPTH, walk)) if held else (k, id(v)))
         params = tuple(tensor_key(n, p) for n, p in attributes["_parameters"].items())
         buffers = tuple(tensor_key(n, b) for n, b in attributes["_buffers"].items())
         others = tuple(tensor_key(n, t) for n, t in tensor_attrs)
         identity = (id(m), type(m))  # the class too: ``m.__class__ = ...`` swaps its code
         if type(m) not in classes:
-            _read_class_values(type(m), classes, configs)
+            _read_class_values(type(m), classes, walk)
         if (type(m), "globals") not in classes:
-            classes[(type(m), "globals")] = _global_values(type(m), configs)
+            classes[(type(m), "globals")] = _global_values(type(m), walk)
             module_classes.append(type(m))
         modules.append((identity, tuple(plain), _hook_ids(m), params, buffers, others, tuple(objects)))
         children = [c for c in attributes["_modules"].values() if c is not None]
         stack.extend(reversed(children))
     for cls, (reads, code) in methods_called_from_outside(module_classes).items():
-        classes[(cls, "called methods")] = _read_values(reads, code, configs)
+        classes[(cls, "called methods")] = _read_values(reads, code, walk)
     key = (tuple(modules), _global_hook_ids(), tuple(classes.items()))
-    return ModelState(tensors, key, bool(uninitialized))
+    return ModelState(tensors, key, bool(uninitialized), tuple(walk.described.values()))
 
 
-def _read_class_values(
-    cls: type, classes: dict[Any, tuple[tuple[str, Any], ...]], configs: dict[int, tuple[Any, ...]]
-) -> None:
+def _read_class_values(cls: type, classes: dict[Any, tuple[tuple[str, Any], ...]], walk: _Walk) -> None:
     """The plain values set on each class of ``cls``'s MRO not read yet (``Net.SCALE = 2.0``, a
     class-level flag), which the forward reads like the module's attributes. PyTorch's classes hold
     constants of its code. Each class once a walk: Hugging Face's model classes share large bases."""
@@ -204,22 +229,22 @@ def _read_class_values(
             elif type(value) in _TABLES:  # ``LOSS_WEIGHTS = {"kl": 0.1}`` on the class (wave 30)
                 values.append((f"{klass.__qualname__}.{name}", _table_values(value)))
             elif is_held_object(value):  # a schedule object shared by the class's instances
-                values.append((f"{klass.__qualname__}.{name}", _held_values(value, HELD_DEPTH, configs)))
+                values.append((f"{klass.__qualname__}.{name}", _held_values(value, HELD_DEPTH, walk)))
         classes[klass] = tuple(values)
 
 
-def _global_values(cls: type, configs: dict[int, tuple[Any, ...]]) -> tuple[tuple[str, Any], ...]:
+def _global_values(cls: type, walk: _Walk) -> tuple[tuple[str, Any], ...]:
     """The module-level values ``cls``'s forward reads (see :mod:`global_reads`), read now, and the
     code it runs: its class's ``forward``, the methods and module-level functions it names, each by
     identity (a function patched in after a capture, ``nn.Linear.forward = ...``, is seen)."""
-    return _read_values(*class_reads(cls), configs)
+    return _read_values(*class_reads(cls), walk)
 
 
 def _read_values(
-    reads: tuple[Read, ...], code: tuple[CodeRead, ...], configs: dict[int, tuple[Any, ...]]
+    reads: tuple[Read, ...], code: tuple[CodeRead, ...], walk: _Walk
 ) -> tuple[tuple[str, Any], ...]:
     values = [
-        (label, _global_value(namespace.get(name, _NOT_PLAIN), configs)) for label, namespace, name in reads
+        (label, _global_value(namespace.get(name, _NOT_PLAIN), walk)) for label, namespace, name in reads
     ]
     values += [(label, _Code(namespace.get(name))) for label, namespace, name in code]
     return tuple(values)
@@ -239,7 +264,7 @@ class _Code(tuple[Any]):
         return id(self[0])
 
 
-def _global_value(value: Any, configs: dict[int, tuple[Any, ...]]) -> Any:
+def _global_value(value: Any, walk: _Walk) -> Any:
     """A plain value as itself; a table (``CONFIG = {"scale": 2.0}``) by its plain entries and a
     configuration object (``args = parser.parse_args()``) by its values, as on a module."""
     plain = _plain_form(value)
@@ -253,9 +278,9 @@ def _global_value(value: Any, configs: dict[int, tuple[Any, ...]]) -> Any:
         # layers next to the scale it applies): its plain entries are what a graph bakes in.
         return ("table", tuple((k, v) for k, v in value.items() if type(k) in _PLAIN and type(v) in _PLAIN))
     if is_config_type(kind):
-        return ("config", _config_values(value, configs))
+        return ("config", _config_values(value, walk))
     if is_held_object(value):  # ``SCHEDULE = KLSchedule()``
-        return ("object", _held_values(value, HELD_DEPTH, configs))
+        return ("object", _held_values(value, HELD_DEPTH, walk))
     return _NOT_PLAIN
 
 
@@ -277,50 +302,50 @@ def _entries_of_tables(tables: list[Any] | tuple[Any, ...]) -> tuple[tuple[str, 
     )
 
 
-def _config_values(config: Any, seen: dict[int, tuple[Any, ...]]) -> tuple[Any, ...]:
+def _config_values(config: Any, walk: _Walk) -> tuple[Any, ...]:
     """A config's values: plain ones, short plain lists and dicts, nested configs; others by identity.
 
     Underscored names too: Hugging Face keeps ``output_attentions`` and the attention
     implementation behind properties, in ``_output_attentions`` and the like.
     """
-    done = seen.get(id(config))
+    done = walk.configs.get(id(config))
     if done is not None:
         return done
-    seen[id(config)] = ("cycle",)  # a config that reaches itself again
+    walk.configs[id(config)] = ("cycle",)  # a config that reaches itself again
     attributes = getattr(config, "__dict__", None)
     if attributes is None:  # a dataclass with __slots__
         attributes = {f.name: getattr(config, f.name, None) for f in dataclasses.fields(config)}
     values: list[tuple[str, Any]] = []
-    for k, v in attributes.items():
+    for k, v in walk.watched(config, attributes):
         kind, plain = type(v), _plain_form(v)
-        if plain is not _NOT_PLAIN:
-            values.append((k, plain))
+        if plain is not _NOT_PLAIN or v is ABSENT:
+            values.append((k, v if v is ABSENT else plain))
         elif kind is dict and len(v) <= _SHORT and all(type(i) in _PLAIN for i in v.values()):
             values.append((k, tuple(v.items())))
         elif is_config_type(kind):
-            values.append((k, _config_values(v, seen)))
+            values.append((k, _config_values(v, walk)))
         else:
             values.append((k, ("object", id(v))))
-    seen[id(config)] = described = tuple(values)
+    walk.configs[id(config)] = described = tuple(values)
     return described
 
 
-def _held_values(held: Any, depth: int, configs: dict[int, tuple[Any, ...]]) -> tuple[Any, ...]:
+def _held_values(held: Any, depth: int, walk: _Walk) -> tuple[Any, ...]:
     """A held object's values, as a config's: plain ones, short plain tables, configs, and the
     held objects it holds while ``depth`` lasts. Others (tensors, devices, functions) are left out,
     not watched by identity: an object may rebind them at every call (accelerate's hooks set the
     input's device), and a graph does not bake them in."""
     values: list[tuple[str, Any]] = []
-    for k, v in held_attributes(held).items():
+    for k, v in walk.watched(held, held_attributes(held)):
         kind, plain = type(v), _plain_form(v)
-        if plain is not _NOT_PLAIN:
-            values.append((k, plain))
+        if plain is not _NOT_PLAIN or v is ABSENT:
+            values.append((k, v if v is ABSENT else plain))
         elif kind in _TABLES:
             values.append((k, _table_values(v)))
         elif is_config_type(kind):
-            values.append((k, _config_values(v, configs)))
+            values.append((k, _config_values(v, walk)))
         elif depth > 1 and is_held_object(v):
-            values.append((k, _held_values(v, depth - 1, configs)))
+            values.append((k, _held_values(v, depth - 1, walk)))
     return tuple(values)
 
 
@@ -428,7 +453,7 @@ def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, A
     if found is None:
         return "a value changed"
     name, was, now = found
-    if type(was) in _PLAIN and type(now) in _PLAIN:
+    if (type(was) in _PLAIN or was is ABSENT) and (type(now) in _PLAIN or now is ABSENT):
         return f"{name} changed from {was!r} to {now!r}"
     # A global table or configuration object (_global_value): name the entry that changed.
     kinds = (("table",), ("config",), ("object",))

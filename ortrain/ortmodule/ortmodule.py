@@ -23,6 +23,7 @@ from ortrain.capture.attribute_assignments import (
     take_attribute_assignments,
     with_assigned_attributes,
 )
+from ortrain.capture.attribute_reads import AttributeReads
 from ortrain.capture.autograd_hooks import AutogradHookError, refusing_autograd_hooks
 from ortrain.capture.buffer_assignments import buffers_before, keep_assignments_as_updates
 from ortrain.capture.checkpointing import RECOMPUTATION_STOPS
@@ -113,6 +114,7 @@ _OWN_ATTRIBUTES = frozenset(
         "_ortrain_debug",
         "_ortrain_options",
         "_ortrain_graphs",
+        "_ortrain_reads",
         "_ortrain_fallback",
         "_ortrain_scalars",
         "_ortrain_graph_breaks",
@@ -267,6 +269,7 @@ class ORTModule(nn.Module):
         object.__setattr__(self, "_ortrain_debug", debug)
         object.__setattr__(self, "_ortrain_options", options)
         object.__setattr__(self, "_ortrain_graphs", GraphCache(options.graph_cache_size))
+        object.__setattr__(self, "_ortrain_reads", AttributeReads())
         object.__setattr__(self, "_ortrain_fallback", FallbackManager(options.fallback_policy))
         object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
         object.__setattr__(self, "_ortrain_graph_breaks", None)
@@ -356,7 +359,13 @@ class ORTModule(nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for name in ("_ortrain_graphs", "_ortrain_scalars", "_ortrain_inspector", "_ortrain_forward_lock"):
+        for name in (
+            "_ortrain_graphs",
+            "_ortrain_reads",
+            "_ortrain_scalars",
+            "_ortrain_inspector",
+            "_ortrain_forward_lock",
+        ):
             state.pop(name, None)
         state["_ortrain_graph_breaks"] = None
         state["_ortrain_fallback"] = FallbackManager(self._ortrain_fallback.policy)
@@ -369,6 +378,7 @@ class ORTModule(nn.Module):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         object.__setattr__(self, "_ortrain_graphs", GraphCache(self._ortrain_options.graph_cache_size))
+        object.__setattr__(self, "_ortrain_reads", AttributeReads())
         object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
         object.__setattr__(self, "_ortrain_forward_lock", threading.RLock())
         self._init_inspector(self._ortrain_options)
@@ -534,6 +544,7 @@ class ORTModule(nn.Module):
             reason = self._why_no_graph_fits(key)
             logger.info("capturing a graph: %s", reason)
             snapshot = ModuleSnapshot(self._ortrain_module)
+            reads_before = self._ortrain_reads.version
             try:
                 try:
                     entry = self._compile(key, call.inputs, cache.group(key), state)
@@ -562,7 +573,9 @@ class ORTModule(nn.Module):
             if unread:
                 self._ortrain_scalars.refuse(call, why="unread", unread=unread)
                 return self._run_on_ort(args, kwargs)
-            cache.add(self._key_after_capture(key), entry, reason)
+            kept_under = self._key_after_capture(key, reads_before)
+            if kept_under is not None:
+                cache.add(kept_under, entry, reason)
         state_tensors = [state.tensors[i] for i in entry.binding]
         if self._ortrain_inspector.enabled:
             self._ortrain_inspector.on_forward(
@@ -597,15 +610,20 @@ class ORTModule(nn.Module):
             return unflatten(spec.value_spec, list(outputs[:values]))
         return unflatten(spec, list(outputs))
 
-    def _key_after_capture(self, key: GraphKey) -> GraphKey:
-        """The key to keep a new graph under: ``key``, or the model's state as the capture left it
-        when the forward set values on its own configuration while it was traced (Hugging Face's
-        sequence classifiers set ``config.problem_type`` on their first call). Such values are
-        taken as the forward's own initialization, as they were before configs were watched; a
-        graph kept under the old values would be captured again at the next step."""
-        after = read_state(self._ortrain_module).key
-        if after == key.state or without_config_values(after) != without_config_values(key.state):
+    def _key_after_capture(self, key: GraphKey, reads_before: int) -> GraphKey | None:
+        """The key to keep a new graph under: the model's state as the capture left it, which
+        watches the attributes of held objects the capture read (and only those: see
+        :mod:`ortrain.capture.attribute_reads`), with the values the forward set on its own
+        configuration while it was traced (Hugging Face's sequence classifiers set
+        ``config.problem_type`` on their first call). Such values are taken as the forward's own
+        initialization, as they were before configs were watched; a graph kept under the old values
+        would be captured again at the next step. Where the capture changed more than values,
+        ``key``; or None (the graph serves this call only) where ``key`` misses names the capture read."""
+        after = read_state(self._ortrain_module, self._ortrain_reads).key
+        if after == key.state:
             return key
+        if without_config_values(after) != without_config_values(key.state):
+            return key if self._ortrain_reads.version == reads_before else None
         logger.debug("the capture set configuration values; its graph is kept for them")
         return key._replace(state=after)
 
@@ -615,7 +633,7 @@ class ORTModule(nn.Module):
         """This step's inputs, the model's tensors, and the key of the graph that fits them."""
         flat_inputs, flat_spec = flatten_inputs(args, kwargs)
         call = self._ortrain_scalars.lift(flat_spec, flat_inputs)
-        state = read_state(self._ortrain_module)
+        state = read_state(self._ortrain_module, self._ortrain_reads)
         key = GraphKey(
             spec=call.spec,
             inputs=tuple(tensor_signature(t) for t in call.inputs),
@@ -774,9 +792,11 @@ class ORTModule(nn.Module):
         package: bool,
     ) -> tuple[Capture, Spec]:
         classes = {type(m) for m in self._ortrain_module.modules()}
+        # Every object the guards describe by value: the capture records which attributes it reads.
+        described = read_state(self._ortrain_module).described
         with refusing_generator_resets(), refusing_autograd_hooks(), memoized_functions_unwrapped(classes):
             try:
-                with timed("capture"):
+                with timed("capture"), self._ortrain_reads.recording(described):
                     captured = capture(
                         flat_module,
                         inputs,
