@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -72,6 +73,7 @@ def tensor_attributes_as_buffers(root: nn.Module) -> Iterator[int]:
     moved: list[tuple[nn.Module, str, torch.Tensor]] = []
     orders: list[tuple[nn.Module, list[str]]] = []
     parameter_storages: set[int | None] | None = None
+    shadowed: dict[tuple[type, str], tuple[Any, bool]] = {}
     try:
         for module in root.modules():
             attributes = tensor_attributes(module)
@@ -85,17 +87,73 @@ def tensor_attributes_as_buffers(root: nn.Module) -> Iterator[int]:
                 del module.__dict__[name]
                 _attributes.add((id(module), name))
                 moved.append((module, name, value))
-                module.register_buffer(name, value, persistent=False)
+                if hasattr(type(module), name) and (type(module), name) not in shadowed:
+                    shadowed[(type(module), name)] = _shadow(type(module), name)
+                # Not register_buffer, which refuses a name the class has (that check is for
+                # attributes the user registers by mistake).
+                module._buffers[name] = value
+                module._non_persistent_buffers_set.add(name)
         yield len(moved)
     finally:
         _parameter_views.clear()
         _attributes.clear()
+        for (cls, name), (original, own) in shadowed.items():
+            if own:
+                setattr(cls, name, original)
+            else:
+                delattr(cls, name)
         for module, name, value in reversed(moved):
             module._buffers.pop(name, None)
             module._non_persistent_buffers_set.discard(name)
             module.__dict__[name] = value
         for module, order in orders:
             _reorder(module.__dict__, order)
+
+
+class _BufferOverClassAttribute:
+    """``module.name`` during a capture, where the module's class has an attribute of that name too:
+    a ``functools.cached_property`` (a causal mask built on first use) keeps its value in the
+    instance's ``__dict__``, which hides the class's descriptor. Moved into ``_buffers``, the value
+    is no longer found first: the descriptor computed the tensor again inside the trace, as a
+    constant (until wave 31 ``register_buffer`` refused the name and the model fell back to
+    PyTorch). So the lookup is routed to the buffer, for the modules that have it."""
+
+    def __init__(self, name: str, original: Any) -> None:
+        self.name = name
+        self.original = original
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        buffers = obj.__dict__.get("_buffers") if obj is not None else None
+        if buffers is not None and self.name in buffers:
+            return buffers[self.name]
+        get = getattr(type(self.original), "__get__", None)
+        return get(self.original, obj, owner) if get is not None else self.original
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        buffers = obj.__dict__.get("_buffers")
+        if buffers is not None and self.name in buffers:
+            buffers[self.name] = value
+        elif hasattr(type(self.original), "__set__"):
+            self.original.__set__(obj, value)
+        else:
+            obj.__dict__[self.name] = value
+
+    def __delete__(self, obj: Any) -> None:
+        buffers = obj.__dict__.get("_buffers")
+        if buffers is not None and self.name in buffers:
+            del buffers[self.name]
+        elif hasattr(type(self.original), "__delete__"):
+            self.original.__delete__(obj)
+        else:
+            del obj.__dict__[self.name]
+
+
+def _shadow(cls: type, name: str) -> tuple[Any, bool]:
+    """Route ``cls``'s attribute ``name`` to the buffer (above); returns what to put back."""
+    own = name in vars(cls)
+    original = vars(cls)[name] if own else next(vars(k)[name] for k in cls.__mro__ if name in vars(k))
+    setattr(cls, name, _BufferOverClassAttribute(name, original))
+    return original, own
 
 
 def _reorder(attributes: dict[str, object], order: list[str]) -> None:

@@ -202,3 +202,39 @@ def test_changed_tensor_attribute_is_seen(caplog: pytest.LogCaptureFixture) -> N
     eager(x).sum().backward()
     assert_same_state(wrapped, eager)
     torch.testing.assert_close(model.lin.weight.grad, eager.lin.weight.grad)
+
+
+class _CachedMask(nn.Module):
+    """A causal mask built on first use and cached by ``functools.cached_property``: the value
+    lands in the instance's ``__dict__``, under a name its class has too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    @functools.cached_property
+    def mask(self) -> torch.Tensor:
+        return torch.tril(torch.ones(6, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) @ self.mask
+
+
+def test_a_cached_property_tensor_is_captured_as_an_input() -> None:
+    """Until wave 31 the capture refused the name (``register_buffer``: "attribute 'mask' already
+    exists") and the model fell back to PyTorch for good."""
+    torch.manual_seed(0)
+    model = _CachedMask()
+    batches = [(torch.randn(3, 6), torch.randn(3, 6)) for _ in range(4)]
+    loss_fn = lambda m, b: F.mse_loss(m(b[0]), b[1])  # noqa: E731
+    losses_ort, losses_eager, eager, wrapped = train_side_by_side(model, batches, loss_fn)
+    torch.testing.assert_close(torch.tensor(losses_ort), torch.tensor(losses_eager), rtol=1e-4, atol=1e-7)
+    assert_same_state(wrapped, eager)
+    assert wrapped._ortrain_graphs, "the model fell back to PyTorch"
+    assert isinstance(vars(_CachedMask)["mask"], functools.cached_property)  # the class as it was
+    assert "mask" not in model._buffers and type(model.__dict__["mask"]) is torch.Tensor
+    # The mask is an input of the graph, read at every step: changed in place, the next step sees it.
+    x = torch.randn(3, 6)
+    for m in (model, eager):
+        m.mask.mul_(0.5)
+    torch.testing.assert_close(wrapped(x), eager(x))
