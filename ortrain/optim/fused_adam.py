@@ -59,8 +59,13 @@ class FusedAdam(torch.optim.Optimizer):
         weight_decay: weight-decay coefficient.
         set_grad_none: default of ``zero_grad``: drop gradients instead of zeroing them.
 
-    The step counter is kept per parameter group (``param_group["step"]``); a group advances only on
-    steps where at least one of its parameters has a gradient.
+    Each parameter counts its own steps (``state[p]["step"]``), as ``torch.optim.Adam`` does: one
+    whose gradient is None at a step (a head trained on every other batch, an expert no token chose,
+    a layer unfrozen late in a group created with it) is not updated, and its bias correction
+    counts only the steps that updated it. Until wave 31 the count was its group's, so such a
+    parameter's early steps differed from torch's Adam (a layer unfrozen at the group's fifth step
+    first moved 0.54× as far, with betas 0.9/0.99). ``param_group["step"]`` counts
+    the steps in which any of the group's parameters had a gradient.
     """
 
     def __init__(
@@ -149,39 +154,46 @@ class FusedAdam(torch.optim.Optimizer):
             grads.append(g)
         if not params:
             return
-        group["step"] = step = group.get("step", 0) + 1
+        group["step"] = group.get("step", 0) + 1
 
         exp_avgs: list[Tensor] = []
         exp_avg_sqs: list[Tensor] = []
+        steps: list[int] = []
         for p in params:
             state = self.state[p]
             if not state:
                 dtype = state_dtype_for(p.dtype)
                 state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+            state["step"] = state.get("step", 0) + 1
             exp_avgs.append(state["exp_avg"])
             exp_avg_sqs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
 
-        hyper = _Hyper(
-            lr=float(group["lr"]),
-            beta1=float(group["betas"][0]),
-            beta2=float(group["betas"][1]),
-            eps=float(group["eps"]),
-            weight_decay=float(group["weight_decay"]),
-            step=step,
-            bias_correction=bool(group["bias_correction"]),
-            mode=self.adam_w_mode,
-        )
-        # Lists are split only where a single kernel cannot take them together (device, dtypes).
-        buckets: dict[tuple[torch.device, torch.dtype, torch.dtype], list[int]] = {}
+        hypers: dict[int, _Hyper] = {}
+        for step in dict.fromkeys(steps):
+            hypers[step] = _Hyper(
+                lr=float(group["lr"]),
+                beta1=float(group["betas"][0]),
+                beta2=float(group["betas"][1]),
+                eps=float(group["eps"]),
+                weight_decay=float(group["weight_decay"]),
+                step=step,
+                bias_correction=bool(group["bias_correction"]),
+                mode=self.adam_w_mode,
+            )
+        # Lists are split only where a single kernel cannot take them together (device, dtypes, and
+        # the step count, which parameters updated since the group's first step all share).
+        buckets: dict[tuple[torch.device, torch.dtype, torch.dtype, int], list[int]] = {}
         for i, (p, g) in enumerate(zip(params, grads, strict=True)):
             if not p.stride() == g.stride() == exp_avgs[i].stride() == exp_avg_sqs[i].stride():
                 # Multi-tensor kernels walk the four tensors' memory in the same order, so a gradient laid
                 # out unlike its parameter (or a parameter with gaps) is updated on contiguous copies.
-                _step_mismatched_layout(p, g, exp_avgs[i], exp_avg_sqs[i], hyper)
+                _step_mismatched_layout(p, g, exp_avgs[i], exp_avg_sqs[i], hypers[steps[i]])
                 continue
-            buckets.setdefault((p.device, p.dtype, g.dtype), []).append(i)
-        for (device, _, _), idx in buckets.items():
+            buckets.setdefault((p.device, p.dtype, g.dtype, steps[i]), []).append(i)
+        for (device, _, _, step), idx in buckets.items():
+            hyper = hypers[step]
             ps = [params[i] for i in idx]
             gs = [grads[i] for i in idx]
             ms = [exp_avgs[i] for i in idx]
@@ -197,34 +209,26 @@ class FusedAdam(torch.optim.Optimizer):
 
     def _group_from(self, group: dict[str, Any], state: dict[Any, dict[str, Any]]) -> dict[str, Any]:
         """A saved parameter group as FusedAdam's: ``torch.optim.AdamW``'s (a Trainer resumed with
-        another ``optim``) lacks ``bias_correction`` (a KeyError at the next step) and counts steps
-        per parameter, FusedAdam per group."""
+        another ``optim``) lacks ``bias_correction`` (a KeyError at the next step) and the group's
+        step count (its parameters count theirs)."""
         group = {**self.defaults, **group}
         if "step" not in group:
-            steps = _steps_of(group, state)
-            if len(steps) > 1:
-                logger.warning(
-                    "the loaded state counts steps per parameter (%s); FusedAdam keeps one count per "
-                    "parameter group and continues from the largest",
-                    sorted(steps),
-                )
-            group["step"] = max(steps, default=0)
+            group["step"] = max(_steps_of(group, state), default=0)
         return group
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's form, plus each parameter's ``step`` (its group's) and the group's weight-decay
+        """torch's form (each parameter's ``step`` a tensor), with the group's weight-decay
         convention as torch's Adam names it: ``torch.optim.AdamW`` (a resumed HF Trainer run
-        switched from ``adamw_ort_fused`` to ``adamw_torch``) raised ``KeyError: 'step'`` without
-        the one, and decayed as L2 regularization without the other."""
+        switched from ``adamw_ort_fused`` to ``adamw_torch``) decayed as L2 regularization without it."""
         saved = super().state_dict()
         for group in saved["param_groups"]:
             # torch's Adam reads its convention from the group (AdamW is Adam with it True); a
             # group without it decays as L2 regularization. ADAMW_TRANSFORMERS has no torch twin.
             if self.adam_w_mode != AdamWMode.ADAMW_TRANSFORMERS:
                 group["decoupled_weight_decay"] = self.adam_w_mode == AdamWMode.ADAMW_TORCH
-            for pid in group["params"]:
-                if pid in saved["state"]:
-                    saved["state"][pid] = {**saved["state"][pid], "step": torch.tensor(float(group["step"]))}
+        for pid, state in saved["state"].items():
+            if "step" in state:
+                saved["state"][pid] = {**state, "step": torch.tensor(float(state["step"]))}
         return saved
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -237,13 +241,17 @@ class FusedAdam(torch.optim.Optimizer):
             "param_groups": [self._group_from(g, saved_state) for g in state_dict["param_groups"]],
         }
         super().load_state_dict(state_dict)
-        params = [p for g in self.param_groups for p in g["params"]]
-        for pid, p in zip(saved_ids, params, strict=True):
+        groups = [(g, p) for g in self.param_groups for p in g["params"]]
+        for pid, (group, p) in zip(saved_ids, groups, strict=True):
             if pid not in saved_state:
                 continue
             for key, value in saved_state[pid].items():
+                if key == "step":
+                    continue
                 if isinstance(value, Tensor) and value.is_floating_point():
                     self.state[p][key] = value.to(device=p.device, dtype=state_dtype_for(p.dtype), copy=True)
+            # A count of the parameter's own, or (a state saved before wave 31) its group's.
+            self.state[p]["step"] = int(saved_state[pid].get("step", group["step"]))
 
 
 def _steps_of(group: dict[str, Any], state: dict[Any, dict[str, Any]]) -> set[int]:

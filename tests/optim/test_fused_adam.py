@@ -285,3 +285,52 @@ def test_state_moves_between_fused_adam_and_torch_adamw(first: str) -> None:
     _adamw_steps(resumed, moved, 2, seed=2)
     for a, b in zip(moved, reference, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def _steps_with_gaps(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], steps: int) -> None:
+    """Gradients for some parameters only: the first at every step, the second at every other
+    step (a head trained on every other batch), the third from step 4 on (unfrozen late)."""
+    for step in range(steps):
+        gen = torch.Generator().manual_seed(step)
+        grads = [torch.randn(p.shape, generator=gen) for p in params]
+        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+            has_grad = i == 0 or (i == 1 and step % 2 == 1) or (i == 2 and step >= 4)
+            p.grad = g if has_grad else None
+        optimizer.step()
+
+
+@pytest.mark.parametrize("mode", [AdamWMode.ADAM_L2_REGULARIZATION, AdamWMode.ADAMW_TORCH])
+def test_each_parameter_counts_its_own_steps_as_torch_adam_does(mode: AdamWMode) -> None:
+    """One group, parameters whose gradients come and go. Until wave 31 their bias correction
+    counted the group's steps: the head's fourth update was corrected as the group's eighth, and
+    the late layer's first as the group's fifth (betas 0.9/0.99: an update 0.54× torch's)."""
+    start = [torch.randn(s, generator=torch.Generator().manual_seed(3)) for s in [(6,), (4, 3), (5,)]]
+    ours = [p.clone().requires_grad_() for p in start]
+    reference = [p.clone().requires_grad_() for p in start]
+    fused = FusedAdam(ours, adam_w_mode=mode, **HYPER)
+    _steps_with_gaps(fused, ours, 10)
+    _steps_with_gaps(_torch_reference(mode, reference), reference, 10)
+    for a, b in zip(ours, reference, strict=True):
+        torch.testing.assert_close(a, b)
+    assert [fused.state[p]["step"] for p in ours] == [10, 5, 6]
+    assert fused.param_groups[0]["step"] == 10
+
+
+@pytest.mark.parametrize("first", ["torch", "fused"])
+def test_per_parameter_steps_survive_a_move_between_optimizers(first: str) -> None:
+    start = [torch.randn(s, generator=torch.Generator().manual_seed(4)) for s in [(6,), (4, 3), (5,)]]
+    make = {
+        "torch": lambda ps: torch.optim.AdamW(ps, foreach=False, **HYPER),
+        "fused": lambda ps: FusedAdam(ps, adam_w_mode=AdamWMode.ADAMW_TORCH, **HYPER),
+    }
+    second = "fused" if first == "torch" else "torch"
+    reference = [p.clone().requires_grad_() for p in start]
+    optimizer = make[first](reference)
+    _steps_with_gaps(optimizer, reference, 5)
+    moved = [p.detach().clone().requires_grad_() for p in reference]
+    resumed = make[second](moved)
+    resumed.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    _steps_with_gaps(optimizer, reference, 6)
+    _steps_with_gaps(resumed, moved, 6)
+    for a, b in zip(moved, reference, strict=True):
+        torch.testing.assert_close(a, b)
