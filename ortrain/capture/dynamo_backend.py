@@ -16,6 +16,7 @@ import contextlib
 import functools
 import linecache
 import logging
+import os
 import re
 import threading
 import warnings
@@ -286,6 +287,21 @@ def reads_outside_tensors(error: BaseException) -> bool:
     teacher hidden from ``parameters()``), tensors in a list, a module-level tensor. AOTAutograd
     lifts only the module's own state; TorchDynamo guards such tensors and passes them as inputs."""
     return any("Please convert all Tensors to FakeTensors first" in str(e) for e in exception_chain(error))
+
+
+def in_control_flow_operator(error: BaseException) -> bool:
+    """Whether a whole-graph capture failed inside one of PyTorch's control-flow operators
+    (``torch.cond``, ``torch.while_loop``, ``scan``, ``map``). AOTAutograd differentiates them
+    only as TorchDynamo hands them over: a ``torch.cond`` branch returning a tensor rather than a
+    tuple failed deep in its backward ("object of type 'bool' has no len()") and the model fell
+    back to PyTorch; through TorchDynamo's graphs it trains."""
+    for current in exception_chain(error):
+        frame = current.__traceback__
+        while frame is not None:
+            if f"{os.sep}torch{os.sep}_higher_order_ops{os.sep}" in frame.tb_frame.f_code.co_filename:
+                return True
+            frame = frame.tb_next
+    return False
 
 
 # ---- errors that mean "this model has data-dependent Python" --------------------------------------

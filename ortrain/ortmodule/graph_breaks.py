@@ -20,6 +20,7 @@ from ortrain.capture.dynamo_backend import (
     backend_failure,
     graph_breaks_reported,
     hooks_guarded,
+    in_control_flow_operator,
     is_data_dependent,
     reads_outside_tensors,
     source_line,
@@ -29,7 +30,7 @@ from ortrain.ortmodule.options import DebugOptions, RuntimeOptions
 
 logger = logging.getLogger("ortrain.ortmodule")
 
-__all__ = ["GraphBreakPath", "is_data_dependent", "reads_outside_tensors"]
+__all__ = ["GraphBreakPath", "in_control_flow_operator", "is_data_dependent", "reads_outside_tensors"]
 
 
 class GraphBreakPath:

@@ -56,7 +56,12 @@ from ortrain.ortmodule.fallback import (
     ORTModuleTorchModelException,
 )
 from ortrain.ortmodule.forward_hooks import user_forward_hooks
-from ortrain.ortmodule.graph_breaks import GraphBreakPath, is_data_dependent, reads_outside_tensors
+from ortrain.ortmodule.graph_breaks import (
+    GraphBreakPath,
+    in_control_flow_operator,
+    is_data_dependent,
+    reads_outside_tensors,
+)
 from ortrain.ortmodule.graph_cache import GraphCache
 from ortrain.ortmodule.guards import (
     ModelState,
@@ -917,6 +922,11 @@ class ORTModule(nn.Module):
         elif error is not None and is_data_dependent(error):
             logger.info(
                 "whole-graph capture failed on data-dependent Python; splitting the model at graph breaks"
+            )
+        elif error is not None and in_control_flow_operator(error):
+            logger.info(
+                "the capture failed inside a control-flow operator (torch.cond, torch.while_loop, ...); "
+                "the model trains through TorchDynamo's graphs, which hand such operators over whole"
             )
         elif error is not None and reads_outside_tensors(error):
             logger.info(

@@ -3,6 +3,7 @@ graph breaks after its whole-graph capture fails) and under torch.compile(backen
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.metadata
 import logging
@@ -222,3 +223,42 @@ def test_entry_point_names_the_backend() -> None:
     from ortrain.backend import ortrain_backend
 
     assert entry.load() is ortrain_backend
+
+
+class _Branching(nn.Module):
+    """``torch.cond`` whose branches return a tensor (not a tuple), as its documentation allows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        return torch.cond(h.sum() > 0, lambda t: t.sin(), lambda t: t.cos() * 2.0, (h,))
+
+
+def test_a_capture_failing_inside_torch_cond_trains_through_graph_breaks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """AOTAutograd's whole-graph capture failed in the backward of such a ``torch.cond`` ("object
+    of type 'bool' has no len()") and the model fell back to PyTorch (FALLBACK_DISABLE: raised)."""
+    torch.manual_seed(0)
+    model = _Branching()
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model, DebugOptions(log_level=LogLevel.INFO))
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for step in range(4):
+            x, y = torch.randn(4, 6) * (1 if step % 2 else -1), torch.randn(4, 6)  # both branches
+            losses = []
+            for m in (wrapped, eager):
+                m.zero_grad()
+                loss = F.mse_loss(m(x), y)
+                loss.backward()
+                with torch.no_grad():
+                    for p in m.parameters():
+                        p -= 0.1 * p.grad
+                losses.append(loss.item())
+            assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert_same_state(wrapped, eager, atol=1e-5)
+    assert any("failed inside a control-flow operator" in r.getMessage() for r in caplog.records)
+    assert wrapped._ortrain_graph_breaks is not None
