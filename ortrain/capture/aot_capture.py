@@ -28,6 +28,7 @@ from ortrain.capture.checkpointing import CheckpointRegions
 from ortrain.capture.cumulative_batch_norm import cumulative_batch_norm_traceable
 from ortrain.capture.data_assignments import data_assignments_as_copies
 from ortrain.capture.decompositions import decomposition_table
+from ortrain.capture.encoder_padding_fast_path import encoder_padding_as_eager
 from ortrain.capture.fake_mode_release import forget_real_tensors, graph_fake_modes
 from ortrain.capture.forward_rewrite import ForwardRewrite, ForwardTrace, rewrite_forward
 from ortrain.capture.function_calls import intercept_functions
@@ -262,6 +263,7 @@ def capture(
         # ctc_loss, recurrent layers: see capture/function_overrides.py
         stack.enter_context(function_overrides(recurrent_as_python_ops=opaque_functions))
         stack.enter_context(cumulative_batch_norm_traceable())
+        stack.enter_context(encoder_padding_as_eager())
         regions = CheckpointRegions(as_python_ops=checkpoint_ops and opaque_functions)
         stack.enter_context(regions.patched())
         call_ids = stack.enter_context(
