@@ -3,7 +3,9 @@
 Every graph holds ONNX Runtime sessions and their memory, so a model whose inputs or state keep
 changing must not collect graphs forever. Past ``capacity`` graphs (``ORTMODULE_GRAPH_CACHE_SIZE``,
 8 by default) the least recently used one is dropped with its sessions, after one warning that
-names what keeps changing.
+names what keeps changing. A model captured again at every call for the same reason (a step
+counter the loop sets on a module) is warned about sooner, at the :data:`STREAK`-th such call,
+with what to do: until wave 31 it captured eight times, a first step's cost each, before a word.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, TypeVar
 
 logger = logging.getLogger("ortrain.ortmodule")
+
+STREAK = 6  # captures in a row, each for the same kind of change, that are warned about
 
 Entry = TypeVar("Entry")
 
@@ -28,6 +32,7 @@ class GraphCache(Generic[Entry]):
         self._groups: collections.OrderedDict[Hashable, list[Entry]] = collections.OrderedDict()
         self._reasons: collections.Counter[str] = collections.Counter()
         self._warned = False
+        self._streak: tuple[str, int] = ("", 0)  # the kind of change behind the last captures in a row
         self.last_key: Hashable | None = None
 
     def lookup(self, key: Hashable, fits: Callable[[Entry], bool]) -> Entry | None:
@@ -36,7 +41,10 @@ class GraphCache(Generic[Entry]):
             return None
         self._groups.move_to_end(key)
         self.last_key = key
-        return next((entry for entry in group if fits(entry)), None)
+        found = next((entry for entry in group if fits(entry)), None)
+        if found is not None:
+            self._streak = ("", 0)
+        return found
 
     def group(self, key: Hashable) -> list[Entry]:
         """The entries already captured under ``key`` (other sizes): empty when there are none."""
@@ -48,6 +56,23 @@ class GraphCache(Generic[Entry]):
         self._groups.move_to_end(key)
         self.last_key = key
         self._reasons[reason] += 1
+        kind = _kind(reason)
+        streak = self._streak[1] + 1 if kind == self._streak[0] else 1
+        self._streak = (kind, streak)
+        if streak == STREAK and not self._warned:
+            self._warned = True
+            logger.warning(
+                "ORTModule captured this model again at each of the last %d calls because %s each time "
+                "(last: %s), each capture costing about what a first step does. ortrain watches every "
+                "plain attribute of the model's modules and configs, and the attributes the forward "
+                "reads of the other objects they hold: keep a value that changes at every step and "
+                "that the forward does not read off the modules (on the training loop, or on an "
+                "object a module holds), and pass one it reads to the forward as an argument (a "
+                "changing number becomes an input of the graph).",
+                STREAK,
+                kind,
+                reason,
+            )
         while len(self) > self.capacity:
             self._evict_oldest()
 
@@ -69,6 +94,7 @@ class GraphCache(Generic[Entry]):
             )
 
     def clear(self) -> None:
+        self._streak = ("", 0)
         self._groups.clear()
         self.last_key = None
 
@@ -83,3 +109,12 @@ class GraphCache(Generic[Entry]):
 
     def __bool__(self) -> bool:
         return bool(self._groups)
+
+
+def _kind(reason: str) -> str:
+    """A reason without its values: "step changed from 3 to 4" and "from 4 to 5" are one kind."""
+    head, found, rest = reason.partition(" changed from ")
+    if not found:
+        return reason
+    holder = rest.rfind(" (a")  # "(an object held by 'm')", "(a config held by 'm')"
+    return f"{head} changed" + (rest[holder:] if holder != -1 and rest.endswith(")") else "")

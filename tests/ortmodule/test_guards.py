@@ -1053,3 +1053,33 @@ def test_resized_token_embeddings_on_a_hugging_face_model() -> None:
         assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     assert wrapped.module.lm_head.weight is wrapped.module.transformer.wte.weight
     assert_same_state(wrapped, eager, atol=1e-5)
+
+
+def test_a_capture_at_every_call_for_one_reason_is_warned_about_with_what_to_do(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A step counter the loop sets on the model captured it again at every step, and nothing said
+    so until the cache's eighth graph (wave 31: warned at the sixth such capture in a row)."""
+    wrapped = ORTModule(Net())
+    x, y = _batch(0)
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for step in range(8):
+            wrapped.module.global_step = step
+            wrapped(x, y).backward()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "at each of the last 6 calls because (the model).global_step changed each time" in warnings[0]
+    assert "(last: (the model).global_step changed from 5 to 6)" in warnings[0]
+
+
+def test_captures_for_a_few_values_that_come_back_are_not_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    wrapped = ORTModule(Net())
+    x, y = _batch(0)
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for step in range(12):
+            wrapped.module.task = ("a", "b", "c", "d")[step % 4]  # four tasks in turn: four graphs
+            wrapped(x, y).backward()
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(wrapped._ortrain_graphs) == 4
