@@ -3,7 +3,6 @@ graph breaks after its whole-graph capture fails) and under torch.compile(backen
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib.metadata
 import logging
@@ -238,27 +237,19 @@ class _Branching(nn.Module):
 
 
 def test_a_capture_failing_inside_torch_cond_trains_through_graph_breaks(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """AOTAutograd's whole-graph capture failed in the backward of such a ``torch.cond`` ("object
     of type 'bool' has no len()") and the model fell back to PyTorch (FALLBACK_DISABLE: raised)."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
     torch.manual_seed(0)
-    model = _Branching()
-    eager = copy.deepcopy(model)
-    wrapped = ORTModule(model, DebugOptions(log_level=LogLevel.INFO))
+    batches = [
+        (torch.randn(4, 6) * (1 if i % 2 else -1), torch.randn(4, 6)) for i in range(4)
+    ]  # both branches
+    loss_fn = lambda m, b: F.mse_loss(m(b[0]), b[1])  # noqa: E731
     with caplog.at_level(logging.INFO, logger="ortrain"):
-        for step in range(4):
-            x, y = torch.randn(4, 6) * (1 if step % 2 else -1), torch.randn(4, 6)  # both branches
-            losses = []
-            for m in (wrapped, eager):
-                m.zero_grad()
-                loss = F.mse_loss(m(x), y)
-                loss.backward()
-                with torch.no_grad():
-                    for p in m.parameters():
-                        p -= 0.1 * p.grad
-                losses.append(loss.item())
-            assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+        losses_ort, losses_eager, eager, wrapped = train_side_by_side(_Branching(), batches, loss_fn)
+    torch.testing.assert_close(torch.tensor(losses_ort), torch.tensor(losses_eager), rtol=1e-5, atol=1e-6)
     assert_same_state(wrapped, eager, atol=1e-5)
     assert any("failed inside a control-flow operator" in r.getMessage() for r in caplog.records)
     assert wrapped._ortrain_graph_breaks is not None
