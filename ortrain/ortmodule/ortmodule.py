@@ -629,7 +629,10 @@ class ORTModule(nn.Module):
             return key
         if without_config_values(after) != without_config_values(key.state):
             return key if self._ortrain_reads.version == reads_before else None
-        logger.debug("the capture set configuration values; its graph is kept for them")
+        logger.debug(
+            "the graph is kept under the state the capture left (configuration values it set, "
+            "held objects' attributes it did not read left out)"
+        )
         return key._replace(state=after)
 
     def _guard(
