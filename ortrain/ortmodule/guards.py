@@ -90,7 +90,8 @@ class ModelState:
     key: tuple[Any, ...]
     # Lazy modules (``nn.LazyLinear``, ...) whose parameters their first forward has yet to make.
     uninitialized: bool = False
-    # The held objects and configs the key describes by value (what a capture records reads of).
+    # The held objects and configs the key describes by value (what a capture records reads of),
+    # where the walk was asked for them.
     described: tuple[Any, ...] = ()
 
 
@@ -108,34 +109,37 @@ def _hook_ids(m: nn.Module) -> tuple[int, ...]:
 
 class _Walk:
     """What one walk over the model shares: each config described once, the attributes captures
-    read of each object (``reads``; None: all of them), and the objects described by value."""
+    read of each object (``reads``; None: all of them), and, when a capture asks for them
+    (``describe``), the objects described by value; the step's walk does not collect them."""
 
-    def __init__(self, reads: AttributeReads | None) -> None:
+    def __init__(self, reads: AttributeReads | None, describe: bool) -> None:
         self.reads = reads
         self.configs: dict[int, tuple[Any, ...]] = {}
-        self.described: dict[int, Any] = {}
+        self.described: dict[int, Any] | None = {} if describe else None
 
     def watched(self, value: Any, attributes: dict[str, Any]) -> Iterable[tuple[str, Any]]:
         """The (name, value) pairs of ``value``'s attributes that a graph may have baked in: those
         the captures read (ABSENT where ``value`` has no such attribute now), or all of them."""
-        self.described[id(value)] = value
+        if self.described is not None:
+            self.described[id(value)] = value
         names = self.reads.names(value) if self.reads is not None else None
         if names is None:
             return attributes.items()
         return [(name, attributes.get(name, ABSENT)) for name in names]
 
 
-def read_state(root: nn.Module, reads: AttributeReads | None = None) -> ModelState:
+def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe: bool = False) -> ModelState:
     """One walk over ``root``'s tree: every parameter and buffer, and the state key.
 
     ``reads``: the attributes of held objects and configs that the captures read, the only ones
     watched where known (:mod:`ortrain.capture.attribute_reads`); without it, all of them.
+    ``describe``: also list the objects the key describes by value (``ModelState.described``).
     """
     tensors: list[torch.Tensor] = []
     first_position: dict[int, int] = {}
     modules: list[ModuleKey] = []
     uninitialized: list[str] = []
-    walk = _Walk(reads)
+    walk = _Walk(reads, describe)
     # and each class of a module's MRO; (class, "globals") for the globals its forward reads
     classes: dict[Any, tuple[tuple[str, Any], ...]] = {}
     module_classes: list[type] = []  # each module class once
@@ -206,7 +210,7 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None) -> ModelSta
     for cls, (reads, code) in methods_called_from_outside(module_classes).items():
         classes[(cls, "called methods")] = _read_values(reads, code, walk)
     key = (tuple(modules), _global_hook_ids(), tuple(classes.items()))
-    return ModelState(tensors, key, bool(uninitialized), tuple(walk.described.values()))
+    return ModelState(tensors, key, bool(uninitialized), tuple((walk.described or {}).values()))
 
 
 def _read_class_values(cls: type, classes: dict[Any, tuple[tuple[str, Any], ...]], walk: _Walk) -> None:

@@ -801,7 +801,7 @@ class ORTModule(nn.Module):
     ) -> tuple[Capture, Spec]:
         classes = {type(m) for m in self._ortrain_module.modules()}
         # Every object the guards describe by value: the capture records which attributes it reads.
-        described = read_state(self._ortrain_module).described
+        described = read_state(self._ortrain_module, describe=True).described
         with refusing_generator_resets(), refusing_autograd_hooks(), memoized_functions_unwrapped(classes):
             try:
                 with timed("capture"), self._ortrain_reads.recording(described):
