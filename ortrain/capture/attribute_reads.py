@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+from unittest import mock
 
 # Lookups that hand out every value at once (a copy, a pickle, ``vars(obj)``).
 _WHOLE = frozenset({"__dict__", "__getstate__", "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__"})
@@ -90,20 +91,14 @@ class AttributeReads:
         tracked = {id(o): o for o in objects if is_recordable(o)}
         read: dict[int, set[str]] = {i: set() for i in tracked}
         whole: set[int] = set()
-        patched: list[tuple[type, Any]] = []
-        try:
+        with contextlib.ExitStack() as patches:
             for cls in dict.fromkeys(type(o) for o in tracked.values()):
+                recorded = _recording(cls.__getattribute__, tracked, read, whole)
                 try:
-                    patched.append((cls, _record_lookups(cls, tracked, read, whole)))
+                    patches.enter_context(mock.patch.object(cls, "__getattribute__", recorded))
                 except TypeError:  # a class that refuses new attributes: watched whole
                     whole.update(i for i, o in tracked.items() if type(o) is cls)
             yield
-        finally:
-            for cls, own in reversed(patched):
-                if own is None:
-                    del cls.__getattribute__
-                else:
-                    cls.__getattribute__ = own  # type: ignore[method-assign]
         names: dict[int, tuple[weakref.ref[Any], tuple[str, ...]]] = {}
         for i, obj in tracked.items():
             if i not in whole:
@@ -114,11 +109,11 @@ class AttributeReads:
         self._names = names
 
 
-def _record_lookups(cls: type, tracked: dict[int, Any], read: dict[int, set[str]], whole: set[int]) -> Any:
-    """Wrap ``cls.__getattribute__`` to note the names looked up on the tracked objects; returns
-    the class's own ``__getattribute__`` (None where it inherits one), to put back."""
-    inherited = cls.__getattribute__
-    own = vars(cls).get("__getattribute__")
+def _recording(
+    inherited: Callable[[Any, str], Any], tracked: dict[int, Any], read: dict[int, set[str]], whole: set[int]
+) -> Callable[[Any, str], Any]:
+    """A ``__getattribute__`` that notes the names looked up on the tracked objects, then looks
+    them up as ``inherited`` does."""
 
     def recorded(self: Any, name: str) -> Any:
         names = read.get(id(self))
@@ -129,5 +124,4 @@ def _record_lookups(cls: type, tracked: dict[int, Any], read: dict[int, set[str]
                 names.add(name)
         return inherited(self, name)
 
-    cls.__getattribute__ = recorded  # type: ignore[method-assign]
-    return own
+    return recorded

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import nn
@@ -73,7 +74,8 @@ def tensor_attributes_as_buffers(root: nn.Module) -> Iterator[int]:
     moved: list[tuple[nn.Module, str, torch.Tensor]] = []
     orders: list[tuple[nn.Module, list[str]]] = []
     parameter_storages: set[int | None] | None = None
-    shadowed: dict[tuple[type, str], tuple[Any, bool]] = {}
+    shadowed: set[tuple[type, str]] = set()
+    class_attributes = contextlib.ExitStack()
     try:
         for module in root.modules():
             attributes = tensor_attributes(module)
@@ -87,8 +89,12 @@ def tensor_attributes_as_buffers(root: nn.Module) -> Iterator[int]:
                 del module.__dict__[name]
                 _attributes.add((id(module), name))
                 moved.append((module, name, value))
-                if hasattr(type(module), name) and (type(module), name) not in shadowed:
-                    shadowed[(type(module), name)] = _shadow(type(module), name)
+                cls = type(module)
+                original = _class_attribute(cls, name)
+                if original is not _NONE and (cls, name) not in shadowed:
+                    shadowed.add((cls, name))
+                    routed = _BufferOverClassAttribute(name, original)
+                    class_attributes.enter_context(mock.patch.object(cls, name, routed))
                 # Not register_buffer, which refuses a name the class has (that check is for
                 # attributes the user registers by mistake).
                 module._buffers[name] = value
@@ -97,11 +103,7 @@ def tensor_attributes_as_buffers(root: nn.Module) -> Iterator[int]:
     finally:
         _parameter_views.clear()
         _attributes.clear()
-        for (cls, name), (original, own) in shadowed.items():
-            if own:
-                setattr(cls, name, original)
-            else:
-                delattr(cls, name)
+        class_attributes.close()
         for module, name, value in reversed(moved):
             module._buffers.pop(name, None)
             module._non_persistent_buffers_set.discard(name)
@@ -148,12 +150,13 @@ class _BufferOverClassAttribute:
             del obj.__dict__[self.name]
 
 
-def _shadow(cls: type, name: str) -> tuple[Any, bool]:
-    """Route ``cls``'s attribute ``name`` to the buffer (above); returns what to put back."""
-    own = name in vars(cls)
-    original = vars(cls)[name] if own else next(vars(k)[name] for k in cls.__mro__ if name in vars(k))
-    setattr(cls, name, _BufferOverClassAttribute(name, original))
-    return original, own
+_NONE = object()
+
+
+def _class_attribute(cls: type, name: str) -> Any:
+    """What ``cls`` or a base defines under ``name``, as defined (a descriptor unbound), or _NONE.
+    Only these hide an instance's buffers; a metaclass's attributes do not reach instances."""
+    return next((vars(k)[name] for k in cls.__mro__ if name in vars(k)), _NONE)
 
 
 def _reorder(attributes: dict[str, object], order: list[str]) -> None:
