@@ -219,6 +219,18 @@ def _method_reads(cls: type, name: str) -> list[CodeRead]:
     return []
 
 
+def _class_code(cls: type, name: str) -> bool:
+    """Whether a class of ``cls``'s own (not PyTorch's) holds ``name`` as code other than a Python
+    method: a static method over a builtin, a builtin, a partial, a class."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            value = klass.__dict__[name]
+            module = sys.modules.get(klass.__module__)
+            own = module is not None and not _is_module_library(module)
+            return own and (isinstance(value, staticmethod | classmethod) or callable(value))
+    return False
+
+
 def _is_library(module_name: str, code: types.CodeType) -> bool:
     return module_name.split(".")[0] in _LIBRARY_PREFIXES or code.co_filename.startswith(_STDLIB)
 
@@ -267,6 +279,10 @@ def _walk(
                 if methods:  # self.name(...) or super().name(...): the class's methods
                     todo += methods
                     code_found += _method_reads(cls, name)
+                elif _class_code(cls, name):
+                    # ``ACT = staticmethod(torch.tanh)`` or ``ACT = torch.tanh`` on the class, not
+                    # Python code to walk, but what ``self.ACT(x)`` runs: by identity (wave 32).
+                    code_found += _method_reads(cls, name)
                 if name not in namespace:
                     if not methods and other_names is not None:
                         other_names.add(name)
@@ -276,7 +292,11 @@ def _walk(
                     if (id(namespace), name) not in found:
                         found.add((id(namespace), name))
                         yield f"global {namespace.get('__name__', '?')}.{name}", namespace, name
-                elif callable(value) and not isinstance(value, type | types.BuiltinFunctionType):
+                elif isinstance(value, type | types.BuiltinFunctionType):
+                    # ``ACT = torch.tanh`` or ``Norm = nn.LayerNorm``: nothing to walk, but what the
+                    # forward runs, by identity (until wave 32 a replaced one went unseen).
+                    code_found.append((f"global {namespace.get('__name__', '?')}.{name}", namespace, name))
+                elif callable(value):
                     code_found.append(
                         (f"global function {namespace.get('__name__', '?')}.{name}", namespace, name)
                     )

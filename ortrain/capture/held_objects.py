@@ -17,6 +17,7 @@ Configuration objects (:func:`ortrain.capture.plain_values.is_config_type`) are 
 
 from __future__ import annotations
 
+import enum
 import sys
 import types
 from collections.abc import Iterable, Iterator
@@ -34,7 +35,15 @@ DEPTH = 2  # a held object's held objects are read too, and no deeper
 _LIBRARY_PACKAGES = frozenset(
     {"torch", "ortrain", "builtins", "accelerate", "deepspeed", *sys.stdlib_module_names}
 )
-_NOT_HELD = (type, types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.ModuleType)
+# Enum members are constants of their class, compared by identity (the guards' code form).
+_NOT_HELD = (
+    type,
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    types.ModuleType,
+    enum.Enum,
+)
 _is_held_type: dict[type, bool] = {}
 
 

@@ -28,6 +28,8 @@ such state, call ``ORTModule.reset_graphs()``.
 from __future__ import annotations
 
 import dataclasses
+import enum
+import types
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -183,6 +185,10 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
                     objects.append((k, id(v), _table_values(v)))
             elif kind in _SEQUENCES and len(v) <= _SHORT and all(type(i) in _PLAIN for i in v):
                 plain.append((k, tuple(v)))
+            elif kind in _SEQUENCES and v and len(v) <= _SHORT and (code := _code_entries(v)) is not None:
+                # ``self.acts = [torch.tanh, torch.sigmoid]``, an entry replaced between steps
+                # (until wave 32 only the list's identity was watched: the graph kept the old one).
+                plain.append((k, code))
             elif kind in _SEQUENCES and v and len(v) <= _SHORT and all(type(i) in _TABLES for i in v):
                 # Per-layer settings as a list of dicts (``self.cfg[1]["scale"] = 2.0`` between
                 # steps; until wave 27 only the list's identity was watched).
@@ -233,7 +239,7 @@ def _read_class_values(cls: type, classes: dict[Any, tuple[tuple[str, Any], ...]
             elif type(value) in _TABLES:  # ``LOSS_WEIGHTS = {"kl": 0.1}`` on the class (wave 30)
                 values.append((f"{klass.__qualname__}.{name}", _table_values(value)))
             elif is_held_object(value):  # a schedule object shared by the class's instances
-                values.append((f"{klass.__qualname__}.{name}", _held_values(value, HELD_DEPTH, walk)))
+                values.append((f"{klass.__qualname__}.{name}", _held_description(value, HELD_DEPTH, walk)))
         classes[klass] = tuple(values)
 
 
@@ -262,10 +268,29 @@ class _Code(tuple[Any]):
         return super().__new__(cls, (function,))
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Code) and self[0] is other[0]
+        if not isinstance(other, _Code):
+            return False
+        mine, theirs = self[0], other[0]
+        if mine is theirs:
+            return True
+        # ``self.helper.fn = self.scorer.score`` at every step makes a new bound method each time:
+        # the same function on the same object is the same code.
+        return (
+            type(mine) is types.MethodType
+            and type(theirs) is types.MethodType
+            and mine.__func__ is theirs.__func__
+            and mine.__self__ is theirs.__self__
+        )
 
     def __hash__(self) -> int:
-        return id(self[0])
+        function = self[0]
+        return id(function.__func__) if type(function) is types.MethodType else id(function)
+
+    def __repr__(self) -> str:
+        function = self[0]
+        # ``torch.tanh``'s __qualname__ is "_VariableFunctionsClass.tanh": its name says more.
+        name = "__qualname__" if isinstance(function, types.FunctionType | type) else "__name__"
+        return getattr(function, name, None) or repr(function)
 
 
 def _global_value(value: Any, walk: _Walk) -> Any:
@@ -284,19 +309,47 @@ def _global_value(value: Any, walk: _Walk) -> Any:
     if is_config_type(kind):
         return ("config", _config_values(value, walk))
     if is_held_object(value):  # ``SCHEDULE = KLSchedule()``
-        return ("object", _held_values(value, HELD_DEPTH, walk))
+        return ("object", _held_description(value, HELD_DEPTH, walk))
     return _NOT_PLAIN
 
 
 def _table_values(table: dict[Any, Any] | set[Any]) -> tuple[Any, ...]:
-    """A short dict or set of plain values by its values; any other by identity alone."""
+    """A short dict or set of plain values by its values, a short dict of code
+    (``{"act": torch.tanh}``) by the identity of each entry; any other by identity alone."""
     if len(table) > _SHORT:
         return ()
     if isinstance(table, set):
         plain = all(type(i) in _PLAIN for i in table)
         return (("members", tuple(sorted(map(repr, table)))),) if plain else ()
-    values = tuple((k, _plain_form(v)) for k, v in table.items())
+    values = tuple((k, _plain_or_code(v)) for k, v in table.items())
     return () if any(v is _NOT_PLAIN or type(k) not in _PLAIN for k, v in values) else values
+
+
+def _plain_or_code(value: Any) -> Any:
+    """``value``'s plain form, else its code form, else ``_NOT_PLAIN``."""
+    plain = _plain_form(value)
+    if plain is not _NOT_PLAIN:
+        return plain
+    code = _code_form(value)
+    return _NOT_PLAIN if code is None else code
+
+
+def _code_entries(values: list[Any] | tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """A short list of plain values and code, each entry by value or identity; None where an
+    entry is neither (a list of tensors or modules stays watched by identity)."""
+    entries = tuple(_plain_or_code(v) for v in values)
+    return None if any(e is _NOT_PLAIN for e in entries) else entries
+
+
+def _code_form(value: Any) -> Any:
+    """What a graph bakes in by what it is: a function, a class, a callable other than a tensor
+    or module (a partial) as a :class:`_Code`, compared by identity; an enum member or a dtype as
+    itself (one object per value). None otherwise."""
+    if isinstance(value, enum.Enum | torch.dtype):
+        return value
+    if callable(value) and not isinstance(value, torch.Tensor | nn.Module):
+        return _Code(value)
+    return None
 
 
 def _entries_of_tables(tables: list[Any] | tuple[Any, ...]) -> tuple[tuple[str, Any], ...]:
@@ -328,17 +381,33 @@ def _config_values(config: Any, walk: _Walk) -> tuple[Any, ...]:
             values.append((k, tuple(v.items())))
         elif is_config_type(kind):
             values.append((k, _config_values(v, walk)))
+        elif (code := _code_form(v)) is not None:
+            values.append((k, code))  # holds the function: a replaced one's id cannot come back
         else:
             values.append((k, ("object", id(v))))
     walk.configs[id(config)] = described = tuple(values)
     return described
 
 
+# The first entry of a held object reached through another object, a class or a global: which
+# object it is. A forward may compare it by identity (``self.h.mode is Mode.A``) or run its class's
+# code, neither of which reads an attribute; a module's own held objects carry their identity in
+# the module's entry. Until wave 32 a replaced one whose read values were equal kept the old graph.
+_IDENTITY = "<object>"
+
+
+def _held_description(held: Any, depth: int, walk: _Walk) -> tuple[Any, ...]:
+    """:func:`_held_values` after the object's identity and class."""
+    return ((_IDENTITY, (id(held), type(held))), *_held_values(held, depth, walk))
+
+
 def _held_values(held: Any, depth: int, walk: _Walk) -> tuple[Any, ...]:
-    """A held object's values, as a config's: plain ones, short plain tables, configs, and the
-    held objects it holds while ``depth`` lasts. Others (tensors, devices, functions) are left out,
-    not watched by identity: an object may rebind them at every call (accelerate's hooks set the
-    input's device), and a graph does not bake them in."""
+    """A held object's values, as a config's: plain ones, short plain tables, configs, the held
+    objects it holds while ``depth`` lasts, and the code it holds (``self.helper.act = torch.relu``),
+    an enum member or a dtype, by identity (until wave 32 left out: the graph kept the function it
+    was captured with). Others (tensors, devices) are left out, not watched by identity: an object
+    may rebind them at every call (accelerate's hooks set the input's device), and a graph does not
+    bake them in."""
     values: list[tuple[str, Any]] = []
     for k, v in walk.watched(held, held_attributes(held)):
         kind, plain = type(v), _plain_form(v)
@@ -349,7 +418,9 @@ def _held_values(held: Any, depth: int, walk: _Walk) -> tuple[Any, ...]:
         elif is_config_type(kind):
             values.append((k, _config_values(v, walk)))
         elif depth > 1 and is_held_object(v):
-            values.append((k, _held_values(v, depth - 1, walk)))
+            values.append((k, _held_description(v, depth - 1, walk)))
+        elif (code := _code_form(v)) is not None:
+            values.append((k, code))
     return tuple(values)
 
 
@@ -457,18 +528,25 @@ def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, A
     if found is None:
         return "a value changed"
     name, was, now = found
-    if (type(was) in _PLAIN or was is ABSENT) and (type(now) in _PLAIN or now is ABSENT):
+    shown = (*_PLAIN, enum.Enum, torch.dtype)
+    if (isinstance(was, shown) or was is ABSENT) and (isinstance(now, shown) or now is ABSENT):
         return f"{name} changed from {was!r} to {now!r}"
     # A global table or configuration object (_global_value): name the entry that changed.
     kinds = (("table",), ("config",), ("object",))
-    if isinstance(was, tuple) and isinstance(now, tuple) and was[:1] == now[:1] in kinds:
+    described = isinstance(was, tuple) and isinstance(now, tuple) and len(was) == len(now) == 2
+    # A config's other object is ("object", its id): no entries to name.
+    if described and was[:1] == now[:1] in kinds and isinstance(was[1], tuple) and isinstance(now[1], tuple):
         before_items, after_items = dict(was[1]), dict(now[1])
+        if before_items.get(_IDENTITY) != after_items.get(_IDENTITY):
+            return f"{name} was replaced"
         for key in [*before_items, *(k for k in after_items if k not in before_items)]:
             old, new = before_items.get(key, "<unset>"), after_items.get(key, "<unset>")
             if old != new and type(old) in _PLAIN and type(new) in _PLAIN:
                 entry = f"[{key!r}]" if was[0] == "table" else f".{key}"
                 return f"{name}{entry} changed from {old!r} to {new!r}"
     if _is_described_object(was) and _is_described_object(now):  # a held object's held object
+        if dict(was).get(_IDENTITY) != dict(now).get(_IDENTITY):
+            return f"{name} was replaced"
         return f"{name}.{_value_change(was, now)}"
     return f"{name} changed"
 

@@ -1,0 +1,239 @@
+"""Code and identities a forward runs or compares, replaced between steps (wave 32).
+
+Until wave 32 each case below kept training on the graph of the code it was captured with, with
+no new capture and no message: a function on an object the model holds (``self.helper.act``),
+in a module's dict or list of functions, a module-level or class-level builtin, an enum member
+on a held object, or a nested held object swapped for another of equal read values.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from _parity import assert_same_state
+from torch import nn
+
+from ortrain import ORTModule
+
+ACTIVATION = torch.tanh  # module-level, builtin: replaced by a test below
+
+
+def _triple(t: torch.Tensor) -> torch.Tensor:
+    return t * 3
+
+
+class _Helper:
+    def __init__(self) -> None:
+        self.act: Any = torch.tanh
+        self.scale = 1.0
+
+
+class _Tanh:
+    def apply(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(t)
+
+
+class _Sigmoid:
+    def apply(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(t)
+
+
+class _Holder:
+    def __init__(self) -> None:
+        self.impl: Any = _Tanh()
+
+
+class _Mode(enum.Enum):
+    SMOOTH = 1
+    GATED = 2
+
+
+class _Settings:
+    def __init__(self) -> None:
+        self.mode = _Mode.SMOOTH
+
+
+@dataclasses.dataclass
+class _Config:
+    act: Any = torch.tanh
+
+
+class _Net(nn.Module):
+    ACT: Any = staticmethod(torch.tanh)
+
+    def __init__(self, forward: Callable[[_Net, torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.helper = _Helper()
+        self.holder = _Holder()
+        self.settings = _Settings()
+        self.config = _Config()
+        self.table: dict[str, Any] = {"act": torch.tanh}
+        self.acts: list[Any] = [torch.tanh, torch.sigmoid]
+        self._forward = forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._forward(self, self.fc(x)).square().mean()
+
+
+def _train(
+    forward: Callable[[_Net, torch.Tensor], torch.Tensor],
+    change: Callable[[_Net], None],
+    caplog: pytest.LogCaptureFixture,
+    *,
+    steps: int = 4,
+    at: int | None = 2,
+) -> list[str]:
+    """Train an ORTModule and an eager copy, applying ``change`` to both before step ``at``
+    (None: before every step); returns why each capture happened."""
+    torch.manual_seed(0)
+    model = _Net(forward)
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for step in range(steps):
+            if at is None or step == at:
+                change(wrapped.module)
+                change(eager)
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(step))
+            losses = []
+            for m in (wrapped, eager):
+                loss = m(x)
+                loss.backward()
+                with torch.no_grad():
+                    for p in m.parameters():
+                        p -= 0.1 * p.grad
+                        p.grad = None
+                losses.append(loss.item())
+            assert losses[0] == pytest.approx(losses[1], rel=1e-5), f"step {step}"
+    assert_same_state(wrapped, eager, atol=1e-5)
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+
+
+@pytest.mark.parametrize(
+    "new",
+    [torch.sigmoid, lambda t: t * 3, _triple, functools.partial(torch.mul, other=3.0)],
+    ids=["builtin", "lambda", "function", "partial"],
+)
+def test_a_function_on_a_held_object(new: Any, caplog: pytest.LogCaptureFixture) -> None:
+    def setter(m: _Net) -> None:
+        m.helper.act = new
+
+    reasons = _train(lambda m, h: m.helper.act(h) * m.helper.scale, setter, caplog)
+    assert reasons[1:] == [
+        "capturing a graph: helper.act was replaced (the forward runs other code) "
+        "(an object held by '(the model)')"
+    ]
+
+
+def test_a_method_rebound_at_every_step_captures_once(caplog: pytest.LogCaptureFixture) -> None:
+    """``self.helper.act = self.holder.impl.apply`` makes a new bound method each time: the same
+    function on the same object is the same code."""
+
+    def rebind(m: _Net) -> None:
+        m.helper.act = m.holder.impl.apply
+
+    assert len(_train(lambda m, h: m.helper.act(h), rebind, caplog, steps=5, at=None)) == 1
+
+
+def test_a_nested_object_of_another_class(caplog: pytest.LogCaptureFixture) -> None:
+    """Both read nothing but ``apply``, which their classes hold: the class is what differs."""
+
+    def swap(m: _Net) -> None:
+        m.holder.impl = _Sigmoid()
+
+    reasons = _train(lambda m, h: m.holder.impl.apply(h), swap, caplog)
+    assert reasons[1:] == ["capturing a graph: holder.impl was replaced (an object held by '(the model)')"]
+
+
+def test_an_enum_member_compared_by_identity(caplog: pytest.LogCaptureFixture) -> None:
+    def forward(m: _Net, h: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(h) if m.settings.mode is _Mode.SMOOTH else torch.sigmoid(h)
+
+    def gate(m: _Net) -> None:
+        m.settings.mode = _Mode.GATED
+
+    def back(m: _Net) -> None:
+        m.settings.mode = _Mode.SMOOTH if m.settings.mode is _Mode.GATED else _Mode.GATED
+
+    reasons = _train(forward, gate, caplog)
+    assert reasons[1:] == [
+        "capturing a graph: settings.mode changed from <_Mode.SMOOTH: 1> to <_Mode.GATED: 2> "
+        "(an object held by '(the model)')"
+    ]
+    # Back and forth: each member finds its own graph again (until wave 32 the second member's
+    # graph was found under the first's key: the two read the same attributes, none).
+    caplog.clear()
+    assert len(_train(forward, back, caplog, steps=6, at=1)) == 2
+
+
+def test_a_function_in_a_dataclass_config(caplog: pytest.LogCaptureFixture) -> None:
+    """Replacing it raised TypeError in the message that says why (wave 31)."""
+
+    def setter(m: _Net) -> None:
+        m.config.act = _triple
+
+    reasons = _train(lambda m, h: m.config.act(h), setter, caplog)
+    assert reasons[1:] == [
+        "capturing a graph: config.act was replaced (the forward runs other code) "
+        "(a config held by '(the model)')"
+    ]
+
+
+def test_an_entry_of_a_modules_dict_of_functions(caplog: pytest.LogCaptureFixture) -> None:
+    def setter(m: _Net) -> None:
+        m.table["act"] = _triple
+
+    reasons = _train(lambda m, h: m.table["act"](h), setter, caplog)
+    assert reasons[1:] == [
+        "capturing a graph: table.act was replaced (the forward runs other code) "
+        "(a dict held by '(the model)')"
+    ]
+
+
+def test_an_entry_of_a_modules_list_of_functions(caplog: pytest.LogCaptureFixture) -> None:
+    def setter(m: _Net) -> None:
+        m.acts[0] = _triple
+
+    reasons = _train(lambda m, h: m.acts[0](h), setter, caplog)
+    assert len(reasons) == 2 and reasons[1] == (
+        "capturing a graph: (the model).acts changed from (tanh, sigmoid) to (_triple, sigmoid)"
+    )
+
+
+class _GlobalNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ACTIVATION(self.fc(x)).square().mean()
+
+
+class _ClassNet(_GlobalNet):
+    ACT: Any = staticmethod(torch.tanh)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ACT(self.fc(x)).square().mean()
+
+
+@pytest.mark.parametrize("where", ["module global", "class attribute"])
+def test_a_builtin_replaced_at_module_or_class_level(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model = _GlobalNet() if where == "module global" else _ClassNet()
+    wrapped = ORTModule(copy.deepcopy(model))
+    x = torch.randn(3, 4)
+    assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
+    if where == "module global":
+        monkeypatch.setitem(globals(), "ACTIVATION", torch.sigmoid)
+    else:
+        monkeypatch.setattr(_ClassNet, "ACT", staticmethod(torch.sigmoid))
+    assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
