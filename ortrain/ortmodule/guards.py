@@ -20,7 +20,10 @@ plain values set on the classes of the modules (``Net.SCALE = 3.0``), and a modu
 dicts and sets of plain values (``self.loss_weights["kl"] = 0.5``), and the module-level plain
 values the forward's code names (:mod:`ortrain.capture.global_reads`), and the plain values of
 the other objects a module holds, two levels deep (:mod:`ortrain.capture.held_objects`: a schedule,
-``self.annealing.beta``; until wave 30 such an object was watched by identity only). Not watched:
+``self.annealing.beta``; until wave 30 such an object was watched by identity only). Code is
+watched by identity wherever a forward may find it: a function, class or enum member on a held
+object or config, in a module's short dict or list, a builtin at module or class level (wave 32).
+Not watched:
 state deeper than that, or inside objects of PyTorch's or of the standard library; after changing
 such state, call ``ORTModule.reset_graphs()``.
 """
