@@ -130,7 +130,19 @@ class _Walk:
         names = self.reads.names(value) if self.reads is not None else None
         if names is None:
             return attributes.items()
-        return [(name, attributes.get(name, ABSENT)) for name in names]
+        # A name read that the object does not have is its class's (a method, ``SCALE = 2.0`` in
+        # the class body): until wave 32 such a value replaced on the class was not seen.
+        kind = type(value)
+        return [(n, attributes[n] if n in attributes else _class_value(kind, n)) for n in names]
+
+
+def _class_value(kind: type, name: str) -> Any:
+    """What ``name`` is on ``kind`` (first class of its MRO defining it), or ABSENT."""
+    for klass in kind.__mro__:
+        found = klass.__dict__.get(name, ABSENT)
+        if found is not ABSENT:
+            return found
+    return ABSENT
 
 
 def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe: bool = False) -> ModelState:
@@ -346,11 +358,13 @@ def _code_entries(values: list[Any] | tuple[Any, ...]) -> tuple[Any, ...] | None
 
 def _code_form(value: Any) -> Any:
     """What a graph bakes in by what it is: a function, a class, a callable other than a tensor
-    or module (a partial) as a :class:`_Code`, compared by identity; an enum member or a dtype as
-    itself (one object per value). None otherwise."""
+    or module (a partial), a property or a class method as a :class:`_Code`, compared by identity;
+    an enum member or a dtype as itself (one object per value). None otherwise."""
     if isinstance(value, enum.Enum | torch.dtype):
         return value
-    if callable(value) and not isinstance(value, torch.Tensor | nn.Module):
+    if isinstance(value, property | classmethod) or (
+        callable(value) and not isinstance(value, torch.Tensor | nn.Module)
+    ):
         return _Code(value)
     return None
 

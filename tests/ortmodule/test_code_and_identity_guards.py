@@ -237,3 +237,61 @@ def test_a_builtin_replaced_at_module_or_class_level(where: str, monkeypatch: py
     else:
         monkeypatch.setattr(_ClassNet, "ACT", staticmethod(torch.sigmoid))
     assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
+
+
+class _Scaled:
+    SCALE = 1.0
+
+    def apply(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(t) * self.SCALE
+
+
+@dataclasses.dataclass
+class _ScaledConfig:
+    width: int = 4
+    SCALE = 1.0  # on the class, not a field
+
+
+class _ClassReadNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.helper = _Scaled()
+        self.config = _ScaledConfig()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.helper.apply(self.fc(x)) * self.config.SCALE).square().mean()
+
+
+@pytest.mark.parametrize(
+    ("owner", "name", "value", "reason"),
+    [
+        (
+            _Scaled,
+            "apply",
+            lambda self, t: torch.sigmoid(t),
+            "helper.apply was replaced (the forward runs other code)",
+        ),
+        (_Scaled, "SCALE", 3.0, "helper.SCALE changed from 1.0 to 3.0"),
+        (_ScaledConfig, "SCALE", 3.0, "config.SCALE changed from 1.0 to 3.0"),
+    ],
+    ids=["held object's method", "held object's class value", "dataclass's class value"],
+)
+def test_a_value_the_forward_reads_from_a_held_objects_class(
+    owner: type,
+    name: str,
+    value: Any,
+    reason: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    torch.manual_seed(0)
+    model = _ClassReadNet()
+    wrapped = ORTModule(copy.deepcopy(model))
+    x = torch.randn(3, 4)
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
+        monkeypatch.setattr(owner, name, value)
+        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
+    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    assert reasons[1].startswith(f"capturing a graph: {reason} (")
