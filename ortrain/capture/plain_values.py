@@ -15,7 +15,14 @@ from typing import Any
 
 PLAIN = frozenset({bool, int, float, str, type(None)})
 SEQUENCES = frozenset({tuple, list})
-SHORT = 64  # longer sequences (a vocabulary kept as a list) are watched by identity, not read
+SHORT = 64  # longer tables (a vocabulary kept as a dict) are watched by identity, not read
+# A list of plain values up to this long is read by value (class weights, a per-token scale):
+# changed in place between steps it was not seen until wave 32 beyond 64 entries. Longer ones (a
+# vocabulary kept as a list) are watched by identity; reading one costs ≈ 25 µs per 1000 entries.
+LONG = 4096
+# A NumPy array up to this size is read by value, as its bytes (a forward that makes a tensor of
+# ``self.anchors`` bakes in its values: changed in place it was not seen until wave 32).
+ARRAY_BYTES = 1 << 20
 NOT_PLAIN = object()
 # Configuration objects: Hugging Face's config base class (renamed in transformers 5) by name, so
 # that transformers is not imported here, dataclass instances, namespaces (``args`` of argparse).
@@ -25,13 +32,22 @@ _is_config_type: dict[type, bool] = {}
 
 
 def plain_form(value: Any) -> Any:
-    """``value`` if plain, a short sequence of plain values as a tuple, else ``NOT_PLAIN``."""
+    """``value`` if plain, a sequence of plain values as a tuple, a NumPy array as
+    ``("ndarray", dtype, shape, bytes)`` (up to :data:`LONG` entries, :data:`ARRAY_BYTES`),
+    else ``NOT_PLAIN``."""
     kind = type(value)
     if kind in PLAIN:
         return value
-    if kind in SEQUENCES and len(value) <= SHORT and all(type(i) in PLAIN for i in value):
+    if kind in SEQUENCES and len(value) <= LONG and all(type(i) in PLAIN for i in value):
         return tuple(value)
+    if kind.__name__ == "ndarray" and kind.__module__ == "numpy" and value.nbytes <= ARRAY_BYTES:
+        return ("ndarray", value.dtype.str, value.shape, value.tobytes())
     return NOT_PLAIN
+
+
+def is_array_form(value: Any) -> bool:
+    """Whether ``value`` is :func:`plain_form`'s form of a NumPy array."""
+    return type(value) is tuple and len(value) == 4 and value[0] == "ndarray" and type(value[3]) is bytes
 
 
 def is_config_type(kind: type) -> bool:

@@ -56,7 +56,7 @@ from ortrain.capture.plain_values import NOT_PLAIN as _NOT_PLAIN
 from ortrain.capture.plain_values import PLAIN as _PLAIN
 from ortrain.capture.plain_values import SEQUENCES as _SEQUENCES
 from ortrain.capture.plain_values import SHORT as _SHORT
-from ortrain.capture.plain_values import is_config_type, python_attributes
+from ortrain.capture.plain_values import is_array_form, is_config_type, python_attributes
 from ortrain.capture.plain_values import plain_form as _plain_form
 from ortrain.capture.tensor_attributes import is_tensor_attribute, tensor_attributes
 
@@ -198,8 +198,10 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
             elif kind in _TABLES:
                 if k not in _MODULE_TABLES:  # the user's own table (``self.weights = {"kl": 0.1}``)
                     objects.append((k, id(v), _table_values(v)))
-            elif kind in _SEQUENCES and len(v) <= _SHORT and all(type(i) in _PLAIN for i in v):
-                plain.append((k, tuple(v)))
+            elif (kind in _SEQUENCES or kind.__name__ == "ndarray") and (
+                form := _plain_form(v)
+            ) is not _NOT_PLAIN:
+                plain.append((k, form))  # a list of plain values, a NumPy array
             elif kind in _SEQUENCES and v and len(v) <= _SHORT and (code := _code_entries(v)) is not None:
                 # ``self.acts = [torch.tanh, torch.sigmoid]``, an entry replaced between steps
                 # (until wave 32 only the list's identity was watched: the graph kept the old one).
@@ -565,6 +567,8 @@ def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, A
         if dict(was).get(_IDENTITY) != dict(now).get(_IDENTITY):
             return f"{name} was replaced"
         return f"{name}.{_value_change(was, now)}"
+    if isinstance(was, tuple) and isinstance(now, tuple):  # a list, an array
+        return f"{name} changed from {_show_value(was)} to {_show_value(now)}"
     return f"{name} changed"
 
 
@@ -582,7 +586,17 @@ def _attribute_change(module: str, before: dict[str, Any], after: dict[str, Any]
     key, old, new = found
     if key == "training":
         return f"submodule {module!r} was switched to {'train' if new else 'eval'} mode"
-    return f"{module}.{key} changed from {old!r} to {new!r}"
+    if is_array_form(old) and is_array_form(new) and old[1:3] == new[1:3]:
+        return f"{module}.{key} changed in place ({_show_value(new)})"
+    return f"{module}.{key} changed from {_show_value(old)} to {_show_value(new)}"
+
+
+def _show_value(value: Any) -> str:
+    """A value for a message, kept short: a NumPy array by its dtype and shape, a long list cut."""
+    if is_array_form(value):
+        return f"an array ({value[1]}, shape {list(value[2])})"
+    shown = repr(value)
+    return shown if len(shown) <= 80 else f"{shown[:60]}... ({len(value)} entries)"
 
 
 def _first_difference(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, Any, Any] | None:
