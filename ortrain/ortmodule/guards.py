@@ -195,21 +195,18 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
             # kept the captured branch): a forward reads them like public ones.
             if kind in _PLAIN:
                 plain.append((k, v))
-            elif kind in _TABLES:
+            elif kind in _TABLES or isinstance(v, dict):
                 if k not in _MODULE_TABLES:  # the user's own table (``self.weights = {"kl": 0.1}``)
-                    objects.append((k, id(v), _table_values(v)))
+                    objects.append((k, id(v), _container_values(v, walk) or ()))
             elif (kind in _SEQUENCES or kind.__name__ == "ndarray") and (
                 form := _plain_form(v)
             ) is not _NOT_PLAIN:
                 plain.append((k, form))  # a list of plain values, a NumPy array
-            elif kind in _SEQUENCES and v and len(v) <= _SHORT and (code := _code_entries(v)) is not None:
-                # ``self.acts = [torch.tanh, torch.sigmoid]``, an entry replaced between steps
-                # (until wave 32 only the list's identity was watched: the graph kept the old one).
-                plain.append((k, code))
-            elif kind in _SEQUENCES and v and len(v) <= _SHORT and all(type(i) in _TABLES for i in v):
-                # Per-layer settings as a list of dicts (``self.cfg[1]["scale"] = 2.0`` between
-                # steps; until wave 27 only the list's identity was watched).
-                objects.append((k, id(v), _entries_of_tables(v)))
+            elif kind in _SEQUENCES and (described := _container_values(v, walk)):
+                # Per-layer settings as a list of dicts (``self.cfg[1]["scale"] = 2.0``, wave 27),
+                # of functions, schedules or dataclasses (``self.acts[0] = ...``,
+                # ``self.schedules[1].beta = 2.0``; until wave 32 only the list's identity).
+                objects.append((k, id(v), described))
             elif is_tensor_attribute(v):
                 tensor_attrs.append((k, v))
             elif is_config_type(kind):
@@ -351,11 +348,43 @@ def _plain_or_code(value: Any) -> Any:
     return _NOT_PLAIN if code is None else code
 
 
-def _code_entries(values: list[Any] | tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """A short list of plain values and code, each entry by value or identity; None where an
-    entry is neither (a list of tensors or modules stays watched by identity)."""
-    entries = tuple(_plain_or_code(v) for v in values)
-    return None if any(e is _NOT_PLAIN for e in entries) else entries
+def _container_values(container: Any, walk: _Walk, depth: int = 2) -> tuple[tuple[str, Any], ...] | None:
+    """A short dict, list or tuple by its entries, named by key or position: plain values, code
+    (by identity), configs and held objects (by their values), and tables and lists of them while
+    ``depth`` lasts; a set by its plain members. None where an entry is none of these (a tensor, a
+    module) or the container is long: it is then watched by identity only."""
+    if len(container) > _SHORT:
+        return None
+    if isinstance(container, set | frozenset):
+        plain = all(type(i) in _PLAIN for i in container)
+        return (("members", tuple(sorted(map(repr, container)))),) if plain else None
+    items = container.items() if isinstance(container, dict) else enumerate(container)
+    values: list[tuple[str, Any]] = []
+    for key, entry in items:
+        if type(key) not in _PLAIN:
+            return None
+        form = _entry_form(entry, walk, depth)
+        if form is _NOT_PLAIN:
+            return None
+        values.append((str(key), form))
+    return tuple(values)
+
+
+def _entry_form(entry: Any, walk: _Walk, depth: int) -> Any:
+    """How :func:`_container_values` describes one entry, or ``_NOT_PLAIN``."""
+    plain = _plain_form(entry)
+    if plain is not _NOT_PLAIN:
+        return plain
+    kind = type(entry)
+    if is_config_type(kind):
+        return _config_values(entry, walk)
+    if depth > 1 and is_held_object(entry):
+        return _held_description(entry, depth - 1, walk)
+    if depth > 1 and (kind in _SEQUENCES or isinstance(entry, dict | set)):
+        inner = _container_values(entry, walk, depth - 1)
+        return _NOT_PLAIN if inner is None else inner
+    code = _code_form(entry)
+    return _NOT_PLAIN if code is None else code
 
 
 def _code_form(value: Any) -> Any:
@@ -369,13 +398,6 @@ def _code_form(value: Any) -> Any:
     ):
         return _Code(value)
     return None
-
-
-def _entries_of_tables(tables: list[Any] | tuple[Any, ...]) -> tuple[tuple[str, Any], ...]:
-    """A list of short dicts or sets by their plain values, named by position: ``1.scale``."""
-    return tuple(
-        (f"{i}.{name}", value) for i, table in enumerate(tables) for name, value in _table_values(table)
-    )
 
 
 def _config_values(config: Any, walk: _Walk) -> tuple[Any, ...]:
@@ -432,8 +454,10 @@ def _held_values(held: Any, depth: int, walk: _Walk) -> tuple[Any, ...]:
         kind, plain = type(v), _plain_form(v)
         if plain is not _NOT_PLAIN or v is ABSENT:
             values.append((k, v if v is ABSENT else plain))
-        elif kind in _TABLES:
-            values.append((k, _table_values(v)))
+        elif kind in _TABLES or isinstance(v, dict) or kind in _SEQUENCES:
+            described = _container_values(v, walk, depth)
+            if described is not None:  # others (a list of tensors) are left out, as tensors are
+                values.append((k, described))
         elif is_config_type(kind):
             values.append((k, _config_values(v, walk)))
         elif depth > 1 and is_held_object(v):
@@ -527,8 +551,9 @@ def _object_change(module: str, owner: nn.Module, before: tuple[Any, ...], after
     name, was, now = found
     if isinstance(was, tuple) and isinstance(now, tuple) and was[1] == now[1] and len(was) == len(now) == 3:
         held = owner.__dict__.get(name)
-        if type(held) in _TABLES:
-            holder = f"a {type(held).__name__}"
+        if isinstance(held, dict | list | tuple | set):
+            kind = type(held).__name__
+            holder = f"{'an' if kind[0] in 'AEIOUaeiou' else 'a'} {kind}"
         else:
             holder = "a config" if is_config_type(type(held)) else "an object"
         return f"{name}.{_value_change(was[2], now[2])} ({holder} held by {module!r})"

@@ -16,7 +16,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from _parity import assert_same_state
@@ -205,9 +204,9 @@ def test_an_entry_of_a_modules_list_of_functions(caplog: pytest.LogCaptureFixtur
         m.acts[0] = _triple
 
     reasons = _train(lambda m, h: m.acts[0](h), setter, caplog)
-    assert len(reasons) == 2 and reasons[1] == (
-        "capturing a graph: (the model).acts changed from (tanh, sigmoid) to (_triple, sigmoid)"
-    )
+    assert reasons[1:] == [
+        "capturing a graph: acts.0 was replaced (the forward runs other code) (a list held by '(the model)')"
+    ]
 
 
 class _GlobalNet(nn.Module):
@@ -296,58 +295,3 @@ def test_a_value_the_forward_reads_from_a_held_objects_class(
         assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
     reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
     assert reasons[1].startswith(f"capturing a graph: {reason} (")
-
-
-class _ValuesNet(nn.Module):
-    """Values a forward makes tensors of: a NumPy array and a list longer than 64 on the module,
-    an array on an object it holds."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.anchors = np.ones(4, dtype=np.float32)
-        self.class_weights = [1.0] * 100
-        self.helper = _Helper()
-        self.helper.offsets = np.zeros(4, dtype=np.float32)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x) * torch.from_numpy(self.anchors) + torch.from_numpy(self.helper.offsets)
-        return (h * torch.tensor(self.class_weights[:4])).square().mean()
-
-
-def _set_anchor(m: _ValuesNet) -> None:
-    m.anchors[:2] = 3.0
-
-
-def _set_weight(m: _ValuesNet) -> None:
-    m.class_weights[1] = 5.0
-
-
-def _set_offset(m: _ValuesNet) -> None:
-    m.helper.offsets[0] = 0.5
-
-
-@pytest.mark.parametrize(
-    ("change", "reason"),
-    [
-        (_set_anchor, "(the model).anchors changed in place (an array (<f4, shape [4]))"),
-        (_set_weight, "(the model).class_weights changed from (1.0, 1.0, 1.0"),
-        (_set_offset, "helper.offsets changed from an array (<f4, shape [4]) to an array (<f4, shape [4])"),
-    ],
-    ids=["module's array", "module's long list", "held object's array"],
-)
-def test_an_array_or_long_list_changed_in_place(
-    change: Callable[[_ValuesNet], None], reason: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    torch.manual_seed(0)
-    model = _ValuesNet()
-    wrapped = ORTModule(copy.deepcopy(model))
-    x = torch.randn(3, 4)
-    with caplog.at_level(logging.INFO, logger="ortrain"):
-        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
-        change(model)
-        change(wrapped.module)
-        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
-        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
-    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
-    assert len(reasons) == 2 and reasons[1].startswith(f"capturing a graph: {reason}")

@@ -1,0 +1,135 @@
+"""Values kept in containers and arrays on a model, changed in place between steps (wave 32).
+
+Until wave 32 each case below kept training on the values the graph was captured with, silently:
+a NumPy array or a list of more than 64 numbers the forward makes a tensor of, and the schedules,
+dataclasses and tables kept in a module's list or dict (only the container's identity was watched).
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ortrain import ORTModule
+
+
+class _Schedule:
+    def __init__(self) -> None:
+        self.beta = 1.0
+
+
+@dataclasses.dataclass
+class _Weights:
+    beta: float = 1.0
+
+
+class _Helper:
+    def __init__(self) -> None:
+        self.offsets = np.zeros(4, dtype=np.float32)
+
+
+class _ValuesNet(nn.Module):
+    """Values a forward makes tensors of: a NumPy array and a list longer than 64 on the module,
+    an array on an object it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.anchors = np.ones(4, dtype=np.float32)
+        self.class_weights = [1.0] * 100
+        self.helper = _Helper()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x) * torch.from_numpy(self.anchors) + torch.from_numpy(self.helper.offsets)
+        return (h * torch.tensor(self.class_weights[:4])).square().mean()
+
+
+def _set_anchor(m: _ValuesNet) -> None:
+    m.anchors[:2] = 3.0
+
+
+def _set_weight(m: _ValuesNet) -> None:
+    m.class_weights[1] = 5.0
+
+
+def _set_offset(m: _ValuesNet) -> None:
+    m.helper.offsets[0] = 0.5
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (_set_anchor, "(the model).anchors changed in place (an array (<f4, shape [4]))"),
+        (_set_weight, "(the model).class_weights changed from (1.0, 1.0, 1.0"),
+        (_set_offset, "helper.offsets changed from an array (<f4, shape [4]) to an array (<f4, shape [4])"),
+    ],
+    ids=["module's array", "module's long list", "held object's array"],
+)
+def test_an_array_or_long_list_changed_in_place(
+    change: Callable[[_ValuesNet], None], reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    _check(_ValuesNet, change, reason, caplog)
+
+
+class _ContainersNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.nested = {"a": {"scale": 1.0}}
+        self.schedules = [_Schedule(), _Schedule()]
+        self.by_name = {"kl": _Schedule()}
+        self.weights = [_Weights(), _Weights()]
+        self.defaults: collections.defaultdict[str, float] = collections.defaultdict(lambda: 1.0)
+        self.defaults["w"] = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = self.nested["a"]["scale"] * self.schedules[1].beta * self.by_name["kl"].beta
+        scale = scale * self.weights[0].beta * self.defaults["w"]
+        return (self.fc(x) * scale).square().mean()
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda m: m.nested["a"].__setitem__("scale", 2.0), "nested.a.scale changed from 1.0 to 2.0 (a dict"),
+        (lambda m: setattr(m.schedules[1], "beta", 2.0), "schedules.1.beta changed from 1.0 to 2.0 (a list"),
+        (lambda m: setattr(m.by_name["kl"], "beta", 2.0), "by_name.kl.beta changed from 1.0 to 2.0 (a dict"),
+        (lambda m: setattr(m.weights[0], "beta", 2.0), "weights.0.beta changed from 1.0 to 2.0 (a list"),
+        (lambda m: m.defaults.__setitem__("w", 2.0), "defaults.w changed from 1.0 to 2.0 (a defaultdict"),
+    ],
+    ids=["dict in a dict", "object in a list", "object in a dict", "dataclass in a list", "defaultdict"],
+)
+def test_a_value_inside_a_container_changed_in_place(
+    change: Callable[[Any], None], reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    _check(_ContainersNet, change, reason, caplog)
+
+
+def _check(
+    build: Callable[[], nn.Module],
+    change: Callable[[Any], None],
+    reason: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Eager and ORTModule agree before and after ``change``, which captures once more for ``reason``."""
+    torch.manual_seed(0)
+    model = build()
+    wrapped = ORTModule(copy.deepcopy(model))
+    x = torch.randn(3, 4)
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
+        change(model)
+        change(wrapped.module)
+        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
+        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
+    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    assert len(reasons) == 2 and reasons[1].startswith(f"capturing a graph: {reason}")
