@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from ortrain.capture.plain_values import is_config_type
+from ortrain.capture.plain_values import SHORT, is_config_type
 
 DEPTH = 2  # a held object's held objects are read too, and no deeper
 # Packages whose objects on a module are not the model's state: PyTorch's and Python's own, and the
@@ -78,9 +78,10 @@ def attributes(value: Any) -> dict[str, Any]:
 
 def held_objects(named_values: Iterable[tuple[str, Any]], depth: int = DEPTH) -> Iterator[tuple[str, Any]]:
     """(path, object) of the held objects among ``named_values`` and, ``depth`` levels down, among
-    their attributes (``"schedule"``, ``"trainer.state"``); each object once."""
+    their attributes (``"schedule"``, ``"trainer.state"``), each level's short lists, tuples and
+    dicts looked into as well (``"schedules.1"``, as the guards read them); each object once."""
     seen: set[int] = set()
-    level = [(name, v) for name, v in named_values if is_held_object(v)]
+    level = list(_held_among(named_values))
     for _ in range(depth):
         following: list[tuple[str, Any]] = []
         for path, value in level:
@@ -88,5 +89,16 @@ def held_objects(named_values: Iterable[tuple[str, Any]], depth: int = DEPTH) ->
                 continue
             seen.add(id(value))
             yield path, value
-            following += [(f"{path}.{k}", v) for k, v in attributes(value).items() if is_held_object(v)]
+            following += _held_among((f"{path}.{k}", v) for k, v in attributes(value).items())
         level = following
+
+
+def _held_among(named_values: Iterable[tuple[str, Any]], containers: int = 2) -> Iterator[tuple[str, Any]]:
+    """The held objects among ``named_values`` and inside their short containers, ``containers``
+    levels down (a dict of lists of schedules)."""
+    for name, value in named_values:
+        if is_held_object(value):
+            yield name, value
+        elif containers and (type(value) in (list, tuple) or isinstance(value, dict)) and len(value) <= SHORT:
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            yield from _held_among(((f"{name}.{k}", v) for k, v in items), containers - 1)

@@ -133,3 +133,39 @@ def _check(
         assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
     reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
     assert len(reasons) == 2 and reasons[1].startswith(f"capturing a graph: {reason}")
+
+
+class _Counted:
+    def __init__(self) -> None:
+        self.calls = 0
+
+
+class _CountingNet(nn.Module):
+    """A forward that counts its calls on an object kept in a list or a dict of dicts."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.where = where
+        self.counters = [_Counted()]
+        self.nested = {"a": {"counter": _Counted()}}
+
+    def counter(self) -> _Counted:
+        return self.counters[0] if self.where == "list" else self.nested["a"]["counter"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        counter = self.counter()
+        counter.calls += 1
+        return (self.fc(x) * counter.calls).square().mean()
+
+
+@pytest.mark.parametrize("where", ["list", "dict of dicts"])
+def test_a_forward_that_counts_on_an_object_in_a_container(where: str) -> None:
+    """Until wave 32 the capture's trace counted (three times) and the graph never did again."""
+    torch.manual_seed(0)
+    model = _CountingNet(where)
+    wrapped = ORTModule(copy.deepcopy(model))
+    x = torch.randn(3, 4)
+    for _ in range(4):
+        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-5)
+    assert wrapped.module.counter().calls == model.counter().calls == 4
