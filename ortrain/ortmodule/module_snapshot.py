@@ -28,7 +28,7 @@ from torch import nn
 from ortrain.capture.global_reads import code_reads, global_reads
 from ortrain.capture.held_objects import attributes as held_attributes
 from ortrain.capture.held_objects import held_objects, is_held_object, is_pytorch_class
-from ortrain.capture.plain_values import PLAIN
+from ortrain.capture.plain_values import PLAIN, SHORT
 from ortrain.ortmodule.guards import is_deepspeed_hook_state
 
 # Values that are tables of a module: their contents are recorded, not just the table object.
@@ -57,6 +57,13 @@ class _Recorded:
 
 
 @dataclass
+class _RecordedTable:
+    label: str  # "nested['a'] of the model"
+    table: Any  # a dict, list or set inside a module's or held object's container
+    contents: list[Any]
+
+
+@dataclass
 class _RecordedHeld:
     label: str  # "object 'stats' held by the model"
     held: Any
@@ -81,6 +88,7 @@ class ModuleSnapshot:
         self._records: list[_Recorded] = []
         self._globals: list[_RecordedGlobal] = []
         self._held: list[_RecordedHeld] = []
+        self._nested: list[_RecordedTable] = []
         classes: set[type] = set()
         for name, module in root.named_modules(remove_duplicate=True):
             attributes = dict(module.__dict__)
@@ -88,6 +96,7 @@ class ModuleSnapshot:
             self._records.append(_Recorded(name, module, attributes, tables))
             classes.add(type(module))
             where = repr(name) if name else "the model"
+            self._record_nested(attributes, where)
             # DeepSpeed's hooks keep their own state on the modules they hook, changed at every call.
             own = ((k, v) for k, v in attributes.items() if not is_deepspeed_hook_state(k))
             self._record_held(own, f"held by {where}")
@@ -122,7 +131,17 @@ class ModuleSnapshot:
         for path, held in held_objects(named_values):
             state = dict(held_attributes(held))
             tables = {k: _copy(v) for k, v in state.items() if isinstance(v, _TABLES)}
-            self._held.append(_RecordedHeld(f"object {path!r} {where}", held, state, tables))
+            label = f"object {path!r} {where}"
+            self._held.append(_RecordedHeld(label, held, state, tables))
+            self._record_nested(state, label)
+
+    def _record_nested(self, attributes: dict[str, Any], where: str) -> None:
+        """The tables inside an object's lists, tuples and dicts, two levels down, as the guards
+        read them (``self.nested["a"]["calls"] += 1`` in the forward: until wave 32 only the
+        outer table's own entries were put back, and the count moved at capture only)."""
+        for key, value in attributes.items():
+            for path, table in _inner_tables(key, value, 2):
+                self._nested.append(_RecordedTable(f"{path} of {where}", table, _copy(table)))
 
     def _record_defaults(self, label: str, function: types.FunctionType) -> None:
         """A default argument that is a table or an object (``def mask(n, _cache={})``, a cache
@@ -146,6 +165,10 @@ class ModuleSnapshot:
                 changes += found
         for held in self._held:
             changes += _restore_held(held)
+        for nested in self._nested:
+            if not _same_contents(nested.table, nested.contents):
+                _refill(nested.table, nested.contents)
+                changes.append(f"{nested.label} changed")
         for recorded in self._globals:
             changes += _restore_global(recorded)
         return changes
@@ -275,6 +298,19 @@ def _restore_global(recorded: _RecordedGlobal) -> list[str]:
     attributes.clear()
     attributes.update(contents)
     return [f"an attribute of {recorded.label} changed"]
+
+
+def _inner_tables(path: str, value: Any, levels: int) -> Iterator[tuple[str, Any]]:
+    """(path, table) of the dicts, lists and sets inside ``value``'s entries (a list or tuple
+    of them, a dict of them), ``levels`` deep; not ``value`` itself."""
+    if not levels or not (type(value) in (list, tuple) or isinstance(value, dict)) or len(value) > SHORT:
+        return
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, entry in items:
+        inner = f"{path}[{key!r}]"
+        if isinstance(entry, _TABLES):
+            yield inner, entry
+        yield from _inner_tables(inner, entry, levels - 1)
 
 
 def _copy(table: Any) -> Any:

@@ -169,3 +169,43 @@ def test_a_forward_that_counts_on_an_object_in_a_container(where: str) -> None:
     for _ in range(4):
         assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-5)
     assert wrapped.module.counter().calls == model.counter().calls == 4
+
+
+class _NestedCountNet(nn.Module):
+    """A forward that counts its calls in a table inside a table."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.where = where
+        self.nested = {"a": {"calls": 0}}
+        self.rows = [[0]]
+        self.pair = ({"calls": 0},)
+
+    def count(self) -> int:
+        if self.where == "dict in a dict":
+            self.nested["a"]["calls"] += 1
+            return self.nested["a"]["calls"]
+        if self.where == "list in a list":
+            self.rows[0][0] += 1
+            return self.rows[0][0]
+        self.pair[0]["calls"] += 1
+        return self.pair[0]["calls"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.fc(x) * self.count()).square().mean()
+
+
+@pytest.mark.parametrize("where", ["dict in a dict", "list in a list", "dict in a tuple"])
+def test_a_forward_that_counts_in_a_nested_table(where: str) -> None:
+    torch.manual_seed(0)
+    model = _NestedCountNet(where)
+    wrapped = ORTModule(copy.deepcopy(model))
+    x = torch.randn(3, 4)
+    for _ in range(4):
+        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-5)
+    assert (wrapped.module.nested, wrapped.module.rows, wrapped.module.pair) == (
+        model.nested,
+        model.rows,
+        model.pair,
+    )
