@@ -121,6 +121,10 @@ class _Walk:
         self.reads = reads
         self.configs: dict[int, tuple[Any, ...]] = {}
         self.described: dict[int, Any] | None = {} if describe else None
+        # The classes of the held objects described: their methods' code and the
+        # globals it reads are watched like the modules' (``self.schedule.value()`` reading a
+        # module-level ``BASE``: until wave 32 a change to it kept the old graph).
+        self.held_classes: dict[type, None] = {}
 
     def watched(self, value: Any, attributes: dict[str, Any]) -> Iterable[tuple[str, Any]]:
         """The (name, value) pairs of ``value``'s attributes that a graph may have baked in: those
@@ -227,7 +231,7 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
         modules.append((identity, tuple(plain), _hook_ids(m), params, buffers, others, tuple(objects)))
         children = [c for c in attributes["_modules"].values() if c is not None]
         stack.extend(reversed(children))
-    for cls, (reads, code) in methods_called_from_outside(module_classes).items():
+    for cls, (reads, code) in methods_called_from_outside([*module_classes, *walk.held_classes]).items():
         classes[(cls, "called methods")] = _read_values(reads, code, walk)
     key = (tuple(modules), _global_hook_ids(), tuple(classes.items()))
     return ModelState(tensors, key, bool(uninitialized), tuple((walk.described or {}).values()))
@@ -450,6 +454,7 @@ def _held_values(held: Any, depth: int, walk: _Walk) -> tuple[Any, ...]:
     may rebind them at every call (accelerate's hooks set the input's device), and a graph does not
     bake them in."""
     values: list[tuple[str, Any]] = []
+    walk.held_classes[type(held)] = None
     for k, v in walk.watched(held, held_attributes(held)):
         kind, plain = type(v), _plain_form(v)
         if plain is not _NOT_PLAIN or v is ABSENT:

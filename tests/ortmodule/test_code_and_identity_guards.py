@@ -295,3 +295,46 @@ def test_a_value_the_forward_reads_from_a_held_objects_class(
         assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
     reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
     assert reasons[1].startswith(f"capturing a graph: {reason} (")
+
+
+BASE_WEIGHT = 1.0  # module-level, read by a held object's method and property below
+
+
+class _Weighted:
+    def __init__(self) -> None:
+        self.beta = 1.0
+
+    def weight(self) -> float:
+        return BASE_WEIGHT * self.beta
+
+    @property
+    def shifted(self) -> float:
+        return BASE_WEIGHT + self.beta
+
+
+class _WeightedNet(nn.Module):
+    def __init__(self, read: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.weighting = _Weighted()
+        self.read = read
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        factor = self.weighting.weight() if self.read == "method" else self.weighting.shifted
+        return (self.fc(x) * factor).square().mean()
+
+
+@pytest.mark.parametrize("read", ["method", "property"])
+def test_a_global_read_by_a_held_objects_method(
+    read: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch.manual_seed(0)
+    model = _WeightedNet(read)
+    wrapped = ORTModule(copy.deepcopy(model))
+    x = torch.randn(3, 4)
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
+        monkeypatch.setitem(globals(), "BASE_WEIGHT", 3.0)
+        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
+    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    assert reasons[1] == f"capturing a graph: global {__name__}.BASE_WEIGHT changed from 1.0 to 3.0"
