@@ -257,7 +257,8 @@ def _read_class_values(cls: type, classes: dict[Any, tuple[tuple[str, Any], ...]
             elif type(value) in _TABLES:  # ``LOSS_WEIGHTS = {"kl": 0.1}`` on the class (wave 30)
                 values.append((f"{klass.__qualname__}.{name}", _table_values(value)))
             elif is_held_object(value):  # a schedule object shared by the class's instances
-                values.append((f"{klass.__qualname__}.{name}", _held_description(value, HELD_DEPTH, walk)))
+                described = _held_description(value, HELD_DEPTH, walk, methods=False)
+                values.append((f"{klass.__qualname__}.{name}", described))
         classes[klass] = tuple(values)
 
 
@@ -327,7 +328,7 @@ def _global_value(value: Any, walk: _Walk) -> Any:
     if is_config_type(kind):
         return ("config", _config_values(value, walk))
     if is_held_object(value):  # ``SCHEDULE = KLSchedule()``
-        return ("object", _held_description(value, HELD_DEPTH, walk))
+        return ("object", _held_description(value, HELD_DEPTH, walk, methods=False))
     return _NOT_PLAIN
 
 
@@ -441,12 +442,12 @@ def _config_values(config: Any, walk: _Walk) -> tuple[Any, ...]:
 _IDENTITY = "<object>"
 
 
-def _held_description(held: Any, depth: int, walk: _Walk) -> tuple[Any, ...]:
+def _held_description(held: Any, depth: int, walk: _Walk, *, methods: bool = True) -> tuple[Any, ...]:
     """:func:`_held_values` after the object's identity and class."""
-    return ((_IDENTITY, (id(held), type(held))), *_held_values(held, depth, walk))
+    return ((_IDENTITY, (id(held), type(held))), *_held_values(held, depth, walk, methods=methods))
 
 
-def _held_values(held: Any, depth: int, walk: _Walk) -> tuple[Any, ...]:
+def _held_values(held: Any, depth: int, walk: _Walk, *, methods: bool = True) -> tuple[Any, ...]:
     """A held object's values, as a config's: plain ones, short plain tables, configs, the held
     objects it holds while ``depth`` lasts, and the code it holds (``self.helper.act = torch.relu``),
     an enum member or a dtype, by identity (until wave 32 left out: the graph kept the function it
@@ -454,7 +455,11 @@ def _held_values(held: Any, depth: int, walk: _Walk) -> tuple[Any, ...]:
     may rebind them at every call (accelerate's hooks set the input's device), and a graph does not
     bake them in."""
     values: list[tuple[str, Any]] = []
-    walk.held_classes[type(held)] = None
+    if methods:
+        # Not for an object kept at module or class level (Hugging Face's attention registry,
+        # ``ALL_ATTENTION_FUNCTIONS``): the methods of such shared registries are the library's,
+        # and walking them cost the GPT-2 guard 40 % more.
+        walk.held_classes[type(held)] = None
     for k, v in walk.watched(held, held_attributes(held)):
         kind, plain = type(v), _plain_form(v)
         if plain is not _NOT_PLAIN or v is ABSENT:
@@ -466,7 +471,7 @@ def _held_values(held: Any, depth: int, walk: _Walk) -> tuple[Any, ...]:
         elif is_config_type(kind):
             values.append((k, _config_values(v, walk)))
         elif depth > 1 and is_held_object(v):
-            values.append((k, _held_description(v, depth - 1, walk)))
+            values.append((k, _held_description(v, depth - 1, walk, methods=methods)))
         elif (code := _code_form(v)) is not None:
             values.append((k, code))
     return tuple(values)
