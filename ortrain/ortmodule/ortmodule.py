@@ -1000,6 +1000,9 @@ def _describe_input_change(before: Spec, after: Spec) -> str:
         if a != b:
             if a[0] == "const" and b[0] == "const":
                 return f"{place} changed from {a[2]!r} to {b[2]!r}"
+            if a[0] == "const" and a[1] in (float, int) and b[0] == "tensor":
+                # The number was lifted (ortmodule/scalars.py): say so, not "to a tensor".
+                return f"{place} changed from {a[2]!r}; it is an input of the graph from now on"
             return f"{place} changed from {_show_leaf(a)} to {_show_leaf(b)}"
     return "the structure of the inputs changed"
 

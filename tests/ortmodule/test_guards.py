@@ -743,11 +743,12 @@ class Scaled(nn.Module):
         return logits.pow(2).mean() * (2.0 if mode == "double" else 1.0)
 
 
-def test_a_scheduled_float_becomes_an_input_after_its_second_value() -> None:
+def test_a_scheduled_float_becomes_an_input_after_its_second_value(caplog: pytest.LogCaptureFixture) -> None:
     torch.manual_seed(0)
     model = Scaled()
     eager = copy.deepcopy(model)
     wrapped = ORTModule(model)
+    caplog.set_level(logging.INFO, logger="ortrain")
     for step in range(6):
         temperature = 1.0 + 0.25 * step
         x, y = _batch(step)
@@ -760,6 +761,10 @@ def test_a_scheduled_float_becomes_an_input_after_its_second_value() -> None:
                     p -= 0.1 * p.grad
     assert_same_state(wrapped, eager, atol=1e-6)
     assert len(wrapped._ortrain_graphs) == 2  # the first value baked in, then one graph for all
+    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    # Until wave 32: "... changed from 1.0 to a tensor".
+    lifted = "input 2 changed from 1.0; it is an input of the graph from now on"
+    assert reasons[1] == f"capturing a graph: {lifted}"
 
 
 class Cropped(nn.Module):
