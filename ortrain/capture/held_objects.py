@@ -62,7 +62,23 @@ def is_held_object(value: Any) -> bool:
             and not issubclass(kind, nn.Module)
         )
         _is_held_type[kind] = known
-    return known and isinstance(getattr(value, "__dict__", None), dict)
+    return known and (isinstance(getattr(value, "__dict__", None), dict) or bool(_slot_names(kind)))
+
+
+def _slot_names(kind: type) -> tuple[str, ...]:
+    """The attribute names a class with ``__slots__`` (and no ``__dict__``) stores, or ()."""
+    names = _slots_of.get(kind)
+    if names is None:
+        found: list[str] = []
+        for klass in kind.__mro__:
+            slots = klass.__dict__.get("__slots__", ())
+            found += [slots] if isinstance(slots, str) else list(slots)
+        names = tuple(dict.fromkeys(n for n in found if n not in ("__dict__", "__weakref__")))
+        _slots_of[kind] = names
+    return names
+
+
+_slots_of: dict[type, tuple[str, ...]] = {}
 
 
 def is_pytorch_class(klass: type) -> bool:
@@ -72,8 +88,29 @@ def is_pytorch_class(klass: type) -> bool:
 
 
 def attributes(value: Any) -> dict[str, Any]:
-    """A held object's own attributes (its ``__dict__``, not read through ``__getattr__``)."""
-    return object.__getattribute__(value, "__dict__")
+    """A held object's own attributes (its ``__dict__``, not read through ``__getattr__``; for a
+    class with ``__slots__``, a new dict of the slots that are set)."""
+    try:
+        return object.__getattribute__(value, "__dict__")
+    except AttributeError:  # ``__slots__`` (until wave 32 such an object was watched by identity)
+        unset = object()
+        found = ((name, getattr(value, name, unset)) for name in _slot_names(type(value)))
+        return {name: v for name, v in found if v is not unset}
+
+
+def set_attributes(value: Any, recorded: dict[str, Any]) -> None:
+    """Put a held object's attributes back as :func:`attributes` recorded them."""
+    try:
+        own = object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        for name in _slot_names(type(value)):
+            if name in recorded:
+                object.__setattr__(value, name, recorded[name])
+            elif hasattr(value, name):
+                object.__delattr__(value, name)
+        return
+    own.clear()
+    own.update(recorded)
 
 
 def held_objects(named_values: Iterable[tuple[str, Any]], depth: int = DEPTH) -> Iterator[tuple[str, Any]]:

@@ -28,6 +28,7 @@ from torch import nn
 from ortrain.capture.global_reads import code_reads, global_reads
 from ortrain.capture.held_objects import attributes as held_attributes
 from ortrain.capture.held_objects import held_objects, is_held_object, is_pytorch_class
+from ortrain.capture.held_objects import set_attributes as set_held_attributes
 from ortrain.capture.plain_values import PLAIN, SHORT
 from ortrain.ortmodule.guards import is_deepspeed_hook_state
 
@@ -214,7 +215,9 @@ def _restore_held(recorded: _RecordedHeld) -> list[str]:
     current = held_attributes(recorded.held)
     found = _attribute_changes(current, recorded.attributes, recorded.tables, recorded.label, _same_value)
     if found:
-        _put_back(current, recorded.attributes, recorded.tables)
+        set_held_attributes(recorded.held, recorded.attributes)  # a ``__slots__`` object's too
+        for key, contents in recorded.tables.items():
+            _refill(recorded.attributes[key], contents)
     return found
 
 

@@ -209,3 +209,44 @@ def test_a_forward_that_counts_in_a_nested_table(where: str) -> None:
         model.rows,
         model.pair,
     )
+
+
+class _Slotted:
+    __slots__ = ("beta", "calls")
+
+    def __init__(self) -> None:
+        self.beta = 1.0
+        self.calls = 0
+
+
+class _SlottedNet(nn.Module):
+    def __init__(self, count: bool = False) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.schedule = _Slotted()
+        self.count = count
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.count:
+            self.schedule.calls += 1
+        return (self.fc(x) * self.schedule.beta * (self.schedule.calls or 1)).square().mean()
+
+
+def test_an_object_with_slots_is_read_by_its_values(caplog: pytest.LogCaptureFixture) -> None:
+    """Without a ``__dict__`` it was watched by identity alone until wave 32."""
+    _check(
+        _SlottedNet,
+        lambda m: setattr(m.schedule, "beta", 2.0),
+        "schedule.beta changed from 1.0 to 2.0 (an object held by '(the model)')",
+        caplog,
+    )
+
+
+def test_a_forward_that_counts_on_an_object_with_slots() -> None:
+    torch.manual_seed(0)
+    model = _SlottedNet(count=True)
+    wrapped = ORTModule(copy.deepcopy(model))
+    x = torch.randn(3, 4)
+    for _ in range(4):
+        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-5)
+    assert wrapped.module.schedule.calls == model.schedule.calls == 4
