@@ -65,3 +65,29 @@ def assert_same_state(a: torch.nn.Module, b: torch.nn.Module, *, atol: float = 1
             torch.testing.assert_close(va, vb, rtol=1e-4, atol=atol, msg=lambda m, k=key: f"{k}: {m}")
         else:
             assert torch.equal(va, vb), key
+
+
+def capture_reasons_across(
+    model: torch.nn.Module,
+    change: Callable[[torch.nn.Module, torch.nn.Module], None],
+    caplog: Any,
+    *,
+    calls_after: int = 2,
+    rel: float = 1e-6,
+) -> list[str]:
+    """``model`` and an ORTModule of a copy of it give the same loss on one input (seed 0) before
+    and after ``change(model, the copy)``, ``calls_after`` calls after it; returns why each
+    capture happened (the ``capturing a graph: ...`` lines). ``caplog``: pytest's fixture."""
+    import logging
+
+    import pytest
+
+    wrapped = ORTModule(copy.deepcopy(model))
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=rel)
+        change(model, wrapped.module)
+        for _ in range(calls_after):
+            assert wrapped(x).item() == pytest.approx(model(x).item(), rel=rel)
+    messages = (r.getMessage() for r in caplog.records)
+    return [m for m in messages if m.startswith("capturing a graph:")]

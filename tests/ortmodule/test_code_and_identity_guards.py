@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from _parity import assert_same_state
+from _parity import assert_same_state, capture_reasons_across
 from torch import nn
 
 from ortrain import ORTModule
@@ -226,17 +226,20 @@ class _ClassNet(_GlobalNet):
 
 
 @pytest.mark.parametrize("where", ["module global", "class attribute"])
-def test_a_builtin_replaced_at_module_or_class_level(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_builtin_replaced_at_module_or_class_level(
+    where: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def replace(*_: nn.Module) -> None:
+        if where == "module global":
+            monkeypatch.setitem(globals(), "ACTIVATION", torch.sigmoid)
+        else:
+            monkeypatch.setattr(_ClassNet, "ACT", staticmethod(torch.sigmoid))
+
     torch.manual_seed(0)
     model = _GlobalNet() if where == "module global" else _ClassNet()
-    wrapped = ORTModule(copy.deepcopy(model))
-    x = torch.randn(3, 4)
-    assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
-    if where == "module global":
-        monkeypatch.setitem(globals(), "ACTIVATION", torch.sigmoid)
-    else:
-        monkeypatch.setattr(_ClassNet, "ACT", staticmethod(torch.sigmoid))
-    assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
+    reasons = capture_reasons_across(model, replace, caplog, calls_after=1)
+    changed = f"global {__name__}.ACTIVATION" if where == "module global" else "method _ClassNet.ACT"
+    assert reasons[1] == f"capturing a graph: {changed} was replaced (the forward runs other code)"
 
 
 class _Scaled:
@@ -286,14 +289,9 @@ def test_a_value_the_forward_reads_from_a_held_objects_class(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     torch.manual_seed(0)
-    model = _ClassReadNet()
-    wrapped = ORTModule(copy.deepcopy(model))
-    x = torch.randn(3, 4)
-    with caplog.at_level(logging.INFO, logger="ortrain"):
-        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
-        monkeypatch.setattr(owner, name, value)
-        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
-    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    reasons = capture_reasons_across(
+        _ClassReadNet(), lambda a, b: monkeypatch.setattr(owner, name, value), caplog, calls_after=1
+    )
     assert reasons[1].startswith(f"capturing a graph: {reason} (")
 
 
@@ -329,12 +327,10 @@ def test_a_global_read_by_a_held_objects_method(
     read: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     torch.manual_seed(0)
-    model = _WeightedNet(read)
-    wrapped = ORTModule(copy.deepcopy(model))
-    x = torch.randn(3, 4)
-    with caplog.at_level(logging.INFO, logger="ortrain"):
-        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
-        monkeypatch.setitem(globals(), "BASE_WEIGHT", 3.0)
-        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
-    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    reasons = capture_reasons_across(
+        _WeightedNet(read),
+        lambda a, b: monkeypatch.setitem(globals(), "BASE_WEIGHT", 3.0),
+        caplog,
+        calls_after=1,
+    )
     assert reasons[1] == f"capturing a graph: global {__name__}.BASE_WEIGHT changed from 1.0 to 3.0"

@@ -10,13 +10,13 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from _parity import capture_reasons_across
 from torch import nn
 
 from ortrain import ORTModule
@@ -122,16 +122,7 @@ def _check(
 ) -> None:
     """Eager and ORTModule agree before and after ``change``, which captures once more for ``reason``."""
     torch.manual_seed(0)
-    model = build()
-    wrapped = ORTModule(copy.deepcopy(model))
-    x = torch.randn(3, 4)
-    with caplog.at_level(logging.INFO, logger="ortrain"):
-        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
-        change(model)
-        change(wrapped.module)
-        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
-        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-6)
-    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    reasons = capture_reasons_across(build(), lambda a, b: (change(a), change(b)), caplog)
     assert len(reasons) == 2 and reasons[1].startswith(f"capturing a graph: {reason}")
 
 
@@ -162,13 +153,7 @@ class _CountingNet(nn.Module):
 @pytest.mark.parametrize("where", ["list", "dict of dicts"])
 def test_a_forward_that_counts_on_an_object_in_a_container(where: str) -> None:
     """Until wave 32 the capture's trace counted (three times) and the graph never did again."""
-    torch.manual_seed(0)
-    model = _CountingNet(where)
-    wrapped = ORTModule(copy.deepcopy(model))
-    x = torch.randn(3, 4)
-    for _ in range(4):
-        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-5)
-    assert wrapped.module.counter().calls == model.counter().calls == 4
+    _count_in_step(_CountingNet(where), lambda m: m.counter().calls)
 
 
 class _NestedCountNet(nn.Module):
@@ -198,17 +183,7 @@ class _NestedCountNet(nn.Module):
 
 @pytest.mark.parametrize("where", ["dict in a dict", "list in a list", "dict in a tuple"])
 def test_a_forward_that_counts_in_a_nested_table(where: str) -> None:
-    torch.manual_seed(0)
-    model = _NestedCountNet(where)
-    wrapped = ORTModule(copy.deepcopy(model))
-    x = torch.randn(3, 4)
-    for _ in range(4):
-        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-5)
-    assert (wrapped.module.nested, wrapped.module.rows, wrapped.module.pair) == (
-        model.nested,
-        model.rows,
-        model.pair,
-    )
+    _count_in_step(_NestedCountNet(where), lambda m: (m.nested, m.rows, m.pair))
 
 
 class _Slotted:
@@ -243,10 +218,14 @@ def test_an_object_with_slots_is_read_by_its_values(caplog: pytest.LogCaptureFix
 
 
 def test_a_forward_that_counts_on_an_object_with_slots() -> None:
+    _count_in_step(_SlottedNet(count=True), lambda m: m.schedule.calls)
+
+
+def _count_in_step(model: nn.Module, state: Callable[[Any], Any]) -> None:
+    """Four calls of ``model`` and of an ORTModule copy agree, and leave the same ``state``."""
     torch.manual_seed(0)
-    model = _SlottedNet(count=True)
     wrapped = ORTModule(copy.deepcopy(model))
     x = torch.randn(3, 4)
     for _ in range(4):
         assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-5)
-    assert wrapped.module.schedule.calls == model.schedule.calls == 4
+    assert state(wrapped.module) == state(model)
