@@ -587,9 +587,9 @@ def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, A
         return f"{name} changed from {was!r} to {now!r}"
     # A global table or configuration object (_global_value): name the entry that changed.
     kinds = (("table",), ("config",), ("object",))
-    described = isinstance(was, tuple) and isinstance(now, tuple) and len(was) == len(now) == 2
+    tagged = isinstance(was, tuple) and isinstance(now, tuple) and len(was) == len(now) == 2
     # A config's other object is ("object", its id): no entries to name.
-    if described and was[:1] == now[:1] in kinds and isinstance(was[1], tuple) and isinstance(now[1], tuple):
+    if tagged and was[:1] == now[:1] in kinds and isinstance(was[1], tuple) and isinstance(now[1], tuple):
         before_items, after_items = dict(was[1]), dict(now[1])
         if before_items.get(_IDENTITY) != after_items.get(_IDENTITY):
             return f"{name} was replaced"
