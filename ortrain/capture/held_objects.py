@@ -45,6 +45,7 @@ _NOT_HELD = (
     enum.Enum,
 )
 _is_held_type: dict[type, bool] = {}
+_slots_of: dict[type, tuple[str, ...]] = {}
 
 
 def is_held_object(value: Any) -> bool:
@@ -76,9 +77,6 @@ def _slot_names(kind: type) -> tuple[str, ...]:
         names = tuple(dict.fromkeys(n for n in found if n not in ("__dict__", "__weakref__")))
         _slots_of[kind] = names
     return names
-
-
-_slots_of: dict[type, tuple[str, ...]] = {}
 
 
 def is_pytorch_class(klass: type) -> bool:
