@@ -57,6 +57,12 @@ def _env_flag(name: str, default: bool) -> bool:
     return default if value is None else value
 
 
+def triton_wanted_on_cpu() -> bool:
+    """``ORTMODULE_USE_TRITON=1`` or ``TRITON_INTERPRET=1``: keep Triton importable for TorchDynamo
+    even without a GPU (:mod:`ortrain.capture.triton_import`)."""
+    return _env_flag("ORTMODULE_USE_TRITON", False) or _env_flag("TRITON_INTERPRET", False)
+
+
 def _env_switch(name: str) -> bool | None:
     """1/0 (true/false, on/off, yes/no) when set, None when unset."""
     raw = os.environ.get(name)
