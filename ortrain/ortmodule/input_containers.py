@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ortrain.capture.held_objects import is_held_object
+
 
 class InputContainerChange(RuntimeError):
     """The forward added, removed or replaced an entry of a list, dict or dataclass it was given."""
@@ -35,6 +37,8 @@ def contents(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = tuple((f.name, contents(getattr(value, f.name, None))) for f in dataclasses.fields(value))
         return ("dataclass", id(value), fields)
+    if is_held_object(value) and isinstance(getattr(value, "__dict__", None), dict):  # ``batch.logits = out``
+        return ("object", id(value), tuple((key, contents(item)) for key, item in vars(value).items()))
     return id(value)
 
 
@@ -42,7 +46,7 @@ def refuse_changed_containers(before: Any, after: Any) -> None:
     """Raise :class:`InputContainerChange` where ``after`` (:func:`contents`) differs from ``before``."""
     if before != after:
         raise InputContainerChange(
-            "the forward changes a list, dict or dataclass it was given (an entry added, removed or "
+            "the forward changes a list, dict, dataclass or object it was given (an entry added, removed or "
             "replaced): "
             "a captured graph would do that once, while it was traced, to a copy, and never to the "
             "caller's"

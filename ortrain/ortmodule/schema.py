@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ortrain.capture.held_objects import is_held_object
 from ortrain.capture.huggingface import layered_cache, rebuilt_cache
 from ortrain.capture.plain_values import python_attributes
 from ortrain.capture.pytree_nodes import NodeContext, flatten_registered, unflatten_registered
@@ -157,9 +158,15 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
         children, context = registered
         flat = tuple(_flatten(c, tensors, _child(where, i)) for i, c in enumerate(children))
         return ("pytree", type(value), context, flat)
+    if is_held_object(value) and isinstance(getattr(value, "__dict__", None), dict):
+        # An object of the user's class (``model(batch)`` with ``class Batch``): by its attributes,
+        # as a dataclass (until wave 32 the model fell back to PyTorch for good).
+        names = tuple(vars(value))
+        children = tuple(_flatten(vars(value)[n], tensors, _child(where, n)) for n in names)
+        return ("object", type(value), names, children)
     raise ORTModuleIOError(
         f"ORTModule cannot pass {_describe(where)} (a {type(value).__qualname__}) to or from the model; "
-        "use tensors, numbers, strings, None, or tuples, lists, dicts and dataclasses of them"
+        "use tensors, numbers, strings, None, or tuples, lists, dicts, dataclasses and objects of them"
     )
 
 
@@ -185,6 +192,11 @@ def _unflatten(spec: Spec, take: Callable[[], Any]) -> Any:
     if kind == "dataclass":
         _, cls, names, children = spec
         return cls(**{n: _unflatten(c, take) for n, c in zip(names, children, strict=True)})
+    if kind == "object":
+        _, cls, names, children = spec
+        rebuilt = object.__new__(cls)  # its __init__ may take other arguments: its state is set
+        vars(rebuilt).update((n, _unflatten(c, take)) for n, c in zip(names, children, strict=True))
+        return rebuilt
     if kind == "namedtuple":
         _, cls, children = spec
         return cls(*(_unflatten(c, take) for c in children))

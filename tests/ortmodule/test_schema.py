@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 from collections import OrderedDict
 from typing import NamedTuple
 
@@ -54,10 +55,24 @@ def test_spec_is_hashable_and_changes_with_constants_not_tensor_values() -> None
 
 def test_unsupported_leaf_is_an_io_error_naming_the_type() -> None:
     class Opaque:
-        pass
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
 
-    with pytest.raises(ORTModuleIOError, match="Opaque"):
+    with pytest.raises(ORTModuleIOError, match=re.escape("cannot pass value [0][0].lock (a lock)")):
         flatten(([Opaque()],))
+
+
+def test_an_object_of_the_users_class_round_trips_by_its_attributes() -> None:
+    class Batch:
+        def __init__(self, x: torch.Tensor) -> None:
+            self.x = x
+            self.names = ["a", "b"]
+
+    batch = Batch(torch.ones(2))
+    tensors, spec = flatten((batch,))
+    assert tensors == [batch.x]
+    rebuilt = unflatten(spec, tensors)[0]
+    assert type(rebuilt) is Batch and rebuilt.x is batch.x and rebuilt.names == ["a", "b"]
 
 
 def test_return_types_named_tuples_and_nesting_keep_their_types() -> None:
