@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ortrain.capture.held_objects import is_held_object
+from ortrain.ortmodule.schema import passes_by_attributes
 
 
 class InputContainerChange(RuntimeError):
@@ -37,7 +37,7 @@ def contents(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = tuple((f.name, contents(getattr(value, f.name, None))) for f in dataclasses.fields(value))
         return ("dataclass", id(value), fields)
-    if is_held_object(value) and isinstance(getattr(value, "__dict__", None), dict):  # ``batch.logits = out``
+    if passes_by_attributes(value):  # ``batch.logits = out`` on an object or a namespace
         return ("object", id(value), tuple((key, contents(item)) for key, item in vars(value).items()))
     return id(value)
 

@@ -10,8 +10,10 @@ constant value means a new graph, which is what the traced model would compute a
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import enum
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +58,17 @@ def flatten_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[
 
 def flatten_outputs(value: Any) -> tuple[list[torch.Tensor], Spec]:
     return flatten(value, "output")
+
+
+# ``types.SimpleNamespace(x=..., y=...)`` as a batch, and argparse's namespace.
+_NAMESPACES = frozenset({types.SimpleNamespace, argparse.Namespace})
+
+
+def passes_by_attributes(value: object) -> bool:
+    """Whether ``value`` goes in and out of a graph by its ``__dict__``: an object of the user's own
+    class or a namespace (rebuilt without its ``__init__``)."""
+    by_kind = is_held_object(value) or type(value) in _NAMESPACES
+    return by_kind and isinstance(getattr(value, "__dict__", None), dict)
 
 
 def _is_structseq(value: object) -> bool:
@@ -158,9 +171,9 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
         children, context = registered
         flat = tuple(_flatten(c, tensors, _child(where, i)) for i, c in enumerate(children))
         return ("pytree", type(value), context, flat)
-    if is_held_object(value) and isinstance(getattr(value, "__dict__", None), dict):
-        # An object of the user's class (``model(batch)`` with ``class Batch``): by its attributes,
-        # as a dataclass (until wave 32 the model fell back to PyTorch for good).
+    if passes_by_attributes(value):
+        # An object of the user's class (``model(batch)`` with ``class Batch``) or a namespace: by
+        # its attributes, as a dataclass (until wave 32 the model fell back to PyTorch for good).
         names = tuple(vars(value))
         children = tuple(_flatten(vars(value)[n], tensors, _child(where, n)) for n in names)
         return ("object", type(value), names, children)
@@ -194,7 +207,11 @@ def _unflatten(spec: Spec, take: Callable[[], Any]) -> Any:
         return cls(**{n: _unflatten(c, take) for n, c in zip(names, children, strict=True)})
     if kind == "object":
         _, cls, names, children = spec
-        rebuilt = object.__new__(cls)  # its __init__ may take other arguments: its state is set
+        # Its __init__ may take other arguments: its state is set.
+        try:
+            rebuilt = object.__new__(cls)
+        except TypeError:  # a class of C with its own __new__ (SimpleNamespace)
+            rebuilt = cls.__new__(cls)
         vars(rebuilt).update((n, _unflatten(c, take)) for n, c in zip(names, children, strict=True))
         return rebuilt
     if kind == "namedtuple":

@@ -6,7 +6,9 @@ cannot pass input 'batch' (a Batch)"); it is now passed by its attributes, as a 
 
 from __future__ import annotations
 
+import argparse
 import logging
+import types
 
 import pytest
 import torch
@@ -89,3 +91,22 @@ def test_an_attribute_the_forward_sets_on_the_batch_reaches_the_caller() -> None
         loss = wrapped(batch).loss
         loss.backward()
         torch.testing.assert_close(batch.logits, wrapped.module.fc(batch.x))
+
+
+class _NamespaceClassifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, batch: types.SimpleNamespace) -> torch.Tensor:
+        return F.cross_entropy(self.fc(batch.x) * batch.scale, batch.y)
+
+
+@pytest.mark.parametrize("kind", [types.SimpleNamespace, argparse.Namespace])
+def test_a_namespace_batch_trains_on_onnxruntime(kind: type) -> None:
+    torch.manual_seed(0)
+    batches = [kind(x=b.x, y=b.y, scale=b.scale) for b in (_batch(step) for step in range(3))]
+    model = _NamespaceClassifier()
+    losses_ort, losses_eager, _, wrapped = train_side_by_side(model, batches, lambda m, b: m(b))
+    assert losses_ort == pytest.approx(losses_eager, rel=1e-5)
+    assert ort_graph_count(wrapped) == 1
