@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from ortrain.capture.plain_values import SHORT, is_config_type
+from ortrain.capture.plain_values import is_config_type, short_entries
 
 DEPTH = 2  # a held object's held objects are read too, and no deeper
 # Packages whose objects on a module are not the model's state: PyTorch's and Python's own, and the
@@ -96,6 +96,12 @@ def attributes(value: Any) -> dict[str, Any]:
         return {name: v for name, v in found if v is not unset}
 
 
+def class_attribute(kind: type, name: str, default: Any = None) -> Any:
+    """What ``kind`` or a base defines under ``name``, as defined (a descriptor unbound), or
+    ``default``. (A metaclass's attributes do not reach instances, and are not looked at.)"""
+    return next((vars(k)[name] for k in kind.__mro__ if name in vars(k)), default)
+
+
 def set_attributes(value: Any, recorded: dict[str, Any]) -> None:
     """Put a held object's attributes back as :func:`attributes` recorded them."""
     try:
@@ -134,6 +140,5 @@ def _held_among(named_values: Iterable[tuple[str, Any]], containers: int = 2) ->
     for name, value in named_values:
         if is_held_object(value):
             yield name, value
-        elif containers and (type(value) in (list, tuple) or isinstance(value, dict)) and len(value) <= SHORT:
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            yield from _held_among(((f"{name}.{k}", v) for k, v in items), containers - 1)
+        elif containers and (entries := short_entries(value)) is not None:
+            yield from _held_among(((f"{name}.{k}", v) for k, v in entries), containers - 1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import types
+from collections.abc import Iterable
 from typing import Any
 
 PLAIN = frozenset({bool, int, float, str, type(None)})
@@ -45,6 +46,16 @@ def plain_form(value: Any) -> Any:
     if kind.__name__ == "ndarray" and kind.__module__ == "numpy" and value.nbytes <= ARRAY_BYTES:
         return ("ndarray", value.dtype.str, value.shape, value.tobytes())
     return NOT_PLAIN
+
+
+def short_entries(value: Any) -> Iterable[tuple[Any, Any]] | None:
+    """(key or position, entry) of a dict or an exact list or tuple up to :data:`SHORT` long; None
+    for anything else: the containers the guards and the capture's snapshot look into."""
+    if isinstance(value, dict):
+        return value.items() if len(value) <= SHORT else None
+    if type(value) in SEQUENCES:
+        return enumerate(value) if len(value) <= SHORT else None
+    return None
 
 
 def is_array_form(value: Any) -> bool:

@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ortrain.capture.held_objects import class_attribute
+
 # Whether values of a type are tensors, by type: ``isinstance(v, torch.Tensor)`` goes through the
 # tensor metaclass (≈ 150 ns), and the guards ask it of every attribute of every module at every
 # step (a module has some twenty).
@@ -90,7 +92,7 @@ def tensor_attributes_as_buffers(root: nn.Module) -> Iterator[int]:
                 _attributes.add((id(module), name))
                 moved.append((module, name, value))
                 cls = type(module)
-                original = _class_attribute(cls, name)
+                original = class_attribute(cls, name, _NONE)
                 if original is not _NONE and (cls, name) not in shadowed:
                     shadowed.add((cls, name))
                     routed = _BufferOverClassAttribute(name, original)
@@ -151,12 +153,6 @@ class _BufferOverClassAttribute:
 
 
 _NONE = object()
-
-
-def _class_attribute(cls: type, name: str) -> Any:
-    """What ``cls`` or a base defines under ``name``, as defined (a descriptor unbound), or _NONE.
-    Only these hide an instance's buffers; a metaclass's attributes do not reach instances."""
-    return next((vars(k)[name] for k in cls.__mro__ if name in vars(k)), _NONE)
 
 
 def _reorder(attributes: dict[str, object], order: list[str]) -> None:

@@ -51,12 +51,12 @@ from ortrain.capture.global_reads import (
 )
 from ortrain.capture.held_objects import DEPTH as HELD_DEPTH
 from ortrain.capture.held_objects import attributes as held_attributes
-from ortrain.capture.held_objects import is_held_object, is_pytorch_class
+from ortrain.capture.held_objects import class_attribute, is_held_object, is_pytorch_class
 from ortrain.capture.plain_values import NOT_PLAIN as _NOT_PLAIN
 from ortrain.capture.plain_values import PLAIN as _PLAIN
 from ortrain.capture.plain_values import SEQUENCES as _SEQUENCES
 from ortrain.capture.plain_values import SHORT as _SHORT
-from ortrain.capture.plain_values import is_array_form, is_config_type, python_attributes
+from ortrain.capture.plain_values import is_array_form, is_config_type, python_attributes, short_entries
 from ortrain.capture.plain_values import plain_form as _plain_form
 from ortrain.capture.tensor_attributes import is_tensor_attribute, tensor_attributes
 
@@ -137,16 +137,7 @@ class _Walk:
         # A name read that the object does not have is its class's (a method, ``SCALE = 2.0`` in
         # the class body): until wave 32 such a value replaced on the class was not seen.
         kind = type(value)
-        return [(n, attributes[n] if n in attributes else _class_value(kind, n)) for n in names]
-
-
-def _class_value(kind: type, name: str) -> Any:
-    """What ``name`` is on ``kind`` (first class of its MRO defining it), or ABSENT."""
-    for klass in kind.__mro__:
-        found = klass.__dict__.get(name, ABSENT)
-        if found is not ABSENT:
-            return found
-    return ABSENT
+        return [(n, attributes[n] if n in attributes else class_attribute(kind, n, ABSENT)) for n in names]
 
 
 def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe: bool = False) -> ModelState:
@@ -358,14 +349,13 @@ def _container_values(container: Any, walk: _Walk, depth: int = 2) -> tuple[tupl
     (by identity), configs and held objects (by their values), and tables and lists of them while
     ``depth`` lasts; a set by its plain members. None where an entry is none of these (a tensor, a
     module) or the container is long: it is then watched by identity only."""
-    if len(container) > _SHORT:
+    if isinstance(container, set):
+        return _table_values(container) or None
+    entries = short_entries(container)
+    if entries is None:
         return None
-    if isinstance(container, set | frozenset):
-        plain = all(type(i) in _PLAIN for i in container)
-        return (("members", tuple(sorted(map(repr, container)))),) if plain else None
-    items = container.items() if isinstance(container, dict) else enumerate(container)
     values: list[tuple[str, Any]] = []
-    for key, entry in items:
+    for key, entry in entries:
         if type(key) not in _PLAIN:
             return None
         form = _entry_form(entry, walk, depth)

@@ -27,9 +27,8 @@ from torch import nn
 
 from ortrain.capture.global_reads import code_reads, global_reads
 from ortrain.capture.held_objects import attributes as held_attributes
-from ortrain.capture.held_objects import held_objects, is_held_object, is_pytorch_class
-from ortrain.capture.held_objects import set_attributes as set_held_attributes
-from ortrain.capture.plain_values import PLAIN, SHORT
+from ortrain.capture.held_objects import held_objects, is_held_object, is_pytorch_class, set_attributes
+from ortrain.capture.plain_values import PLAIN, short_entries
 from ortrain.ortmodule.guards import is_deepspeed_hook_state
 
 # Values that are tables of a module: their contents are recorded, not just the table object.
@@ -162,7 +161,7 @@ class ModuleSnapshot:
             derived = _derived(record.module)
             found = _changes(record, derived)
             if found or any(record.module.__dict__.get(k) is not record.attributes.get(k) for k in derived):
-                _put_back(record.module.__dict__, record.attributes, record.tables)
+                _put_back(record.module, record.attributes, record.tables)
                 changes += found
         for held in self._held:
             changes += _restore_held(held)
@@ -215,9 +214,7 @@ def _restore_held(recorded: _RecordedHeld) -> list[str]:
     current = held_attributes(recorded.held)
     found = _attribute_changes(current, recorded.attributes, recorded.tables, recorded.label, _same_value)
     if found:
-        set_held_attributes(recorded.held, recorded.attributes)  # a ``__slots__`` object's too
-        for key, contents in recorded.tables.items():
-            _refill(recorded.attributes[key], contents)
+        _put_back(recorded.held, recorded.attributes, recorded.tables)
     return found
 
 
@@ -247,10 +244,10 @@ def _same_object(was: Any, now: Any) -> bool:
     return was is now
 
 
-def _put_back(current: dict[str, Any], attributes: dict[str, Any], tables: dict[str, Any]) -> None:
-    """An object's ``__dict__`` as recorded, and the recorded contents of the tables it held."""
-    current.clear()
-    current.update(attributes)
+def _put_back(owner: Any, attributes: dict[str, Any], tables: dict[str, Any]) -> None:
+    """An object's attributes as recorded (a ``__slots__`` object's too), and the recorded
+    contents of the tables it held."""
+    set_attributes(owner, attributes)
     for key, contents in tables.items():
         _refill(attributes[key], contents)
 
@@ -306,10 +303,10 @@ def _restore_global(recorded: _RecordedGlobal) -> list[str]:
 def _inner_tables(path: str, value: Any, levels: int) -> Iterator[tuple[str, Any]]:
     """(path, table) of the dicts, lists and sets inside ``value``'s entries (a list or tuple
     of them, a dict of them), ``levels`` deep; not ``value`` itself."""
-    if not levels or not (type(value) in (list, tuple) or isinstance(value, dict)) or len(value) > SHORT:
+    entries = short_entries(value)
+    if not levels or entries is None:
         return
-    items = value.items() if isinstance(value, dict) else enumerate(value)
-    for key, entry in items:
+    for key, entry in entries:
         inner = f"{path}[{key!r}]"
         if isinstance(entry, _TABLES):
             yield inner, entry
