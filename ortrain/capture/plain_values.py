@@ -30,7 +30,7 @@ NOT_PLAIN = object()
 # namespaces (``args`` of argparse). (As a held object, the generation config's methods were walked
 # for the globals they read at every step: GPT-2's guard 20 % slower, wave 32.)
 _CONFIG_BASES = frozenset({"PretrainedConfig", "PreTrainedConfig", "GenerationConfig"})
-_NAMESPACES = frozenset({types.SimpleNamespace, argparse.Namespace})
+NAMESPACES = frozenset({types.SimpleNamespace, argparse.Namespace})
 _is_config_type: dict[type, bool] = {}
 
 
@@ -69,7 +69,7 @@ def is_config_type(kind: type) -> bool:
     if known is None:
         known = (
             dataclasses.is_dataclass(kind)
-            or kind in _NAMESPACES
+            or kind in NAMESPACES
             or any(c.__name__ in _CONFIG_BASES for c in kind.__mro__)
         )
         _is_config_type[kind] = known

@@ -16,9 +16,11 @@ before ortrain (``torch.compile`` already used in the process).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import sys
+from collections.abc import Iterator
 
 import torch
 
@@ -33,17 +35,23 @@ _MODULES = ("torch._dynamo", "torch._functorch.aot_autograd", "torch._dynamo.bac
 def import_dynamo(*, keep_triton: bool) -> None:
     """Import TorchDynamo and AOTAutograd; without Triton unless ``keep_triton`` or a GPU asks
     for it."""
-    if "torch._dynamo" in sys.modules or "triton" in sys.modules or keep_triton or _gpu_present():
+    loaded = "torch._dynamo" in sys.modules or "triton" in sys.modules
+    hide = not (loaded or keep_triton or _gpu_present())
+    with _triton_hidden() if hide else contextlib.nullcontext():
         for name in _MODULES:
             importlib.import_module(name)
-        return
-    sys.modules["triton"] = None  # type: ignore[assignment]  # ``import triton``: ImportError
+    if hide:
+        logger.debug("imported TorchDynamo without Triton: no CUDA or XPU device")
+
+
+@contextlib.contextmanager
+def _triton_hidden() -> Iterator[None]:
+    """``import triton`` raises ImportError inside the block, as if it were not installed."""
+    sys.modules["triton"] = None  # type: ignore[assignment]
     try:
-        for name in _MODULES:
-            importlib.import_module(name)
+        yield
     finally:
         del sys.modules["triton"]
-    logger.debug("imported TorchDynamo without Triton: no CUDA or XPU device")
 
 
 def _gpu_present() -> bool:

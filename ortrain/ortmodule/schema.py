@@ -10,10 +10,8 @@ constant value means a new graph, which is what the traced model would compute a
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import enum
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +19,7 @@ import torch
 
 from ortrain.capture.held_objects import is_held_object
 from ortrain.capture.huggingface import layered_cache, rebuilt_cache
-from ortrain.capture.plain_values import python_attributes
+from ortrain.capture.plain_values import NAMESPACES, python_attributes
 from ortrain.capture.pytree_nodes import NodeContext, flatten_registered, unflatten_registered
 from ortrain.ortmodule.fallback import ORTModuleIOError
 
@@ -60,14 +58,11 @@ def flatten_outputs(value: Any) -> tuple[list[torch.Tensor], Spec]:
     return flatten(value, "output")
 
 
-# ``types.SimpleNamespace(x=..., y=...)`` as a batch, and argparse's namespace.
-_NAMESPACES = frozenset({types.SimpleNamespace, argparse.Namespace})
-
-
 def passes_by_attributes(value: object) -> bool:
     """Whether ``value`` goes in and out of a graph by its ``__dict__``: an object of the user's own
     class or a namespace (rebuilt without its ``__init__``)."""
-    by_kind = is_held_object(value) or type(value) in _NAMESPACES
+    # ``types.SimpleNamespace(x=..., y=...)`` as a batch, and argparse's namespace.
+    by_kind = is_held_object(value) or type(value) in NAMESPACES
     return by_kind and isinstance(getattr(value, "__dict__", None), dict)
 
 
