@@ -8,26 +8,31 @@ the figure.
 
 How a graph is tuned (online, no work is repeated):
 
-1. All-torch, which exports nothing, runs the first two calls (a warm-up, then a timing); the
-   default placement (ONNX Runtime runs what it can: an export and sessions) is built on the third
-   call, as without tuning, and warmed up and timed on the next (its first call is a warm-up: ONNX
-   Runtime sizes its arena then). So the first step pays capture alone. (Under a fallback policy
-   that forbids PyTorch for what ONNX Runtime cannot run, the default is built at capture and
-   leads, so that such a graph fails at once.) In the automatic mode only placements that need
-   no new export (all-torch) race the default; the mixed ones
-   (matrix products or fused ops in PyTorch, the rest in ONNX Runtime) need
-   ``ORTMODULE_ENABLE_TUNING=1``, as their exports cost seconds to a minute a graph.
+1. All-torch, which exports nothing, runs the first three calls (two warm-ups, then a timing);
+   the default placement (ONNX Runtime runs what it can: an export and sessions) is built on the
+   fourth call, as without tuning, and warmed up and timed on the next (its first call is a
+   warm-up: ONNX Runtime sizes its arena then). So the first step pays capture alone. (Under a
+   fallback policy that forbids PyTorch for what ONNX Runtime cannot run, the default is built at
+   capture and leads, so that such a graph fails at once.) In the automatic mode only placements
+   that need no new export (all-torch) race the default; the mixed ones (matrix products or fused
+   ops in PyTorch, the rest in ONNX Runtime) need ``ORTMODULE_ENABLE_TUNING=1``, as their exports
+   cost seconds to a minute a graph.
 2. Every further call runs the next candidate in turn (interleaved, so drift in the machine's
    load hits all alike): a candidate is built on its first turn, warms up, then gives
    ``SAMPLES`` timings (``QUICK_CALL_SAMPLES`` for a graph whose call takes under
    ``QUICK_CALL_MS``: such timings are noisy, and cheap to repeat). One that measures
-   ``PRUNE_RATIO`` times slower than the best so far is dropped after one timing.
-3. The fastest median wins if it beats the default's by ``MIN_GAIN``; otherwise the default
-   stays (fewer crossings, fewer sessions). A dynamic graph's calls come at other sizes: each
-   timing is scaled to the first call's size (the product of the size symbols), so that a
-   candidate that drew the long batches is not taken for a slow one. The others are freed, one
-   INFO line says what was chosen and the measured gain, and ``ORTMODULE_TUNING_RESULTS_PATH``
-   records the choice.
+   ``PRUNE_RATIO`` times slower than the best so far is dropped after one timing. A race still
+   close after those timings (candidates within ``CLOSE_RATIO`` of each other) goes on, up to
+   ``CLOSE_CALL_SAMPLES`` timings, for the candidates in it: three timings on a busy machine
+   decided such races by noise (wave 33: an MLP's backward went to ONNX Runtime in one run of
+   four, measured 6-13 % slower there in the others and 32 % slower step after step).
+3. The fastest median wins if it beats the reference's by ``MIN_GAIN``; otherwise the reference
+   stays. The reference is all-torch where it is in the race (no sessions, no arena, no
+   crossings: the simplest and the leanest), else the default. A dynamic graph's calls come at
+   other sizes: each timing is scaled to the first call's size (the product of the size symbols),
+   so that a candidate that drew the long batches is not taken for a slow one. The others are
+   freed, one INFO line says what was chosen and the measured gain, and
+   ``ORTMODULE_TUNING_RESULTS_PATH`` records the choice.
 
 The time spent (building candidates, and the time their calls take beyond the default's) is
 bounded by ``ORTMODULE_MAX_TUNING_DURATION_MS``: at the bound, the best measured so far wins.
@@ -59,7 +64,9 @@ from ortrain.runtime.placement import DEFAULT, Placement, candidates
 logger = logging.getLogger("ortrain.runtime")
 
 DEFAULT_MAX_TUNING_MS = 30_000
-SAMPLES = 3
+# Five, not three (wave 33): the first steps of a process are slow (pages, caches), and two slow
+# timings of three decided a race.
+SAMPLES = 5
 # A call under this is mostly fixed per-call cost (binding ONNX Runtime's inputs and outputs
 # against running FX nodes), which differs between placements as much as the kernels do: small
 # graphs are raced too, with more of their cheap, noisy timings.
@@ -67,6 +74,11 @@ QUICK_CALL_MS = 2.0
 QUICK_CALL_SAMPLES = 9
 PRUNE_RATIO = 1.3
 MIN_GAIN = 0.03
+# A race this close after SAMPLES timings each is decided on more: a busy machine's noise on a
+# 10 ms call is 10-30 %.
+CLOSE_RATIO = 1.15
+CLOSE_CALL_SAMPLES = 9
+LEAD_WARM_UP_CALLS = 2
 
 # Choices made in this process (tuning key -> placement name): a graph captured again (after an
 # eviction, or back in training mode) is not tuned again.
@@ -95,7 +107,7 @@ class TuningSettings:
 class _Candidate:
     placement: Placement
     runner: PlanRunner | None = None
-    warmed: bool = False
+    warm_up_calls: int = 0  # calls left untimed so far
     samples: list[float] = field(default_factory=list)
     dropped: str | None = None  # why it left the race
 
@@ -307,11 +319,11 @@ class TunedRunner:
 
     def _next(self) -> _Candidate:
         lead, default = self._lead, self._candidates[0]
-        if not lead.warmed or not lead.samples:
+        if not lead.samples:
             return lead  # the lead's warm-up and first timing come first
-        if not default.warmed or not default.samples:
+        if not default.samples:
             return default  # then the default's
-        live = [c for c in self._candidates if c.dropped is None and len(c.samples) < self._samples]
+        live = [c for c in self._candidates if c.dropped is None and len(c.samples) < self._wanted(c)]
         if not live:
             return default
         self._turn = (self._turn + 1) % len(live)
@@ -331,8 +343,11 @@ class TunedRunner:
         default = self._candidates[0]
         if candidate is not default and default.samples:
             self._spent += max(0.0, elapsed - default.median * scale)
-        if not candidate.warmed:
-            candidate.warmed = True
+        # The lead's first two calls are warm-ups: its first is the capture's step, and its second
+        # still faults in the pages of memory the first kept (wave 33: an all-torch lead's first
+        # timing on its second call was 1.6-2x its later ones, on every run of the MLP).
+        if candidate.warm_up_calls < (LEAD_WARM_UP_CALLS if candidate is self._lead else 1):
+            candidate.warm_up_calls += 1
             return
         elapsed /= scale  # what the call would have taken at the first call's size
         candidate.samples.append(elapsed)
@@ -348,7 +363,7 @@ class TunedRunner:
             return False
         if self._spent >= self._settings.bound_s:
             return True
-        return all(c.dropped is not None or len(c.samples) >= self._samples for c in self._candidates)
+        return all(c.dropped is not None or len(c.samples) >= self._wanted(c) for c in self._candidates)
 
     @property
     def _samples(self) -> int:
@@ -356,12 +371,29 @@ class TunedRunner:
         quick = bool(self._lead.samples) and self._lead.samples[0] * 1e3 < QUICK_CALL_MS
         return QUICK_CALL_SAMPLES if quick else SAMPLES
 
+    def _wanted(self, candidate: _Candidate) -> int:
+        """Timings ``candidate`` gives: ``_samples``, or ``CLOSE_CALL_SAMPLES`` once it has given
+        those while within ``CLOSE_RATIO`` of the best median (the race is close)."""
+        samples = self._samples
+        if len(candidate.samples) < samples or samples >= CLOSE_CALL_SAMPLES:
+            return samples
+        rivals = [c for c in self._candidates if c.dropped is None and c.samples and c is not candidate]
+        if not rivals:
+            return samples
+        best = min(c.median for c in rivals)
+        # Close to the best of the others, whichever is ahead: both sides of a close race go on.
+        close = candidate.median <= CLOSE_RATIO * best and best <= CLOSE_RATIO * candidate.median
+        return CLOSE_CALL_SAMPLES if close else samples
+
     def _choose(self) -> None:
         default = self._candidates[0]
         measured = [c for c in self._candidates if c.samples and c.dropped is None]
         best = min(measured, key=lambda c: c.median)
-        if best is not default and best.median > (1 - MIN_GAIN) * default.median:
-            best = default
+        # All-torch holds no sessions, no arena and crosses no executors: what beats it within
+        # noise is not worth the memory (wave 33; until then the default was the reference).
+        reference = next((c for c in measured if c.placement.all_torch), default)
+        if best is not reference and best.median > (1 - MIN_GAIN) * reference.median:
+            best = reference
         self.report = {c.placement.name: c.median * 1e3 for c in self._candidates if c.samples}
         self.chosen, self.chosen_placement = best.runner, best.placement
         for candidate in self._candidates:
