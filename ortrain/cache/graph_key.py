@@ -35,6 +35,7 @@ _EXPORT_SOURCES = (
     "export/rewrite_rules_by_root.py",
     "export/lazy_op_registry.py",
     "export/recorded_type_promotion.py",
+    "export/factory_dtypes.py",
     "export/op_signatures.py",
     "capture/view_ops.py",
     "capture/fake_tracing.py",

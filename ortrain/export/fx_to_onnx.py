@@ -41,6 +41,7 @@ from ortrain.capture.symbolic_sizes import (
 from ortrain.capture.view_ops import RESHAPES
 from ortrain.export import direct_translation
 from ortrain.export.exporter_decompositions import lean_decomposition
+from ortrain.export.factory_dtypes import spell_out_factory_dtypes
 from ortrain.export.flash_attention_math import NoMathForm
 from ortrain.export.index_dtypes import cast_indices_to_int64
 from ortrain.export.known_shape_inference import shape_inference_only_where_unknown
@@ -389,6 +390,7 @@ def _translate(
 ) -> onnx_ir.Model:
     """The ONNX model of ``gm``: translated node by node where it can be (see
     :mod:`ortrain.export.direct_translation`), else through ``torch.onnx.export``."""
+    spell_out_factory_dtypes(gm)  # for both paths: each translates a factory without one as float32
     if DIRECT_TRANSLATION:
         try:
             with (

@@ -705,6 +705,39 @@ def test_a_changed_default_dtype_is_captured_again(
     assert "the default dtype changed from torch.float32 to torch.float64" in caplog.text
 
 
+class _AddsZerosOfTheDefaultDtype(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.fc(x) + torch.zeros(x.shape[0], 4)).double().pow(2).mean()
+
+
+def test_training_under_another_default_dtype_runs_on_onnx_runtime() -> None:
+    """Wave 33: the graph captured under float64 exported ``torch.zeros`` as float32, ONNX Runtime
+    had no ``Add`` kernel for float64 with float32, and the model fell back to PyTorch (here,
+    without a fallback, it failed)."""
+    torch.manual_seed(0)
+    eager = _AddsZerosOfTheDefaultDtype()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    before = torch.get_default_dtype()
+    try:
+        for step in range(4):
+            torch.set_default_dtype(torch.float64 if step % 2 else torch.float32)
+            x = torch.randn(3, 4, dtype=torch.float32)
+            losses = []
+            for m in (eager, wrapped):
+                m.zero_grad()
+                loss = m(x)
+                loss.backward()
+                losses.append(loss.detach())
+            torch.testing.assert_close(losses[1], losses[0])
+            assert_same_state(wrapped, eager)
+    finally:
+        torch.set_default_dtype(before)
+
+
 def test_parameters_swapped_in_place_after_capture(monkeypatch: pytest.MonkeyPatch) -> None:
     """Wave 26: ``torch.utils.swap_tensors`` (``model.double()`` under
     ``set_swap_module_params_on_conversion``) refused the captured model's parameters: the
