@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
 from ortrain.capture.held_objects import is_held_object
 from ortrain.capture.huggingface import layered_cache, rebuilt_cache
@@ -102,6 +103,35 @@ def _uncapturable(tensor: torch.Tensor) -> str | None:
     return None
 
 
+def _overrides(kind: type, name: str) -> bool:
+    """Whether tensor class ``kind`` defines its own ``__torch_function__`` / ``__torch_dispatch__``
+    (a Parameter's or Buffer's disabled ``__torch_function__`` does not count)."""
+    method = getattr(kind, name)
+    found = getattr(method, "__func__", method)
+    plain = getattr(torch.Tensor, name)
+    return found not in (getattr(plain, "__func__", plain), torch._C._disabled_torch_function_impl)
+
+
+def _plain_input(tensor: torch.Tensor, where: tuple[str, str]) -> torch.Tensor:
+    """``tensor`` as the graph takes it: a subclass that overrides nothing as a plain tensor on the
+    same memory (``as_subclass`` keeps its autograd history); one that overrides PyTorch's
+    operators is refused: the graph would compute what plain tensors do, not what it does."""
+    kind = type(tensor)
+    if kind is torch.Tensor or kind in (nn.Parameter, nn.Buffer):
+        return tensor
+    overridden = [n for n in ("__torch_function__", "__torch_dispatch__") if _overrides(kind, n)]
+    if overridden:
+        raise ORTModuleIOError(
+            f"ORTModule cannot capture {_describe(where)}, a {kind.__qualname__}: a torch.Tensor "
+            f"subclass with its own {' and '.join(overridden)}, whose operators a captured graph "
+            "would not run; pass tensor.as_subclass(torch.Tensor) if they compute what plain "
+            "tensors compute"
+        )
+    # Until wave 33 such an input (``class Image(torch.Tensor): pass``) failed inside the graph's
+    # run and sent the model to PyTorch with an error about ``aten.detach`` dispatch.
+    return tensor.as_subclass(torch.Tensor)
+
+
 def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) -> Spec:
     if isinstance(value, torch.Tensor):
         if (kind := _uncapturable(value)) is not None:
@@ -109,7 +139,7 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
                 f"ORTModule cannot capture {_describe(where)}, {kind}: pass padded strided tensors "
                 "(with a mask) or sparse COO ones (tensor.to_sparse())"
             )
-        tensors.append(value)
+        tensors.append(_plain_input(value, where) if where[0] == "input" else value)
         return ("tensor",)
     if isinstance(value, _CONSTANT_TYPES):
         return ("const", type(value), value)

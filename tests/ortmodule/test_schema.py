@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import threading
@@ -129,3 +130,45 @@ def test_an_input_no_capture_can_trace_is_named_with_what_to_pass(tensor: torch.
     expected = re.escape(f"cannot capture input 'batch', {kind}: pass padded")
     with pytest.raises(ORTModuleIOError, match=expected):
         flatten_inputs((), {"batch": tensor})
+
+
+class _Image(torch.Tensor):
+    """A subclass that only names what it holds (``class Image(torch.Tensor): pass``)."""
+
+
+class _Logged(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_tensor_subclass_that_overrides_nothing_trains_as_a_plain_tensor() -> None:
+    """Until wave 33 it failed inside the graph's run ("Multiple dispatch failed for
+    aten.detach.default") and sent the model to PyTorch."""
+    from ortrain import ORTModule
+
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for _ in range(3):
+        base = torch.randn(3, 4)
+        grads = []
+        for model in (eager, wrapped):
+            model.zero_grad()
+            x = base.clone().as_subclass(_Image).requires_grad_()
+            model(x).pow(2).mean().backward()
+            grads.append([x.grad, *(p.grad for p in model.parameters())])
+        for got, expected in zip(grads[1], grads[0], strict=True):
+            torch.testing.assert_close(got, expected)
+    flat, _ = flatten_inputs((base.as_subclass(_Image),), {})
+    assert type(flat[0]) is torch.Tensor
+    assert type(flatten_inputs((torch.nn.Parameter(base),), {})[0][0]) is torch.nn.Parameter
+
+
+def test_a_tensor_subclass_with_its_own_operators_is_refused_with_what_to_pass() -> None:
+    x = torch.randn(3, 4).as_subclass(_Logged)
+    message = "input 'x', a _Logged: a torch.Tensor subclass with its own __torch_function__"
+    with pytest.raises(ORTModuleIOError, match=re.escape(message)) as raised:
+        flatten_inputs((), {"x": x})
+    assert "pass tensor.as_subclass(torch.Tensor)" in str(raised.value)
+    assert flatten_outputs((x,))[0][0] is x  # a graph's outputs are not inputs: left as they are
