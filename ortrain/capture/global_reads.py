@@ -97,6 +97,11 @@ _called_cache: dict[
     frozenset[type], tuple[dict[type, frozenset[str]], dict[type, tuple[Any, ...]], _Called]
 ] = {}
 _CALLED_CACHE_AT_MOST = 64
+# function -> (the code each of its code reads found when walked, (values, code))
+_FunctionReads = tuple[tuple[Read, ...], tuple[CodeRead, ...]]
+_function_cache: weakref.WeakKeyDictionary[types.FunctionType, tuple[tuple[Any, ...], _FunctionReads]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def is_watched(value: Any) -> bool:
@@ -127,6 +132,21 @@ def class_reads(cls: type) -> tuple[tuple[Read, ...], tuple[CodeRead, ...]]:
     """:func:`global_reads` and :func:`code_reads` at once (the guards read both at every step)."""
     values, code, _ = _reads(cls)
     return values, code
+
+
+def function_reads(function: types.FunctionType) -> tuple[tuple[Read, ...], tuple[CodeRead, ...]]:
+    """What a function kept on a module or an object (``self.act = make_act(cfg)``) reads besides
+    its code: the variables of its closure and its module's globals, through the functions it names,
+    and where it finds that code. Until wave 33 such a function was watched by identity alone, and
+    a value its closure held (``cfg["kind"] = "tanh"``) changed under the graph unseen."""
+    cached = _function_cache.get(function)
+    if cached is not None and _same_code(cached[1][1], cached[0]):
+        return cached[1]
+    code: list[CodeRead] = []
+    values = tuple(_walk(object, code, (), functions=(function,)))
+    reads = (values, _unique(code))
+    _function_cache[function] = (_code_now(reads[1]), reads)
+    return reads
 
 
 def called_names(cls: type) -> frozenset[str]:
@@ -252,11 +272,16 @@ def _function(value: Any) -> types.FunctionType | None:
 
 
 def _walk(
-    cls: type, code_found: list[CodeRead], starts: Collection[str], other_names: set[str] | None = None
+    cls: type,
+    code_found: list[CodeRead],
+    starts: Collection[str],
+    other_names: set[str] | None = None,
+    functions: Collection[types.FunctionType] = (),
 ) -> Iterator[Read]:
-    """The values read by the methods ``starts`` of ``cls`` and the code they name; the places
-    that code is looked up go to ``code_found``, names it looks up elsewhere to ``other_names``."""
-    todo = [_function(inspect.getattr_static(cls, start, None)) for start in starts]
+    """The values read by the methods ``starts`` of ``cls`` (and by ``functions``) and the code
+    they name; the places that code is looked up go to ``code_found``, names it looks up elsewhere
+    to ``other_names``."""
+    todo = [_function(inspect.getattr_static(cls, start, None)) for start in starts] + list(functions)
     for start in starts:  # PyTorch's classes too: their forward is not walked
         code_found += _method_reads(cls, start)
     seen_functions: set[types.CodeType] = set()

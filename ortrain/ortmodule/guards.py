@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import types
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -47,6 +48,7 @@ from ortrain.capture.global_reads import (
     CodeRead,
     Read,
     class_reads,
+    function_reads,
     methods_called_from_outside,
 )
 from ortrain.capture.held_objects import DEPTH as HELD_DEPTH
@@ -125,6 +127,10 @@ class _Walk:
         # globals it reads are watched like the modules' (``self.schedule.value()`` reading a
         # module-level ``BASE``: until wave 32 a change to it kept the old graph).
         self.held_classes: dict[type, None] = {}
+        # Whether held functions are described with what they read (:func:`_code_state`): not
+        # inside an object kept at module or class level (Hugging Face's attention registry of
+        # a dozen functions, one of which a forward runs: reading them all cost GPT-2's guard 40 %).
+        self.code_states = True
 
     def watched(self, value: Any, attributes: dict[str, Any]) -> Iterable[tuple[str, Any]]:
         """The (name, value) pairs of ``value``'s attributes that a graph may have baked in: those
@@ -206,6 +212,10 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
                 tensor_attrs.append((k, v))
             elif is_config_type(kind):
                 objects.append((k, id(v), _config_values(v, walk)))
+            elif kind in _HELD_CODE and (code := _held_code(v, walk)) is not None:
+                # A function held by the module (``self.act = make_act(cfg)``): by identity and
+                # what it reads (a partial by what it binds: one rebuilt equal keeps the graph).
+                objects.append((k, code))
             elif not is_deepspeed_hook_state(k):
                 # An object of the user's by its values too (``self.schedule.beta``), others by identity.
                 held = is_held_object(v)
@@ -271,18 +281,24 @@ def _read_values(
 
 
 class _Code(tuple[Any]):
-    """A function (or None where a class does not define the name) compared by identity; the key
-    holds the function itself, so a replaced one's id cannot be reused while the key lives."""
+    """A function (or None where a class does not define the name) compared by identity, with what
+    it computes with besides its code (``state``: a partial's arguments, the values a function of
+    the user's reads from its closure and module, as (label, value) pairs); the key holds the
+    function itself, so a replaced one's id cannot be reused while the key lives."""
 
-    def __new__(cls, function: Any) -> _Code:
-        return super().__new__(cls, (function,))
+    def __new__(cls, function: Any, state: tuple[Any, ...] = ()) -> _Code:
+        return super().__new__(cls, (function, state))
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, _Code):
-            return False
+    @property
+    def state(self) -> tuple[Any, ...]:
+        return self[1]
+
+    def same_function(self, other: _Code) -> bool:
         mine, theirs = self[0], other[0]
         if mine is theirs:
             return True
+        if type(mine) is functools.partial and type(theirs) is functools.partial:
+            return True  # a partial is what it wraps and binds: its state says all of it
         # ``self.helper.fn = self.scorer.score`` at every step makes a new bound method each time:
         # the same function on the same object is the same code.
         return (
@@ -292,8 +308,13 @@ class _Code(tuple[Any]):
             and mine.__self__ is theirs.__self__
         )
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Code) and self.same_function(other) and self.state == other.state
+
     def __hash__(self) -> int:
         function = self[0]
+        while type(function) is functools.partial:
+            function = function.func
         return id(function.__func__) if type(function) is types.MethodType else id(function)
 
     def __repr__(self) -> str:
@@ -378,7 +399,7 @@ def _entry_form(entry: Any, walk: _Walk, depth: int) -> Any:
     if depth > 1 and (kind in _SEQUENCES or isinstance(entry, dict | set)):
         inner = _container_values(entry, walk, depth - 1)
         return _NOT_PLAIN if inner is None else inner
-    code = _code_form(entry)
+    code = _held_code(entry, walk)
     return _NOT_PLAIN if code is None else code
 
 
@@ -393,6 +414,37 @@ def _code_form(value: Any) -> Any:
     ):
         return _Code(value)
     return None
+
+
+def _held_code(value: Any, walk: _Walk) -> Any:
+    """:func:`_code_form`, with the state of a function held as a value (on a module, in a
+    container, a config or a held object): see :func:`_code_state`."""
+    code = _code_form(value)
+    if not isinstance(code, _Code) or not walk.code_states:
+        return code
+    return _Code(value, _code_state(value, walk))
+
+
+def _code_state(value: Any, walk: _Walk) -> tuple[tuple[str, Any], ...]:
+    """What a held function computes with besides its code: a partial's function and the
+    arguments it binds (its ``keywords`` may be changed in place); the values a function of the
+    user's reads from its closure and its module (``make_act(cfg)`` reading ``cfg["kind"]``)."""
+    if type(value) is functools.partial:
+        state: list[tuple[str, Any]] = [("function", _held_code(value.func, walk))]
+        state += [(f"argument {i}", _bound_form(a, walk)) for i, a in enumerate(value.args)]
+        state += [(f"keyword {k}", _bound_form(v, walk)) for k, v in value.keywords.items()]
+        return tuple(state)
+    function = value.__func__ if type(value) is types.MethodType else value
+    if type(function) is types.FunctionType:
+        return _read_values(*function_reads(function), walk)
+    return ()
+
+
+def _bound_form(argument: Any, walk: _Walk) -> Any:
+    """A partial's bound argument as a container entry, or by identity where it is none (a
+    tensor, a module): the partial, which the key holds, keeps it alive, so its id stays its own."""
+    form = _entry_form(argument, walk, 1)
+    return ("object", id(argument)) if form is _NOT_PLAIN else form
 
 
 def _config_values(config: Any, walk: _Walk) -> tuple[Any, ...]:
@@ -417,13 +469,16 @@ def _config_values(config: Any, walk: _Walk) -> tuple[Any, ...]:
             values.append((k, tuple(v.items())))
         elif is_config_type(kind):
             values.append((k, _config_values(v, walk)))
-        elif (code := _code_form(v)) is not None:
+        elif (code := _held_code(v, walk)) is not None:
             values.append((k, code))  # holds the function: a replaced one's id cannot come back
         else:
             values.append((k, ("object", id(v))))
     walk.configs[id(config)] = described = tuple(values)
     return described
 
+
+# Functions held by a module described with their state (other callables: by identity, as before).
+_HELD_CODE = frozenset({types.FunctionType, types.MethodType, functools.partial})
 
 # The first entry of a held object reached through another object, a class or a global: which
 # object it is. A forward may compare it by identity (``self.h.mode is Mode.A``) or run its class's
@@ -444,12 +499,21 @@ def _held_values(held: Any, depth: int, walk: _Walk, *, methods: bool = True) ->
     was captured with). Others (tensors, devices) are left out, not watched by identity: an object
     may rebind them at every call (accelerate's hooks set the input's device), and a graph does not
     bake them in."""
-    values: list[tuple[str, Any]] = []
     if methods:
         # Not for an object kept at module or class level (Hugging Face's attention registry,
         # ``ALL_ATTENTION_FUNCTIONS``): the methods of such shared registries are the library's,
         # and walking them cost the GPT-2 guard 40 % more.
         walk.held_classes[type(held)] = None
+        return _held_entries(held, depth, walk, methods=methods)
+    code_states, walk.code_states = walk.code_states, False  # its functions too: by identity
+    try:
+        return _held_entries(held, depth, walk, methods=methods)
+    finally:
+        walk.code_states = code_states
+
+
+def _held_entries(held: Any, depth: int, walk: _Walk, *, methods: bool) -> tuple[Any, ...]:
+    values: list[tuple[str, Any]] = []
     for k, v in walk.watched(held, held_attributes(held)):
         kind, plain = type(v), _plain_form(v)
         if plain is not _NOT_PLAIN or v is ABSENT:
@@ -462,7 +526,7 @@ def _held_values(held: Any, depth: int, walk: _Walk, *, methods: bool = True) ->
             values.append((k, _config_values(v, walk)))
         elif depth > 1 and is_held_object(v):
             values.append((k, _held_description(v, depth - 1, walk, methods=methods)))
-        elif (code := _code_form(v)) is not None:
+        elif (code := _held_code(v, walk)) is not None:
             values.append((k, code))
     return tuple(values)
 
@@ -557,7 +621,15 @@ def _object_change(module: str, owner: nn.Module, before: tuple[Any, ...], after
         else:
             holder = "a config" if is_config_type(type(held)) else "an object"
         return f"{name}.{_value_change(was[2], now[2])} ({holder} held by {module!r})"
+    both = isinstance(was, tuple) and isinstance(now, tuple) and len(was) == len(now) == 2
+    if both and (_is_function_entry(was) or _is_function_entry(now)):
+        return f"{_value_change((was,), (now,))} (a function held by {module!r})"
     return f"attribute {name!r} of {module!r} was replaced"
+
+
+def _is_function_entry(entry: Any) -> bool:
+    """Whether a module's object entry is a function it holds, ``(name, _Code)``."""
+    return isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], _Code)
 
 
 def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, Any], ...]) -> str:
@@ -567,6 +639,8 @@ def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, A
     for name in sorted(set(before_values) | set(after_values)):
         was, now = before_values.get(name), after_values.get(name)
         if was != now and (isinstance(was, _Code) or isinstance(now, _Code)):
+            if isinstance(was, _Code) and isinstance(now, _Code) and was.same_function(now):
+                return f"{name}: {_value_change(was.state, now.state)}"
             return f"{name} was replaced (the forward runs other code)"
     found = _first_difference(before_values, after_values)
     if found is None:

@@ -91,11 +91,14 @@ def _train(
     *,
     steps: int = 4,
     at: int | None = 2,
+    setup: Callable[[_Net], None] | None = None,
 ) -> list[str]:
-    """Train an ORTModule and an eager copy, applying ``change`` to both before step ``at``
-    (None: before every step); returns why each capture happened."""
+    """Train an ORTModule and an eager copy (of the model after ``setup``), applying ``change``
+    to both before step ``at`` (None: before every step); returns why each capture happened."""
     torch.manual_seed(0)
     model = _Net(forward)
+    if setup is not None:
+        setup(model)
     eager = copy.deepcopy(model)
     wrapped = ORTModule(model)
     with caplog.at_level(logging.INFO, logger="ortrain"):
@@ -334,3 +337,86 @@ def test_a_global_read_by_a_held_objects_method(
         calls_after=1,
     )
     assert reasons[1] == f"capturing a graph: global {__name__}.BASE_WEIGHT changed from 1.0 to 3.0"
+
+
+# ---- what a held function computes with besides its code (wave 33) ------------------------------
+
+SCALE = 1.0  # read by _scaled_forward, which the model holds: changed by a test below
+
+
+def _scaled_forward(m: _Net, h: torch.Tensor) -> torch.Tensor:
+    return h * SCALE
+
+
+def test_a_value_a_held_function_reads_from_its_closure(caplog: pytest.LogCaptureFixture) -> None:
+    """A function held by a module (here the model's ``_forward``), made by a factory over a
+    settings dict: until wave 33 watched by identity alone, and ``settings["scale"] = 3.0`` kept
+    the graph of 1.0."""
+    settings = {"scale": 1.0}
+    reasons = _train(lambda m, h: h * settings["scale"], lambda m: settings.update(scale=3.0), caplog)
+    assert len(reasons) == 2
+    assert "settings['scale'] changed from 1.0 to 3.0 (a function held by '(the model)')" in reasons[1]
+
+
+def test_a_global_a_held_function_reads(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def rescale(m: _Net) -> None:
+        monkeypatch.setattr(f"{__name__}.SCALE", 3.0)
+
+    reasons = _train(_scaled_forward, rescale, caplog)
+    assert reasons[1:] == [
+        f"capturing a graph: _forward: global {__name__}.SCALE changed from 1.0 to 3.0 "
+        "(a function held by '(the model)')"
+    ]
+
+
+@pytest.mark.parametrize("where", ["held object", "list"])
+def test_a_closure_value_of_a_function_in_a_held_object_or_a_list(
+    where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = {"scale": 1.0}
+
+    def scaled(t: torch.Tensor) -> torch.Tensor:
+        return t * settings["scale"]
+
+    def hold(m: _Net) -> None:
+        m.helper.act, m.acts[0] = scaled, scaled
+
+    def forward(m: _Net, h: torch.Tensor) -> torch.Tensor:
+        return m.helper.act(h) if where == "held object" else m.acts[0](h)
+
+    reasons = _train(forward, lambda m: settings.update(scale=3.0), caplog, setup=hold)
+    assert "settings['scale'] changed from 1.0 to 3.0" in reasons[-1]
+
+
+class _LeakyNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.act = functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc(x) - 1).sum()
+
+
+def test_a_partials_keywords_changed_in_place(caplog: pytest.LogCaptureFixture) -> None:
+    def steeper(*models: nn.Module) -> None:
+        for m in models:
+            m.act.keywords["negative_slope"] = 0.5
+
+    reasons = capture_reasons_across(_LeakyNet(), steeper, caplog)
+    assert reasons[1:] == [
+        "capturing a graph: act: keyword negative_slope changed from 0.1 to 0.5 "
+        "(a function held by '(the model)')"
+    ]
+
+
+def test_a_partial_rebuilt_equal_at_every_step_captures_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A partial is what it wraps and binds: until wave 33 one rebuilt at every step (equal) was
+    a new object at every step, and each step captured again."""
+
+    def rebuild(m: _Net) -> None:
+        m.helper.act = functools.partial(torch.mul, other=3.0)
+
+    assert len(_train(lambda m, h: m.helper.act(h), rebuild, caplog, steps=5, at=None)) == 1
