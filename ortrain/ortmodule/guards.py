@@ -298,7 +298,9 @@ class _Code(tuple[Any]):
         if mine is theirs:
             return True
         if type(mine) is functools.partial and type(theirs) is functools.partial:
-            return True  # a partial is what it wraps and binds: its state says all of it
+            # A partial is what it wraps and binds, where its state says so (one described: the
+            # state names at least its function); else it is compared by identity, as any code.
+            return bool(self.state) and bool(other.state)
         # ``self.helper.fn = self.scorer.score`` at every step makes a new bound method each time:
         # the same function on the same object is the same code.
         return (

@@ -420,3 +420,28 @@ def test_a_partial_rebuilt_equal_at_every_step_captures_once(caplog: pytest.LogC
         m.helper.act = functools.partial(torch.mul, other=3.0)
 
     assert len(_train(lambda m, h: m.helper.act(h), rebuild, caplog, steps=5, at=None)) == 1
+
+
+class _Registry:
+    """Kept at module level, as Hugging Face keeps its attention functions: its functions are
+    compared by identity, not described."""
+
+    def __init__(self) -> None:
+        self.fn: Any = functools.partial(torch.mul, other=2.0)
+
+
+REGISTRY = _Registry()
+
+
+def test_a_partial_replaced_in_a_module_level_registry(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another partial there is other code (an undescribed partial equal to any other would have
+    kept the graph of ``torch.mul``)."""
+
+    def swap(m: _Net) -> None:
+        monkeypatch.setattr(REGISTRY, "fn", functools.partial(torch.add, other=2.0))
+
+    reasons = _train(lambda m, h: REGISTRY.fn(h), swap, caplog)
+    assert len(reasons) == 2
+    assert "REGISTRY" in reasons[1]
