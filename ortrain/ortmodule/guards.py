@@ -131,6 +131,7 @@ class _Walk:
         # inside an object kept at module or class level (Hugging Face's attention registry of
         # a dozen functions, one of which a forward runs: reading them all cost GPT-2's guard 40 %).
         self.code_states = True
+        self.code_nesting = 0  # held functions being described, one inside another's state
 
     def watched(self, value: Any, attributes: dict[str, Any]) -> Iterable[tuple[str, Any]]:
         """The (name, value) pairs of ``value``'s attributes that a graph may have baked in: those
@@ -422,9 +423,14 @@ def _held_code(value: Any, walk: _Walk) -> Any:
     """:func:`_code_form`, with the state of a function held as a value (on a module, in a
     container, a config or a held object): see :func:`_code_state`."""
     code = _code_form(value)
-    if not isinstance(code, _Code) or not walk.code_states:
+    # Nested a few deep at most: a partial bound to partials, or one that binds itself.
+    if not isinstance(code, _Code) or not walk.code_states or walk.code_nesting >= _CODE_NESTING:
         return code
-    return _Code(value, _code_state(value, walk))
+    walk.code_nesting += 1
+    try:
+        return _Code(value, _code_state(value, walk))
+    finally:
+        walk.code_nesting -= 1
 
 
 def _code_state(value: Any, walk: _Walk) -> tuple[tuple[str, Any], ...]:
@@ -481,6 +487,7 @@ def _config_values(config: Any, walk: _Walk) -> tuple[Any, ...]:
 
 # Functions held by a module described with their state (other callables: by identity, as before).
 _HELD_CODE = frozenset({types.FunctionType, types.MethodType, functools.partial})
+_CODE_NESTING = 4
 
 # The first entry of a held object reached through another object, a class or a global: which
 # object it is. A forward may compare it by identity (``self.h.mode is Mode.A``) or run its class's

@@ -445,3 +445,15 @@ def test_a_partial_replaced_in_a_module_level_registry(
     reasons = _train(lambda m, h: REGISTRY.fn(h), swap, caplog)
     assert len(reasons) == 2
     assert "REGISTRY" in reasons[1]
+
+
+def test_a_partial_that_binds_itself_is_described_without_recursing() -> None:
+    """A held function's state holds the functions it binds, a few deep at most: a partial in its
+    own keywords recursed until Python's limit at the first step."""
+    model = _LeakyNet()
+    model.act.keywords["self_reference"] = model.act  # held, never called
+    model.forward = lambda x: torch.nn.functional.leaky_relu(model.fc(x), 0.1).sum()  # type: ignore[method-assign]
+    wrapped = ORTModule(model)
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        wrapped(x).backward()
