@@ -22,6 +22,7 @@ from ortrain.capture.held_objects import is_held_object
 from ortrain.capture.huggingface import layered_cache, rebuilt_cache
 from ortrain.capture.plain_values import NAMESPACES, python_attributes
 from ortrain.capture.pytree_nodes import NodeContext, flatten_registered, unflatten_registered
+from ortrain.capture.tensor_subclasses import overridden_protocols
 from ortrain.ortmodule.fallback import ORTModuleIOError
 
 _CONSTANT_TYPES = (type(None), bool, int, float, str, torch.dtype, torch.device, enum.Enum)
@@ -103,15 +104,6 @@ def _uncapturable(tensor: torch.Tensor) -> str | None:
     return None
 
 
-def _overrides(kind: type, name: str) -> bool:
-    """Whether tensor class ``kind`` defines its own ``__torch_function__`` / ``__torch_dispatch__``
-    (a Parameter's or Buffer's disabled ``__torch_function__`` does not count)."""
-    method = getattr(kind, name)
-    found = getattr(method, "__func__", method)
-    plain = getattr(torch.Tensor, name)
-    return found not in (getattr(plain, "__func__", plain), torch._C._disabled_torch_function_impl)
-
-
 def _plain_input(tensor: torch.Tensor, where: tuple[str, str]) -> torch.Tensor:
     """``tensor`` as the graph takes it: a subclass that overrides nothing as a plain tensor on the
     same memory (``as_subclass`` keeps its autograd history); one that overrides PyTorch's
@@ -119,7 +111,7 @@ def _plain_input(tensor: torch.Tensor, where: tuple[str, str]) -> torch.Tensor:
     kind = type(tensor)
     if kind is torch.Tensor or kind in (nn.Parameter, nn.Buffer):
         return tensor
-    overridden = [n for n in ("__torch_function__", "__torch_dispatch__") if _overrides(kind, n)]
+    overridden = overridden_protocols(kind)
     if overridden:
         raise ORTModuleIOError(
             f"ORTModule cannot capture {_describe(where)}, a {kind.__qualname__}: a torch.Tensor "

@@ -107,7 +107,7 @@ class TuningSettings:
 class _Candidate:
     placement: Placement
     runner: PlanRunner | None = None
-    warm_up_calls: int = 0  # calls left untimed so far
+    warm_up_calls: int = 0  # its calls so far that were warm-ups, not timed
     samples: list[float] = field(default_factory=list)
     dropped: str | None = None  # why it left the race
 
@@ -320,7 +320,7 @@ class TunedRunner:
     def _next(self) -> _Candidate:
         lead, default = self._lead, self._candidates[0]
         if not lead.samples:
-            return lead  # the lead's warm-up and first timing come first
+            return lead  # the lead's warm-ups and first timing come first
         if not default.samples:
             return default  # then the default's
         live = [c for c in self._candidates if c.dropped is None and len(c.samples) < self._wanted(c)]

@@ -1,0 +1,33 @@
+"""Which tensor classes override PyTorch's operator protocols."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ortrain.capture.tensor_subclasses import overridden_protocols
+
+
+class _Named(torch.Tensor):
+    pass
+
+
+class _Functional(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class _Dispatching(torch.Tensor):
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+def test_plain_classes_and_parameters_override_nothing_the_others_are_named() -> None:
+    for kind in (torch.Tensor, _Named, nn.Parameter, nn.Buffer):
+        assert overridden_protocols(kind) == [], kind
+    assert overridden_protocols(_Functional) == ["__torch_function__"]
+    assert overridden_protocols(_Dispatching) == ["__torch_dispatch__"]
