@@ -119,7 +119,7 @@ def run_demo(settings: DemoSettings, report: Callable[[str], None]) -> DemoResul
     last = statistics.mean(losses[-10:])
     report(f"loss {first:.3f} -> {last:.3f} (mean of the first and last 10 steps)")
     # With automatic op tuning the first steps run in PyTorch and ONNX Runtime's placement is built
-    # on the third (ortrain.runtime.placement_tuning); with tuning off the first step builds it.
+    # on the fourth (ortrain.runtime.placement_tuning); with tuning off the first step builds it.
     report(f"first step (capture; ONNX Runtime's build unless op tuning defers it): {capture_seconds:.1f} s")
     # The same weights on both sides: trained weights run at another speed than fresh ones (values
     # that drift toward zero become subnormal, slow on the CPU), which a comparison must not measure.
