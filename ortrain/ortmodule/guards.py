@@ -213,11 +213,13 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
                 tensor_attrs.append((k, v))
             elif is_config_type(kind):
                 objects.append((k, id(v), _config_values(v, walk)))
+            elif is_deepspeed_hook_state(k):
+                continue  # DeepSpeed ZeRO-3's hooks set these at every step (functions among them)
             elif kind in _HELD_CODE and (code := _held_code(v, walk)) is not None:
                 # A function held by the module (``self.act = make_act(cfg)``): by identity and
                 # what it reads (a partial by what it binds: one rebuilt equal keeps the graph).
                 objects.append((k, code))
-            elif not is_deepspeed_hook_state(k):
+            else:
                 # An object of the user's by its values too (``self.schedule.beta``), others by identity.
                 held = is_held_object(v)
                 objects.append((k, id(v), _held_values(v, HELD_DEPTH, walk)) if held else (k, id(v)))

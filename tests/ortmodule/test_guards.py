@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import io
 import logging
 import pickle
@@ -591,6 +592,23 @@ def test_a_patched_forward_a_swapped_function_and_a_changed_tuple_are_seen(
     assert "attribute 'forward' of 'conv' was replaced" in caplog.text
     assert "attribute 'act' of 'holder' was replaced" in caplog.text
     assert "conv.padding changed from (1,) to (0,)" in caplog.text
+
+
+def test_deepspeed_hook_state_set_at_every_step_is_not_watched(caplog: pytest.LogCaptureFixture) -> None:
+    """DeepSpeed ZeRO-3's hooks set functions on each module at every step (``pre_bwd_fn``,
+    ``ds_*``): watched as held functions, they captured the model again at every step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    wrapped = ORTModule(model)
+    x = torch.randn(3, 4)
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for step in range(4):
+            for m in model.modules():
+                m.pre_bwd_fn = lambda *grads: grads  # a new function each step, as ZeRO-3's hooks set
+                m.ds_step_fn = functools.partial(torch.mul, other=float(step))
+            wrapped(x).sum().backward()
+    captures = [r for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    assert len(captures) == 1
 
 
 def test_a_forward_hook_added_after_capture_runs() -> None:
