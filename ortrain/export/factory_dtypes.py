@@ -12,7 +12,6 @@ node made, and spelling it out gives the same tensor in either library, under an
 from __future__ import annotations
 
 import torch
-from torch.utils import _pytree as pytree
 
 
 def spell_out_factory_dtypes(gm: torch.fx.GraphModule) -> int:
@@ -31,8 +30,7 @@ def spell_out_factory_dtypes(gm: torch.fx.GraphModule) -> int:
         value = node.meta.get("val")
         if not isinstance(value, torch.Tensor):
             continue
-        operands = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)]
-        if any(isinstance(a.meta.get("val"), torch.Tensor) for a in operands):
+        if any(isinstance(a.meta.get("val"), torch.Tensor) for a in node.all_input_nodes):
             continue
         node.kwargs = {**node.kwargs, "dtype": value.dtype}
         changed += 1

@@ -510,13 +510,14 @@ def _held_values(held: Any, depth: int, walk: _Walk, *, methods: bool = True) ->
     was captured with). Others (tensors, devices) are left out, not watched by identity: an object
     may rebind them at every call (accelerate's hooks set the input's device), and a graph does not
     bake them in."""
+    code_states = walk.code_states
     if methods:
         # Not for an object kept at module or class level (Hugging Face's attention registry,
         # ``ALL_ATTENTION_FUNCTIONS``): the methods of such shared registries are the library's,
         # and walking them cost the GPT-2 guard 40 % more.
         walk.held_classes[type(held)] = None
-        return _held_entries(held, depth, walk, methods=methods)
-    code_states, walk.code_states = walk.code_states, False  # its functions too: by identity
+    else:
+        walk.code_states = False  # its functions too: by identity
     try:
         return _held_entries(held, depth, walk, methods=methods)
     finally:
