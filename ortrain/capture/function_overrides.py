@@ -19,6 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from ortrain.capture.decompositions_ctc import ctc_loss_function
 from ortrain.capture.decompositions_rnn import recurrent_overrides
+from ortrain.capture.mixed_precision_norms import OVERRIDES as MIXED_PRECISION_NORMS
 from ortrain.capture.recurrent_layers import recurrent_python_ops
 from ortrain.capture.storage_views import OVERRIDES as STORAGE_VIEWS
 
@@ -42,6 +43,8 @@ def _overrides(recurrent_as_python_ops: bool) -> dict[Callable[..., Any], Callab
         _GRAD_GETTER: grad_of_a_traced_leaf,
         **recurrent,
         **STORAGE_VIEWS,
+        # half-precision inputs to float32 norms: see capture/mixed_precision_norms.py
+        **MIXED_PRECISION_NORMS,
     }
 
 

@@ -1,0 +1,81 @@
+"""Training with half-precision activations through float32 norms: autocast, or norms kept float32."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ortrain import ORTModule
+
+
+@pytest.fixture(autouse=True)
+def _half_precision_ops_in_pytorch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ONNX Runtime's CPU build has no bfloat16 convolution or matmul: those run in PyTorch.
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_ONNX_MODEL")
+
+
+class _ConvNet(nn.Module):
+    def __init__(self, norm: nn.Module, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3).to(dtype)
+        self.norm = norm  # float32 whatever the rest is
+        self.head = nn.Linear(4, 3).to(dtype)
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.norm(self.conv(x.to(self.dtype))))
+        return F.cross_entropy(self.head(h.mean((2, 3))).float(), y)
+
+
+def _train(model: nn.Module, autocast: torch.dtype | None, steps: int = 3) -> tuple[list[float], nn.Module]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(steps):
+        x, y = torch.randn(6, 3, 8, 8, generator=gen), torch.randint(0, 3, (6,), generator=gen)
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, model
+
+
+def _assert_trains_like_eager(model: nn.Module, autocast: torch.dtype | None) -> None:
+    eager_losses, eager = _train(copy.deepcopy(model), autocast)
+    wrapped = ORTModule(model)
+    losses, _ = _train(wrapped, autocast)
+    assert not wrapped._ortrain_fallback.active, wrapped._ortrain_fallback.reason
+    assert losses == pytest.approx(eager_losses, rel=1e-3)
+    for (name, p), q in zip(eager.state_dict().items(), wrapped.module.state_dict().values(), strict=True):
+        if p.is_floating_point():
+            torch.testing.assert_close(q, p, atol=1e-3, rtol=1e-2, msg=name)
+
+
+@pytest.mark.parametrize("autocast", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("norm", ["batch", "instance", "group"])
+def test_autocast_training_through_a_norm_that_keeps_float32_parameters(
+    norm: str, autocast: torch.dtype
+) -> None:
+    # The loss ignores labels (cross_entropy's ignore_index), so the gather of counted rows splits
+    # the graphs between ONNX Runtime and PyTorch: batch norm's saved statistics crossed it as
+    # bfloat16 and PyTorch's backward refused them ("mixed dtype (CPU)").
+    layers = {
+        "batch": lambda: nn.BatchNorm2d(4),
+        "instance": lambda: nn.InstanceNorm2d(4, affine=True, track_running_stats=True),
+        "group": lambda: nn.GroupNorm(2, 4),
+    }
+    torch.manual_seed(0)
+    _assert_trains_like_eager(_ConvNet(layers[norm]()), autocast)
+
+
+def test_a_half_precision_model_with_a_float32_group_norm() -> None:
+    # ONNX Runtime ran the group norm's decomposition on values the graph said were float16 and
+    # found float32 ones ("Unexpected input data type").
+    torch.manual_seed(0)
+    _assert_trains_like_eager(_ConvNet(nn.GroupNorm(2, 4), torch.float16), autocast=None)
