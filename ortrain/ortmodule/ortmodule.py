@@ -200,6 +200,9 @@ class GraphKey(NamedTuple):
     # The dtype of the tensors the forward makes without naming one (torch.zeros(n), arange / 10),
     # which the graph holds as constants: torch.set_default_dtype between steps needs another graph.
     default_dtype: torch.dtype
+    # torch.use_deterministic_algorithms: AOTAutograd's backward refuses to run under it when its
+    # forward was captured without it, so switching it on between steps needs another graph.
+    deterministic: bool
     opaque_functions: bool
     state: tuple[Any, ...]  # the model: see ortrain.ortmodule.guards
     # Per input tensor, the position of the first earlier input sharing its storage (or -1): a graph
@@ -649,6 +652,7 @@ class ORTModule(nn.Module):
             grad_enabled=torch.is_grad_enabled(),
             autocast=_autocast_state(),
             default_dtype=torch.get_default_dtype(),
+            deterministic=torch.are_deterministic_algorithms_enabled(),
             opaque_functions=custom_autograd_enabled(self._ortrain_options.enable_custom_autograd),
             state=state.key,
             aliasing=_input_aliasing(call.inputs),
@@ -679,6 +683,8 @@ class ORTModule(nn.Module):
             return f"autocast changed from {last.autocast or 'off'} to {key.autocast or 'off'}"
         if last.default_dtype != key.default_dtype:
             return f"the default dtype changed from {last.default_dtype} to {key.default_dtype}"
+        if last.deterministic != key.deterministic:
+            return "torch.use_deterministic_algorithms was switched " + ("on" if key.deterministic else "off")
         if last.aliasing != key.aliasing:
             return "inputs that share memory changed (the same tensor passed twice, or views of one tensor)"
         return "custom autograd support was switched " + ("on" if key.opaque_functions else "off")

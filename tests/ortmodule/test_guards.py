@@ -756,6 +756,33 @@ def test_training_under_another_default_dtype_runs_on_onnx_runtime() -> None:
         torch.set_default_dtype(before)
 
 
+def test_deterministic_algorithms_switched_on_between_steps_capture_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Wave 34: the graph captured without ``torch.use_deterministic_algorithms`` was kept when a
+    script switched it on, and AOTAutograd's backward refused to run ("This compiled backward
+    function is being run with torch.use_deterministic_algorithms(True)...")."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    wrapped = ORTModule(copy.deepcopy(eager))
+    before = torch.are_deterministic_algorithms_enabled()
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        try:
+            for step in range(4):
+                torch.use_deterministic_algorithms(step % 2 == 1)
+                x = torch.randn(3, 4)
+                for m in (eager, wrapped):
+                    m.zero_grad()
+                    m(x).square().mean().backward()
+                for p, q in zip(eager.parameters(), wrapped.parameters(), strict=True):
+                    torch.testing.assert_close(q.grad, p.grad)
+        finally:
+            torch.use_deterministic_algorithms(before)
+    assert "torch.use_deterministic_algorithms was switched on" in caplog.text
+    assert "torch.use_deterministic_algorithms was switched off" in caplog.text
+
+
 def test_parameters_swapped_in_place_after_capture(monkeypatch: pytest.MonkeyPatch) -> None:
     """Wave 26: ``torch.utils.swap_tensors`` (``model.double()`` under
     ``set_swap_module_params_on_conversion``) refused the captured model's parameters: the
