@@ -779,8 +779,9 @@ def test_deterministic_algorithms_switched_on_between_steps_capture_again(
                     torch.testing.assert_close(q.grad, p.grad)
         finally:
             torch.use_deterministic_algorithms(before)
+    # Switched off again, the step finds the first graph: two captures in all.
+    assert caplog.text.count("capturing a graph:") == 2
     assert "torch.use_deterministic_algorithms was switched on" in caplog.text
-    assert "torch.use_deterministic_algorithms was switched off" in caplog.text
 
 
 def test_parameters_swapped_in_place_after_capture(monkeypatch: pytest.MonkeyPatch) -> None:
