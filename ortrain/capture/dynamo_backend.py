@@ -35,6 +35,7 @@ from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.input_views import input_view_chains, make_views
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
+from ortrain.capture.mixed_precision_norms import norms_in_parameter_precision
 from ortrain.capture.output_layouts import in_traced_layouts, traced_layouts
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import UnsupportedFunctionError
@@ -108,7 +109,8 @@ def aot_backend(
         partition_fn=functools.partial(partition, memory=memory),
         decompositions=decomposition_table(),
     )
-    with COMPILE_LOCK, tracing_context():
+    # Half-precision inputs to float32 norms: see capture/mixed_precision_norms.py.
+    with COMPILE_LOCK, tracing_context(), norms_in_parameter_precision():
         return backend(gm, example_inputs)
 
 

@@ -20,11 +20,13 @@ bfloat16 roundings where eager's kernel is matched exactly today.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 
 _HALF = (torch.bfloat16, torch.float16)
 
@@ -86,8 +88,71 @@ def group_norm(
     return F.group_norm(input.float(), num_groups, weight, bias, eps).to(input.dtype)
 
 
+# TorchDynamo's graphs (the graph-break path) call the functions under ``F``'s wrappers, whose
+# arguments come in another order.
+def _torch_batch_norm(
+    input: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    training: bool,
+    momentum: float,
+    eps: float,
+    cudnn_enabled: bool = True,
+) -> Any:
+    return batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def _torch_instance_norm(
+    input: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    use_input_stats: bool,
+    momentum: float,
+    eps: float,
+    cudnn_enabled: bool = True,
+) -> Any:
+    return instance_norm(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
+
+
+def _torch_group_norm(
+    input: torch.Tensor,
+    num_groups: int,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    cudnn_enabled: bool = True,
+) -> Any:
+    return group_norm(input, num_groups, weight, bias, eps)
+
+
 OVERRIDES: dict[Callable[..., Any], Callable[..., Any]] = {
     F.batch_norm: batch_norm,
     F.instance_norm: instance_norm,
     F.group_norm: group_norm,
+    torch.batch_norm: _torch_batch_norm,
+    torch.instance_norm: _torch_instance_norm,
+    torch.group_norm: _torch_group_norm,
 }
+
+
+class _Float32Norms(TorchFunctionMode):
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        replacement = OVERRIDES.get(func)
+        if replacement is not None:
+            result = replacement(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def norms_in_parameter_precision() -> Iterator[None]:
+    """The overrides alone, for AOTAutograd tracing a TorchDynamo graph (a whole-model capture
+    has them among :mod:`ortrain.capture.function_overrides`)."""
+    with _Float32Norms():
+        yield

@@ -48,3 +48,18 @@ def test_calls_without_the_mix_are_left_to_pytorch() -> None:
     assert norms.group_norm(torch.randn(2, 4).bfloat16(), 2) is NotImplemented
     # float64 parameters with a half input: PyTorch refuses that mix itself
     assert norms.group_norm(torch.randn(2, 4).half(), 2, torch.ones(4, dtype=torch.float64)) is NotImplemented
+
+
+def test_the_mode_takes_torchs_own_argument_order() -> None:
+    # TorchDynamo's graphs call torch.batch_norm(input, weight, bias, mean, var, ...) directly.
+    x = torch.randn(6, 4).bfloat16()
+    weight, bias = torch.rand(4) + 0.5, torch.randn(4)
+    mean, var = torch.zeros(4), torch.ones(4)
+    mean_ref, var_ref = mean.clone(), var.clone()
+    with norms.norms_in_parameter_precision():
+        out = torch.batch_norm(x, weight, bias, mean, var, True, 0.1, 1e-5, False)
+        group = torch.group_norm(x.view(6, 4, 1), 2, weight, bias, 1e-5, False)
+    ref = F.batch_norm(x, mean_ref, var_ref, weight, bias, True, 0.1, 1e-5)
+    torch.testing.assert_close(out, ref, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(mean, mean_ref)
+    torch.testing.assert_close(group, F.group_norm(x.view(6, 4, 1), 2, weight, bias), atol=1e-2, rtol=1e-2)

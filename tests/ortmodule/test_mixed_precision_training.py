@@ -79,3 +79,21 @@ def test_a_half_precision_model_with_a_float32_group_norm() -> None:
     # found float32 ones ("Unexpected input data type").
     torch.manual_seed(0)
     _assert_trains_like_eager(_ConvNet(nn.GroupNorm(2, 4), torch.float16), autocast=None)
+
+
+class _BreaksAfterItsNorm(_ConvNet):
+    """A Python number read from a tensor: TorchDynamo splits the forward there (graph-break path)."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.norm(self.conv(x.to(self.dtype))))
+        scale = 1.0 / max(float(h.detach().abs().amax()), 1.0)
+        return F.cross_entropy(self.head(h.mean((2, 3)) * scale).float(), y)
+
+
+@pytest.mark.parametrize("norm", ["batch", "group"])
+def test_autocast_training_through_graph_breaks(norm: str) -> None:
+    # Wave 34: TorchDynamo's graphs call torch.group_norm / torch.batch_norm, under F's wrappers;
+    # AOTAutograd traced them whole there, and ONNX Runtime received bfloat16 for a float32 input.
+    torch.manual_seed(0)
+    layer = nn.BatchNorm2d(4) if norm == "batch" else nn.GroupNorm(2, 4)
+    _assert_trains_like_eager(_BreaksAfterItsNorm(layer), torch.bfloat16)
