@@ -36,6 +36,7 @@ _EXPORT_SOURCES = (
     "export/lazy_op_registry.py",
     "export/recorded_type_promotion.py",
     "export/factory_dtypes.py",
+    "export/negative_indices.py",
     "export/op_signatures.py",
     "capture/view_ops.py",
     "capture/fake_tracing.py",

@@ -176,6 +176,54 @@ def test_embedding_index_out_of_range_raises_pytorchs_error() -> None:
         wrapped(torch.tensor([1, 12]))
 
 
+@pytest.mark.parametrize(
+    ("make", "index", "message"),
+    [
+        (lambda: nn.Embedding(10, 4), torch.tensor([1, -1]), "index out of range"),
+        (lambda: _Classifier(ignore_index=-100), torch.tensor([0, -1, 2]), "Target -1 is out of bounds"),
+        (lambda: _Classifier(ignore_index=0), torch.tensor([0, -1, 2]), "Target -1 is out of bounds"),
+    ],
+    ids=["embedding", "label -1 not ignored", "label -1 with another ignore_index"],
+)
+def test_a_negative_index_raises_pytorchs_error(make, index, message) -> None:
+    """Wave 34: ONNX Runtime's gathers count a negative index from the end, so a label of -1 that
+    the loss did not ignore trained silently on the last class, and embedding row -1 read the
+    last row, where PyTorch raises."""
+    wrapped = ORTModule(make())
+    wrapped(index.abs())
+    assert ort_graph_count(wrapped) == 1
+    with pytest.raises(IndexError, match=message):
+        wrapped(index)
+
+
+class _Classifier(nn.Module):
+    def __init__(self, ignore_index: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+        self.ignore_index = ignore_index
+
+    def forward(self, target: torch.Tensor) -> torch.Tensor:
+        features = torch.ones(target.shape[0], 4)
+        return nn.functional.cross_entropy(self.linear(features), target, ignore_index=self.ignore_index)
+
+
+def test_negative_indices_that_pytorch_accepts_still_count_from_the_end() -> None:
+    weight = torch.randn(5, 3)
+    wrapped = ORTModule(_Picks(weight.clone()))
+    index = torch.tensor([0, -1, -5])
+    torch.testing.assert_close(wrapped(index), weight[index])
+    assert ort_graph_count(wrapped) == 1
+
+
+class _Picks(nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, index: torch.Tensor) -> torch.Tensor:
+        return self.weight[index]
+
+
 class _AddsInput(nn.Module):
     def __init__(self) -> None:
         super().__init__()
