@@ -33,9 +33,9 @@ from torch._dynamo.variables.misc import RandomVariable
 from ortrain.capture.aot_capture import GraphRunner
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.decompositions import decomposition_table
+from ortrain.capture.function_overrides import dynamo_graph_overrides
 from ortrain.capture.input_views import input_view_chains, make_views
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
-from ortrain.capture.mixed_precision_norms import norms_in_parameter_precision
 from ortrain.capture.output_layouts import in_traced_layouts, traced_layouts
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import UnsupportedFunctionError
@@ -109,8 +109,9 @@ def aot_backend(
         partition_fn=functools.partial(partition, memory=memory),
         decompositions=decomposition_table(),
     )
-    # Half-precision inputs to float32 norms: see capture/mixed_precision_norms.py.
-    with COMPILE_LOCK, tracing_context(), norms_in_parameter_precision():
+    # Float32 norms for half-precision inputs, a correct multilabel_margin_loss: see
+    # capture/function_overrides.py.
+    with COMPILE_LOCK, tracing_context(), dynamo_graph_overrides():
         return backend(gm, example_inputs)
 
 

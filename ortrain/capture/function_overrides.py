@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from ortrain.capture.decompositions_ctc import ctc_loss_function
 from ortrain.capture.decompositions_rnn import recurrent_overrides
 from ortrain.capture.mixed_precision_norms import OVERRIDES as MIXED_PRECISION_NORMS
+from ortrain.capture.multilabel_margin_loss import OVERRIDES as MULTILABEL_MARGIN_LOSS
 from ortrain.capture.recurrent_layers import recurrent_python_ops
 from ortrain.capture.storage_views import OVERRIDES as STORAGE_VIEWS
 
@@ -43,15 +44,21 @@ def _overrides(recurrent_as_python_ops: bool) -> dict[Callable[..., Any], Callab
         _GRAD_GETTER: grad_of_a_traced_leaf,
         **recurrent,
         **STORAGE_VIEWS,
-        # half-precision inputs to float32 norms: see capture/mixed_precision_norms.py
-        **MIXED_PRECISION_NORMS,
+        **_CORRECTIONS,
     }
 
 
+# Overrides that change what a trace computes, not whether it traces: TorchDynamo's graphs (the
+# graph-break path) need them too. Half-precision inputs to float32 norms: see
+# capture/mixed_precision_norms.py; PyTorch's decomposition of multilabel_margin_loss: see
+# capture/multilabel_margin_loss.py.
+_CORRECTIONS = {**MIXED_PRECISION_NORMS, **MULTILABEL_MARGIN_LOSS}
+
+
 class _Overrides(TorchFunctionMode):
-    def __init__(self, recurrent_as_python_ops: bool) -> None:
+    def __init__(self, table: dict[Callable[..., Any], Callable[..., Any]]) -> None:
         super().__init__()
-        self.table = _overrides(recurrent_as_python_ops)
+        self.table = table
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -67,5 +74,13 @@ class _Overrides(TorchFunctionMode):
 def function_overrides(*, recurrent_as_python_ops: bool) -> Iterator[None]:
     """``recurrent_as_python_ops``: recurrent layers over padded batches run as one opaque op each
     (:mod:`ortrain.capture.recurrent_layers`); otherwise, and for packed sequences, unrolled."""
-    with _Overrides(recurrent_as_python_ops):
+    with _Overrides(_overrides(recurrent_as_python_ops)):
+        yield
+
+
+@contextlib.contextmanager
+def dynamo_graph_overrides() -> Iterator[None]:
+    """The overrides that correct what a trace computes, for AOTAutograd tracing a TorchDynamo
+    graph (:mod:`ortrain.capture.dynamo_backend`)."""
+    with _Overrides(_CORRECTIONS):
         yield

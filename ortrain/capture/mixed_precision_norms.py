@@ -20,13 +20,11 @@ bfloat16 roundings where eager's kernel is matched exactly today.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.nn import functional as F
-from torch.overrides import TorchFunctionMode
 
 _HALF = (torch.bfloat16, torch.float16)
 
@@ -137,22 +135,3 @@ OVERRIDES: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.instance_norm: _torch_instance_norm,
     torch.group_norm: _torch_group_norm,
 }
-
-
-class _Float32Norms(TorchFunctionMode):
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        replacement = OVERRIDES.get(func)
-        if replacement is not None:
-            result = replacement(*args, **kwargs)
-            if result is not NotImplemented:
-                return result
-        return func(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def norms_in_parameter_precision() -> Iterator[None]:
-    """The overrides alone, for AOTAutograd tracing a TorchDynamo graph (a whole-model capture
-    has them among :mod:`ortrain.capture.function_overrides`)."""
-    with _Float32Norms():
-        yield

@@ -7,6 +7,7 @@ import torch
 from torch.nn import functional as F
 
 from ortrain.capture import mixed_precision_norms as norms
+from ortrain.capture.function_overrides import dynamo_graph_overrides
 
 HALF = [torch.bfloat16, torch.float16]
 
@@ -56,7 +57,7 @@ def test_the_mode_takes_torchs_own_argument_order() -> None:
     weight, bias = torch.rand(4) + 0.5, torch.randn(4)
     mean, var = torch.zeros(4), torch.ones(4)
     mean_ref, var_ref = mean.clone(), var.clone()
-    with norms.norms_in_parameter_precision():
+    with dynamo_graph_overrides():
         out = torch.batch_norm(x, weight, bias, mean, var, True, 0.1, 1e-5, False)
         group = torch.group_norm(x.view(6, 4, 1), 2, weight, bias, 1e-5, False)
     ref = F.batch_norm(x, mean_ref, var_ref, weight, bias, True, 0.1, 1e-5)

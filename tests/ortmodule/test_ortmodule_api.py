@@ -416,3 +416,37 @@ def test_a_backward_hook_on_a_submodule_runs_at_every_backward() -> None:
     for _ in range(3):
         wrapped(torch.randn(3, 4)).sum().backward()
     assert seen == [torch.Tensor] * 3
+
+
+class _MultiLabel(nn.Module):
+    def __init__(self, breaks: bool) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 5)
+        self.breaks = breaks
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        scores = self.linear(x)
+        if self.breaks:  # a Python number from a tensor: TorchDynamo's graph-break path
+            scores = scores / max(float(scores.detach().abs().amax()), 1.0)
+        return F.multilabel_margin_loss(scores, target)
+
+
+@pytest.mark.parametrize("breaks", [False, True], ids=["whole", "graph breaks"])
+def test_multilabel_margin_loss_with_ended_target_lists_trains_like_eager(breaks: bool) -> None:
+    """Wave 34: PyTorch's decomposition, which captures ran, counted the slots after a target
+    list's -1 as class 0 (torch.compile too): the loss was 2.6 where eager's was 0.8."""
+    torch.manual_seed(0)
+    eager = _MultiLabel(breaks)
+    wrapped = ORTModule(copy.deepcopy(eager))
+    target = torch.tensor([[0, 3, -1, 0, 0], [4, -1, 1, 1, 1], [2, 1, 0, 3, 4]])
+    for step in range(3):
+        x = torch.randn(3, 6, generator=torch.Generator().manual_seed(step))
+        losses = []
+        for model in (eager, wrapped):
+            model.zero_grad()
+            loss = model(x, target)
+            loss.backward()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[1], losses[0])
+        for p, q in zip(eager.parameters(), wrapped.parameters(), strict=True):
+            torch.testing.assert_close(q.grad, p.grad)
