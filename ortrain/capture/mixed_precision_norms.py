@@ -9,7 +9,8 @@ statistics the input's precision (batch, group and layer norm, torch 2.13). A ca
 therefore described float32 values as bfloat16; where a graph was split between ONNX Runtime and
 PyTorch (a gather of the counted labels cuts it, for one), ONNX Runtime made them bfloat16 and
 PyTorch's ``native_batch_norm_backward`` refused them ("mixed dtype (CPU): expect parameter to have
-scalar type of Float"), or ONNX Runtime found no bfloat16 kernel for a group norm.
+scalar type of Float"), or ONNX Runtime received values in another precision than its graph
+declared (a group norm's).
 
 While capturing, such a call runs on the input cast to float32 and casts its output back: what
 PyTorch's mixed kernel computes, with every saved value's dtype as the graph says. Layer norm
