@@ -88,33 +88,23 @@ def group_norm(
 
 
 # TorchDynamo's graphs (the graph-break path) call the functions under ``F``'s wrappers, whose
-# arguments come in another order.
-def _torch_batch_norm(
-    input: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    running_mean: torch.Tensor | None,
-    running_var: torch.Tensor | None,
-    training: bool,
-    momentum: float,
-    eps: float,
-    cudnn_enabled: bool = True,
-) -> Any:
-    return batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+# arguments come in another order: (input, weight, bias, running_mean, running_var, training or
+# use_input_stats, momentum, eps, cudnn_enabled) for batch and instance norm.
+def _in_torchs_order(norm: Callable[..., Any]) -> Callable[..., Any]:
+    def reordered(
+        input: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        running_mean: torch.Tensor | None,
+        running_var: torch.Tensor | None,
+        use_batch_statistics: bool,
+        momentum: float,
+        eps: float,
+        cudnn_enabled: bool = True,
+    ) -> Any:
+        return norm(input, running_mean, running_var, weight, bias, use_batch_statistics, momentum, eps)
 
-
-def _torch_instance_norm(
-    input: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    running_mean: torch.Tensor | None,
-    running_var: torch.Tensor | None,
-    use_input_stats: bool,
-    momentum: float,
-    eps: float,
-    cudnn_enabled: bool = True,
-) -> Any:
-    return instance_norm(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
+    return reordered
 
 
 def _torch_group_norm(
@@ -132,7 +122,7 @@ OVERRIDES: dict[Callable[..., Any], Callable[..., Any]] = {
     F.batch_norm: batch_norm,
     F.instance_norm: instance_norm,
     F.group_norm: group_norm,
-    torch.batch_norm: _torch_batch_norm,
-    torch.instance_norm: _torch_instance_norm,
+    torch.batch_norm: _in_torchs_order(batch_norm),
+    torch.instance_norm: _in_torchs_order(instance_norm),
     torch.group_norm: _torch_group_norm,
 }
