@@ -39,6 +39,7 @@ from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import python_op, python_op_grad, release_calls
 from ortrain.capture.size_guards import SizeGuards
 from ortrain.capture.stale_gradients import stale_gradients_set_aside
+from ortrain.capture.subclass_views import subclasses_as_plain_tensors
 from ortrain.capture.tensor_attributes import tensor_attributes_as_buffers
 from ortrain.capture.tracing_context import tracing_context
 from ortrain.capture.unused_tangents import leave_unused_tangents_none
@@ -259,6 +260,7 @@ def capture(
         stack.enter_context(stale_gradients_set_aside(module.parameters()))
         stack.enter_context(tensor_attributes_as_buffers(module))
         stack.enter_context(data_assignments_as_copies(module))
+        stack.enter_context(subclasses_as_plain_tensors())  # see capture/subclass_views.py
         stack.enter_context(annotate_module_paths(module))
         # ctc_loss, recurrent layers: see capture/function_overrides.py
         stack.enter_context(function_overrides(recurrent_as_python_ops=opaque_functions))

@@ -23,6 +23,7 @@ from ortrain.capture.mixed_precision_norms import OVERRIDES as MIXED_PRECISION_N
 from ortrain.capture.multilabel_margin_loss import OVERRIDES as MULTILABEL_MARGIN_LOSS
 from ortrain.capture.recurrent_layers import recurrent_python_ops
 from ortrain.capture.storage_views import OVERRIDES as STORAGE_VIEWS
+from ortrain.capture.subclass_views import mark_results
 
 _GRAD_GETTER = torch.Tensor.grad.__get__
 
@@ -63,11 +64,11 @@ class _Overrides(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         replacement = self.table.get(func)
-        if replacement is not None:
-            result = replacement(*args, **kwargs)
-            if result is not NotImplemented:
-                return result
-        return func(*args, **kwargs)
+        result = replacement(*args, **kwargs) if replacement is not None else NotImplemented
+        if result is NotImplemented:
+            result = func(*args, **kwargs)
+        mark_results(args, kwargs, result)  # tensor subclasses: see capture/subclass_views.py
+        return result
 
 
 @contextlib.contextmanager

@@ -25,3 +25,11 @@ def overridden_protocols(kind: type[torch.Tensor]) -> list[str]:
         if own not in (getattr(plain, "__func__", plain), torch._C._disabled_torch_function_impl):
             found.append(name)
     return found
+
+
+def keeps_its_class(kind: type[torch.Tensor]) -> bool:
+    """Whether PyTorch gives the results of operators on a ``kind`` that class: a subclass whose
+    ``__torch_function__`` is ``torch.Tensor``'s own (``nn.Parameter``'s is turned off)."""
+    own = getattr(kind.__torch_function__, "__func__", kind.__torch_function__)
+    plain = torch.Tensor.__torch_function__
+    return kind is not torch.Tensor and own is getattr(plain, "__func__", plain)

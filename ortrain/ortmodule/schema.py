@@ -22,7 +22,8 @@ from ortrain.capture.held_objects import is_held_object
 from ortrain.capture.huggingface import layered_cache, rebuilt_cache
 from ortrain.capture.plain_values import NAMESPACES, python_attributes
 from ortrain.capture.pytree_nodes import NodeContext, flatten_registered, unflatten_registered
-from ortrain.capture.tensor_subclasses import overridden_protocols
+from ortrain.capture.subclass_views import made_as
+from ortrain.capture.tensor_subclasses import keeps_its_class, overridden_protocols
 from ortrain.ortmodule.fallback import ORTModuleIOError
 
 _CONSTANT_TYPES = (type(None), bool, int, float, str, torch.dtype, torch.device, enum.Enum)
@@ -131,8 +132,15 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
                 f"ORTModule cannot capture {_describe(where)}, {kind}: pass padded strided tensors "
                 "(with a mask) or sparse COO ones (tensor.to_sparse())"
             )
-        tensors.append(_plain_input(value, where) if where[0] == "input" else value)
-        return ("tensor",)
+        if where[0] == "input":
+            tensors.append(_plain_input(value, where))
+            kind: type | None = type(value)
+        else:
+            tensors.append(value)
+            kind = made_as(value)  # returned as ``tensor.as_subclass(kind)`` (capture only)
+        # A class whose operators' results take it (``class Image(torch.Tensor): pass``): a plain
+        # tensor in the graph, that class again on the way in and out, as eager's results have it.
+        return ("tensor", kind) if kind is not None and keeps_its_class(kind) else ("tensor",)
     if isinstance(value, _CONSTANT_TYPES):
         return ("const", type(value), value)
     if isinstance(value, tuple(_SYMBOLIC_NUMBERS)):
@@ -211,7 +219,7 @@ def unflatten(spec: Spec, tensors: list[Any]) -> Any:
 def _unflatten(spec: Spec, take: Callable[[], Any]) -> Any:
     kind = spec[0]
     if kind == "tensor":
-        return take()
+        return take() if len(spec) == 1 else take().as_subclass(spec[1])
     if kind == "const":
         return spec[2]
     if kind == "symbolic_number":

@@ -165,6 +165,79 @@ def test_a_tensor_subclass_that_overrides_nothing_trains_as_a_plain_tensor() -> 
     assert type(flatten_inputs((torch.nn.Parameter(base),), {})[0][0]) is torch.nn.Parameter
 
 
+def test_an_input_of_a_plain_subclass_gives_outputs_of_its_class_as_in_eager() -> None:
+    from ortrain import ORTModule
+
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for x in (torch.randn(3, 4).as_subclass(_Image), torch.randn(3, 4)):
+        expected, got = eager(x), wrapped(x)
+        assert type(got) is type(expected)
+        torch.testing.assert_close(got.as_subclass(torch.Tensor), expected.as_subclass(torch.Tensor))
+    # nn.Parameter turns __torch_function__ off: results of operators on one are plain tensors.
+    assert type(wrapped(torch.nn.Parameter(torch.randn(3, 4)))) is torch.Tensor
+
+
+class _Tags(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        tagged = self.linear(x).as_subclass(_Image)
+        return {
+            "tagged": tagged,
+            "derived": tagged.softmax(-1),
+            "plain": tagged.as_subclass(torch.Tensor) * 2,
+        }
+
+
+def test_outputs_made_with_as_subclass_keep_their_class_and_gradients(monkeypatch) -> None:
+    """Wave 33 found the capture failing on them ("Attempting to use FunctionalTensor on its own"):
+    the model trained in PyTorch for good."""
+    from ortrain import ORTModule
+
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    torch.manual_seed(0)
+    eager = _Tags()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for step in range(2):
+        x = torch.randn(5, 4, generator=torch.Generator().manual_seed(step))
+        outputs = []
+        for model in (eager, wrapped):
+            model.zero_grad()
+            out = model(x)
+            (out["tagged"].sum() + out["derived"].pow(2).sum() + out["plain"].mean()).backward()
+            outputs.append(out)
+        expected, got = outputs
+        assert {k: type(v) for k, v in got.items()} == {
+            "tagged": _Image,
+            "derived": _Image,
+            "plain": torch.Tensor,
+        }
+        for key in expected:
+            torch.testing.assert_close(
+                got[key].as_subclass(torch.Tensor), expected[key].as_subclass(torch.Tensor)
+            )
+        for p, q in zip(eager.parameters(), wrapped.parameters(), strict=True):
+            torch.testing.assert_close(q.grad, p.grad)
+
+
+def test_a_subclass_with_its_own_operators_made_in_the_forward_is_named_in_the_refusal(monkeypatch) -> None:
+    from ortrain import ORTModule
+    from ortrain.errors import ORTModuleTorchModelException
+
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+
+    class Makes(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x * 2).as_subclass(_Logged)
+
+    with pytest.raises(ORTModuleTorchModelException, match="makes a _Logged with as_subclass"):
+        ORTModule(Makes())(torch.randn(2, 2, requires_grad=True))
+
+
 def test_a_tensor_subclass_with_its_own_operators_is_refused_with_what_to_pass() -> None:
     x = torch.randn(3, 4).as_subclass(_Logged)
     message = "input 'x', a _Logged: a torch.Tensor subclass with its own __torch_function__"
