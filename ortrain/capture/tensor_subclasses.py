@@ -28,8 +28,10 @@ def overridden_protocols(kind: type[torch.Tensor]) -> list[str]:
 
 
 def keeps_its_class(kind: type[torch.Tensor]) -> bool:
-    """Whether PyTorch gives the results of operators on a ``kind`` that class: a subclass whose
-    ``__torch_function__`` is ``torch.Tensor``'s own (``nn.Parameter``'s is turned off)."""
+    """Whether PyTorch gives the results of operators on a ``kind`` that class, computed as on
+    plain tensors: a subclass whose ``__torch_function__`` is ``torch.Tensor``'s own
+    (``nn.Parameter``'s is turned off) and that has no ``__torch_dispatch__`` of its own."""
     own = getattr(kind.__torch_function__, "__func__", kind.__torch_function__)
     plain = torch.Tensor.__torch_function__
-    return kind is not torch.Tensor and own is getattr(plain, "__func__", plain)
+    default = own is getattr(plain, "__func__", plain)
+    return kind is not torch.Tensor and default and not overridden_protocols(kind)

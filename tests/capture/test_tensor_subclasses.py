@@ -31,3 +31,12 @@ def test_plain_classes_and_parameters_override_nothing_the_others_are_named() ->
         assert overridden_protocols(kind) == [], kind
     assert overridden_protocols(_Functional) == ["__torch_function__"]
     assert overridden_protocols(_Dispatching) == ["__torch_dispatch__"]
+
+
+def test_only_plain_subclasses_keep_their_class_through_operators() -> None:
+    from ortrain.capture.tensor_subclasses import keeps_its_class
+
+    assert keeps_its_class(_Named)
+    for kind in (torch.Tensor, nn.Parameter, nn.Buffer, _Functional, _Dispatching):
+        assert not keeps_its_class(kind), kind
+    assert type(torch.ones(2).as_subclass(_Named) * 2) is _Named  # what the rule follows
