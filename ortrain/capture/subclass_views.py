@@ -10,8 +10,9 @@ returns an alias of the tensor and remembers the class. PyTorch's default ``__to
 gives the results of operators on such a tensor its class (``tagged * 2`` is tagged too): the
 capture's function mode (:mod:`ortrain.capture.function_overrides`) marks them the same way. An
 output so marked goes back to the caller as that class (:mod:`ortrain.ortmodule.schema`), with its
-autograd history, as in eager PyTorch. A class with code of its own around PyTorch's operators is
-refused by name: a captured graph would not run that code.
+autograd history, as in eager PyTorch. A class of the user's with code of its own around PyTorch's
+operators is refused by name: a captured graph would not run that code. PyTorch's own classes
+(``nn.Parameter``, the tracing tensors) get PyTorch's ``as_subclass``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from ortrain.capture.tensor_subclasses import overridden_protocols
+from ortrain.capture.held_objects import is_pytorch_class
+from ortrain.capture.tensor_subclasses import keeps_its_class, overridden_protocols
 from ortrain.errors import ORTModuleTorchModelException
 
 _AS_SUBCLASS = torch._C.TensorBase.as_subclass
@@ -37,17 +39,19 @@ def _as_subclass(self: torch.Tensor, cls: type) -> torch.Tensor:
     made: dict[int, tuple[torch.Tensor, type]] | None = getattr(_local, "made", None)
     if made is None or not isinstance(cls, type) or not issubclass(cls, torch.Tensor):
         return _AS_SUBCLASS(self, cls)
-    alias = self.view_as(self)  # another object: the tensor itself keeps its class
-    made.pop(id(alias), None)  # marked with self's class by the function mode, if self has one
-    if cls is torch.Tensor:
-        return alias
-    overridden = overridden_protocols(cls)
-    if overridden:
+    plain = cls is torch.Tensor or keeps_its_class(cls)
+    if not plain and is_pytorch_class(cls):
+        return _AS_SUBCLASS(self, cls)  # PyTorch's own classes (nn.Parameter, its tracing tensors)
+    if not plain:
+        overridden = overridden_protocols(cls)
         raise ORTModuleTorchModelException(
             f"the forward makes a {cls.__qualname__} with as_subclass, a tensor class with its own "
             f"{' and '.join(overridden)}: a captured graph cannot run that code"
         )
-    _mark(made, alias, cls)
+    alias = self.view_as(self)  # another object: the tensor itself keeps its class
+    made.pop(id(alias), None)  # marked with self's class by the function mode, if self has one
+    if cls is not torch.Tensor:
+        _mark(made, alias, cls)
     return alias
 
 

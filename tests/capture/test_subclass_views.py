@@ -42,6 +42,12 @@ def test_a_class_with_its_own_operators_is_refused_by_name() -> None:
         torch.randn(2).as_subclass(_Logged)
 
 
+def test_pytorchs_own_classes_get_pytorchs_as_subclass() -> None:
+    with subclasses_as_plain_tensors():
+        made = torch.randn(2).as_subclass(torch.nn.Parameter)
+    assert type(made) is torch.nn.Parameter and made_as(made) is None
+
+
 def test_other_threads_keep_pytorchs_as_subclass() -> None:
     seen: list[type] = []
     inside, done = threading.Event(), threading.Event()
