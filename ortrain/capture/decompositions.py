@@ -202,6 +202,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # Convolution backward, training-mode batch norm and SiLU's backward are decomposed at export
     # instead (ortrain.capture.late_decompositions): PyTorch runs them as its own kernels.
     table = get_decompositions([aten.nll_loss_forward])
+    nll = aten.nll_loss_forward.default
+    table[nll] = losses.with_target_dtype_check(table[nll])
     table.update(indexing.scalar_indexing_table())
     table[aten.scatter_reduce.two] = _first_of(table[aten.scatter_reduce.two], gathers.scatter_reduce_mean)
     table[aten._adaptive_avg_pool2d_backward.default] = pooling.adaptive_avg_pool2d_backward

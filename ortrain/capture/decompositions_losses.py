@@ -55,6 +55,25 @@ def binary_cross_entropy_with_logits(
     return _reduce(loss, reduction)
 
 
+# PyTorch's NLL kernels take class indices as int64 or uint8 only ("expected target dtype to be
+# Long or Byte, but got Int"); its decomposition indexes with any integer dtype, so a capture
+# trained on int32 labels where eager raises (wave 34). The capture refuses them instead, and
+# ORTModule's eager check then raises PyTorch's own error.
+_NLL_TARGET_DTYPES = (torch.int64, torch.uint8)
+
+
+def with_target_dtype_check(decomposition: Any) -> Any:
+    """``decomposition`` of ``nll_loss_forward``, refusing targets PyTorch's kernel refuses."""
+
+    @functools.wraps(decomposition)
+    def checked(input: torch.Tensor, target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if target.dtype not in _NLL_TARGET_DTYPES:
+            raise RuntimeError(f"expected target dtype to be Long or Byte, but got {target.dtype}")
+        return decomposition(input, target, *args, **kwargs)
+
+    return checked
+
+
 def nll_loss_backward(
     grad_output: torch.Tensor,
     self: torch.Tensor,

@@ -207,6 +207,36 @@ class _Classifier(nn.Module):
         return nn.functional.cross_entropy(self.linear(features), target, ignore_index=self.ignore_index)
 
 
+def test_int32_class_labels_raise_pytorchs_error() -> None:
+    """Wave 34: the capture's NLL (decomposed, or fused with the head) indexed with int32 labels,
+    which PyTorch's loss refuses: a script ran under ortrain and failed without it."""
+    wrapped = ORTModule(_Classifier(ignore_index=-100))
+    wrapped(torch.tensor([0, 1, 2]))
+    with pytest.raises(RuntimeError, match="expected target dtype to be Long or Byte, but got Int"):
+        wrapped(torch.tensor([0, 1, 2], dtype=torch.int32))
+
+
+class _BinaryClassifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+
+    def forward(self, target: torch.Tensor) -> torch.Tensor:
+        features = torch.ones(target.shape[0], 4)
+        return nn.functional.binary_cross_entropy(torch.sigmoid(self.linear(features)).squeeze(-1), target)
+
+
+def test_a_binary_target_outside_0_1_raises_pytorchs_error() -> None:
+    """Wave 34: ONNX Runtime's translation has no check on values, so a 0/255 mask given as the
+    target trained on a meaningless loss; binary_cross_entropy now runs in PyTorch, which raises."""
+    model = _BinaryClassifier()
+    wrapped = ORTModule(copy.deepcopy(model))
+    target = torch.tensor([0.0, 1.0, 1.0])
+    torch.testing.assert_close(wrapped(target), model(target))
+    with pytest.raises(RuntimeError, match="all elements of target should be between 0 and 1"):
+        wrapped(torch.tensor([0.0, 255.0, 1.0]))
+
+
 def test_negative_indices_that_pytorch_accepts_still_count_from_the_end() -> None:
     weight = torch.randn(5, 3)
     wrapped = ORTModule(_Picks(weight.clone()))
