@@ -239,9 +239,9 @@ def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, *, sparse: bool, chunked
             or logits.dim() != 2
             or target.dim() != 1
             or logits.dtype != torch.float32
-            # int32 labels: PyTorch's loss refuses them, and so must the capture (unfused, the
-            # NLL decomposition does: capture/decompositions_losses.py); this formulation would not
-            or target.dtype not in (torch.int64, torch.uint8)
+            # int32 labels: PyTorch's loss refuses them, and so must the capture (the NLL
+            # decomposition does: capture/decompositions_losses.py); uint8 ones go that way too.
+            or target.dtype != torch.int64
         ):
             continue
         linear, views = found
