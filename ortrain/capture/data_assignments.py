@@ -27,12 +27,11 @@ import torch
 from torch import nn
 
 from ortrain.capture.tensor_attributes import storage_identity
+from ortrain.capture.tensor_patches import tensor_attribute_replaced
 from ortrain.errors import ORTModuleTorchModelException
 
 _DATA = torch._C.TensorBase.__dict__["data"]  # the C-level property that plain tensors use
 _local = threading.local()
-_installs = [0]
-_install_lock = threading.Lock()
 
 
 IN_PLACE_ADVICE = (
@@ -128,19 +127,12 @@ def data_assignments_as_copies(root: nn.Module) -> Iterator[None]:
         assignments.inputs = args
 
     hook = root.register_forward_pre_hook(record_inputs)
-    with _install_lock:
-        if _installs[0] == 0:
-            torch.Tensor.data = _PROPERTY  # type: ignore[method-assign, assignment]
-        _installs[0] += 1
     previous = getattr(_local, "assignments", None)
     _local.assignments = assignments
     try:
-        yield
+        with tensor_attribute_replaced("data", _PROPERTY):
+            yield
         assignments.check_values_unchanged()
     finally:
         hook.remove()
         _local.assignments = previous
-        with _install_lock:
-            _installs[0] -= 1
-            if _installs[0] == 0:
-                del torch.Tensor.data

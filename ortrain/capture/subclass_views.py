@@ -26,13 +26,12 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ortrain.capture.held_objects import is_pytorch_class
+from ortrain.capture.tensor_patches import tensor_attribute_replaced
 from ortrain.capture.tensor_subclasses import keeps_its_class, overridden_protocols
 from ortrain.errors import ORTModuleTorchModelException
 
 _AS_SUBCLASS = torch._C.TensorBase.as_subclass
 _local = threading.local()
-_installs = [0]
-_install_lock = threading.Lock()
 
 
 def _as_subclass(self: torch.Tensor, cls: type) -> torch.Tensor:
@@ -65,7 +64,8 @@ def mark_results(args: Any, kwargs: Any, result: Any) -> None:
     made: dict[int, tuple[torch.Tensor, type]] | None = getattr(_local, "made", None)
     if not made:
         return
-    found = next((cls for t in pytree.tree_leaves((args, kwargs)) if (cls := made_as(t)) is not None), None)
+    leaves = pytree.tree_leaves((args, kwargs))
+    found = next((cls for t in leaves if (cls := _class_in(made, t)) is not None), None)
     if found is None:
         return
     for t in pytree.tree_leaves(result):
@@ -76,24 +76,21 @@ def mark_results(args: Any, kwargs: Any, result: Any) -> None:
 def made_as(tensor: torch.Tensor) -> type | None:
     """The class the capturing forward gave ``tensor`` with ``as_subclass``, if it did."""
     made: dict[int, tuple[torch.Tensor, type]] | None = getattr(_local, "made", None)
-    found = made.get(id(tensor)) if made is not None else None
-    return found[1] if found is not None and found[0] is tensor else None
+    return _class_in(made, tensor) if made is not None else None
+
+
+def _class_in(made: dict[int, tuple[torch.Tensor, type]], value: Any) -> type | None:
+    found = made.get(id(value))
+    return found[1] if found is not None and found[0] is value else None
 
 
 @contextlib.contextmanager
 def subclasses_as_plain_tensors() -> Iterator[None]:
     """Within, on this thread: ``as_subclass`` to a plain-computing class returns the tensor."""
-    with _install_lock:
-        if _installs[0] == 0:
-            torch.Tensor.as_subclass = _as_subclass  # type: ignore[method-assign, assignment]
-        _installs[0] += 1
     previous = getattr(_local, "made", None)
     _local.made = {}
     try:
-        yield
+        with tensor_attribute_replaced("as_subclass", _as_subclass):
+            yield
     finally:
         _local.made = previous
-        with _install_lock:
-            _installs[0] -= 1
-            if _installs[0] == 0:
-                del torch.Tensor.as_subclass

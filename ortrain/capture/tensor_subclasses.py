@@ -10,28 +10,34 @@ hence this module's place under ``capture/``): they are plain tensors too.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 _PROTOCOLS = ("__torch_function__", "__torch_dispatch__")
 
 
+def _function(kind: type, name: str) -> Any:
+    """``kind.<name>`` as the function it is (a classmethod unwrapped)."""
+    method = getattr(kind, name)
+    return getattr(method, "__func__", method)
+
+
 def overridden_protocols(kind: type[torch.Tensor]) -> list[str]:
     """The names of the two protocols that tensor class ``kind`` defines its own way."""
-    found: list[str] = []
-    for name in _PROTOCOLS:
-        method = getattr(kind, name)
-        plain = getattr(torch.Tensor, name)
-        own = getattr(method, "__func__", method)
-        if own not in (getattr(plain, "__func__", plain), torch._C._disabled_torch_function_impl):
-            found.append(name)
-    return found
+    return [
+        name
+        for name in _PROTOCOLS
+        if _function(kind, name)
+        not in (_function(torch.Tensor, name), torch._C._disabled_torch_function_impl)
+    ]
 
 
 def keeps_its_class(kind: type[torch.Tensor]) -> bool:
     """Whether PyTorch gives the results of operators on a ``kind`` that class, computed as on
-    plain tensors: a subclass whose ``__torch_function__`` is ``torch.Tensor``'s own
-    (``nn.Parameter``'s is turned off) and that has no ``__torch_dispatch__`` of its own."""
-    own = getattr(kind.__torch_function__, "__func__", kind.__torch_function__)
-    plain = torch.Tensor.__torch_function__
-    default = own is getattr(plain, "__func__", plain)
-    return kind is not torch.Tensor and default and not overridden_protocols(kind)
+    plain tensors: a subclass that overrides neither protocol and whose ``__torch_function__`` is
+    not turned off (``nn.Parameter``'s is)."""
+    if kind is torch.Tensor:  # first: every input of every step asks
+        return False
+    switched_off = _function(kind, "__torch_function__") is torch._C._disabled_torch_function_impl
+    return not switched_off and not overridden_protocols(kind)
