@@ -37,6 +37,7 @@ _EXPORT_SOURCES = (
     "export/recorded_type_promotion.py",
     "export/factory_dtypes.py",
     "export/negative_indices.py",
+    "export/atan2_quadrants.py",
     "export/op_signatures.py",
     "capture/view_ops.py",
     "capture/fake_tracing.py",

@@ -40,6 +40,7 @@ from ortrain.capture.symbolic_sizes import (
 )
 from ortrain.capture.view_ops import RESHAPES
 from ortrain.export import direct_translation
+from ortrain.export.atan2_quadrants import spell_out_atan2
 from ortrain.export.exporter_decompositions import lean_decomposition
 from ortrain.export.factory_dtypes import spell_out_factory_dtypes
 from ortrain.export.flash_attention_math import NoMathForm
@@ -393,6 +394,7 @@ def _translate(
     :mod:`ortrain.export.direct_translation`), else through ``torch.onnx.export``."""
     spell_out_factory_dtypes(gm)  # for both paths: each translates a factory without one as float32
     refuse_negative_indices(gm)  # both translate gathers and scatters that count negatives from the end
+    spell_out_atan2(gm)  # onnxscript's atan2 turns the wrong way on a zero y, a -0 x, infinities
     if DIRECT_TRANSLATION:
         try:
             with (
