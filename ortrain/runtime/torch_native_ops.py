@@ -6,7 +6,7 @@ fallback), and each graph names them in one INFO line. The rest of the graph sta
 Runtime. An operator that merely lacks a translation today is *not* listed here: that is a gap
 to fill (a decomposition or a translation), and ``FALLBACK_DISABLE`` still reports it.
 
-Eight kinds of nodes are PyTorch's:
+Nine kinds of nodes are PyTorch's:
 
 - **Matrix factorizations and what is built on them**: ONNX has ``Det`` and nothing else of
   linear algebra beyond products (no LU, QR, Cholesky, SVD, eigen-decomposition, triangular or
@@ -73,6 +73,13 @@ Eight kinds of nodes are PyTorch's:
   raises ``AssertionError``). So does ``binary_cross_entropy``, whose kernel refuses a target
   outside [0, 1]: in ONNX Runtime a 0/255 mask passed as the target trained on a loss of
   nonsense where eager raises (wave 34).
+
+- **Translations that lose what PyTorch keeps**: onnxscript translates ``logcumsumexp`` as
+  ``log(cumsum(exp(x - max(x)))) + max(x)`` with one maximum for the whole dimension, so a prefix
+  far below the dimension's largest value underflows: ``[-100, 10]`` gave ``-inf`` for the first
+  element where PyTorch gives -100, and every gradient NaN (wave 35). A stable form needs a scan
+  (PyTorch's kernel adds each element in log space); ONNX has none that ONNX Runtime runs fast.
+  Its backward, made of ``logcumsumexp`` too, goes with it.
 
 Measured for the threshold, tiny GPT (4 layers, 4 heads of 64, batch 8; 2-core AMD EPYC, ONNX
 Runtime placement, medians of alternated processes, OpenMP policy unset), step with flash in
@@ -190,6 +197,8 @@ RUNTIME_CHECKS: frozenset[object] = frozenset(
     {aten._assert_scalar, aten._assert_async, aten.binary_cross_entropy}
 )
 STRIDED_VIEWS: frozenset[object] = frozenset({aten.as_strided, aten.as_strided_copy})
+# Translated, but without the range PyTorch's kernel keeps (see the module's text).
+LOSSY_TRANSLATIONS: frozenset[object] = frozenset({aten.logcumsumexp})
 
 _WITH_EFFECTS = torch.ops.higher_order.with_effects
 
@@ -237,6 +246,8 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
         return "grid sampling"
     if _packet(target) in RUNTIME_CHECKS:
         return "runtime check"
+    if _packet(target) in LOSSY_TRANSLATIONS:
+        return "translation loses range"
     if _packet(target) in STRIDED_VIEWS and not _contiguous_from_start(node.args[0]):
         return _STRIDED_VIEW
     touched = _tensors_touched(node)

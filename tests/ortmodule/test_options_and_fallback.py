@@ -237,6 +237,29 @@ def test_a_binary_target_outside_0_1_raises_pytorchs_error() -> None:
         wrapped(torch.tensor([0.0, 255.0, 1.0]))
 
 
+class _RunningLogSum(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return torch.logcumsumexp(scores * self.scale, dim=-1)
+
+
+def test_logcumsumexp_keeps_prefixes_far_below_the_maximum() -> None:
+    """Wave 35: onnxscript's translation takes one maximum for the whole dimension, so in ONNX
+    Runtime ``[-100, 10, 3]`` gave ``-inf`` first and NaN gradients; it now runs in PyTorch."""
+    model = _RunningLogSum()
+    wrapped = ORTModule(copy.deepcopy(model))
+    scores = torch.tensor([[-100.0, 10.0, 3.0], [-30.0, -20.0, 60.0]])
+    expected, got = model(scores), wrapped(scores)
+    torch.testing.assert_close(got, expected)
+    expected.sum().backward()
+    got.sum().backward()
+    torch.testing.assert_close(wrapped.module.scale.grad, model.scale.grad)
+    assert torch.isfinite(wrapped.module.scale.grad)
+
+
 def test_negative_indices_that_pytorch_accepts_still_count_from_the_end() -> None:
     weight = torch.randn(5, 3)
     wrapped = ORTModule(_Picks(weight.clone()))
