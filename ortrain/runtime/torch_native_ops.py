@@ -72,7 +72,8 @@ Nine kinds of nodes are PyTorch's:
   to raise; in PyTorch they raise as in eager (a ``RuntimeError``, where eager's Python ``assert``
   raises ``AssertionError``). So does ``binary_cross_entropy``, whose kernel refuses a target
   outside [0, 1]: in ONNX Runtime a 0/255 mask passed as the target trained on a loss of
-  nonsense where eager raises (wave 34).
+  nonsense where eager raises (wave 34); and an integer division rounding toward zero by a
+  tensor, which raises on a zero divisor where ONNX Runtime's ``Div`` made up a number (wave 35).
 
 - **Translations that lose what PyTorch keeps**: onnxscript translates ``logcumsumexp`` as
   ``log(cumsum(exp(x - max(x)))) + max(x)`` with one maximum for the whole dimension, so a prefix
@@ -244,7 +245,7 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
         return _RANDOM
     if _packet(target) in GRID_SAMPLING:
         return "grid sampling"
-    if _packet(target) in RUNTIME_CHECKS:
+    if _packet(target) in RUNTIME_CHECKS or _integer_division(node):
         return "runtime check"
     if _packet(target) in LOSSY_TRANSLATIONS:
         return "translation loses range"
@@ -256,6 +257,16 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
     if any(t.layout != torch.strided for t in touched):
         return "sparse tensor"
     return None
+
+
+def _integer_division(node: torch.fx.Node) -> bool:
+    """An integer ``div`` with ``rounding_mode="trunc"`` by a tensor: PyTorch raises
+    ZeroDivisionError on a zero divisor, ONNX Runtime's ``Div`` returned the most negative int64
+    (wave 35). The floor mode and ``%`` are translated with ``Mod``, whose kernel raises too."""
+    if node.target is not aten.div.Tensor_mode or node.kwargs.get("rounding_mode") != "trunc":
+        return False
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and not value.dtype.is_floating_point and value.dtype != torch.bool
 
 
 def _small_flash_attention(node: torch.fx.Node) -> bool:

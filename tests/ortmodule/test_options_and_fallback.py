@@ -237,6 +237,30 @@ def test_a_binary_target_outside_0_1_raises_pytorchs_error() -> None:
         wrapped(torch.tensor([0.0, 255.0, 1.0]))
 
 
+class _Buckets(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(8))
+
+    def forward(self, position: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
+        return self.table[torch.div(position, width, rounding_mode="trunc").clamp(0, 7)]
+
+
+def test_an_integer_division_by_zero_raises_pytorchs_error() -> None:
+    """Wave 35: ONNX Runtime's integer Div returned the most negative int64 for a zero divisor
+    (clamped, a valid bucket: training went on); it now runs in PyTorch, which raises."""
+    model = _Buckets()
+    wrapped = ORTModule(copy.deepcopy(model))
+    position = torch.tensor([0, 5, 13])
+    torch.testing.assert_close(
+        wrapped(position, torch.tensor([2, 2, 3])), model(position, torch.tensor([2, 2, 3]))
+    )
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        model(position, torch.tensor([2, 0, 3]))
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        wrapped(position, torch.tensor([2, 0, 3]))
+
+
 class _RunningLogSum(nn.Module):
     def __init__(self) -> None:
         super().__init__()
