@@ -33,6 +33,7 @@ _EXPORT_SOURCES = (
     "export/exporter_decompositions.py",
     "export/direct_translation.py",
     "export/rewrite_rules_by_root.py",
+    "export/exact_constant_patterns.py",
     "export/lazy_op_registry.py",
     "export/recorded_type_promotion.py",
     "export/factory_dtypes.py",

@@ -28,6 +28,8 @@ from typing import Any
 from onnxscript import rewriter
 from onnxscript.rewriter import _matcher
 
+from ortrain.export.exact_constant_patterns import with_exact_constants
+
 
 def _filtered(rule: Any) -> Any:
     matcher = getattr(rule, "_matcher", None)
@@ -56,12 +58,14 @@ def _filtered(rule: Any) -> Any:
 
 @functools.cache
 def _filtered_rules(rules: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(_filtered(rule) for rule in rules)
+    # and their constants matched exactly: see exact_constant_patterns
+    return tuple(_filtered(with_exact_constants(rule)) for rule in rules)
 
 
 @contextlib.contextmanager
 def rewrite_rules_tried_by_root_operator() -> Iterator[None]:
-    """While exporting: onnxscript's default rewrite rules, each tried only on its root operator."""
+    """While exporting: onnxscript's default rewrite rules, each tried only on its root operator
+    and matching its constants exactly."""
     original = rewriter._DEFAULT_REWRITE_RULES
     rewriter._DEFAULT_REWRITE_RULES = _filtered_rules(original)
     try:
