@@ -38,7 +38,7 @@ _EXPORT_SOURCES = (
     "export/recorded_type_promotion.py",
     "export/factory_dtypes.py",
     "export/negative_indices.py",
-    "export/atan2_quadrants.py",
+    "export/spelled_out_math.py",
     "export/op_signatures.py",
     "capture/view_ops.py",
     "capture/fake_tracing.py",

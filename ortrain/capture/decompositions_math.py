@@ -17,7 +17,16 @@ aten = torch.ops.aten
 
 
 def hypot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.sqrt(a * a + b * b)
+    """``sqrt(a² + b²)`` without squaring the larger one (wave 35: ``a * a`` overflowed float32
+    from 1.9e19 and underflowed below 1e-23, where PyTorch's ``std::hypot`` is exact): the larger
+    magnitude times ``sqrt(1 + ratio²)``. As C's, an infinity wins over a NaN."""
+    x, y = torch.abs(a), torch.abs(b)
+    big, small = torch.maximum(x, y), torch.minimum(x, y)
+    ratio = small / torch.where(big == 0, torch.ones_like(big), big)
+    result = big * torch.sqrt(1 + ratio * ratio)
+    # ONNX Runtime's Max and Min may drop a NaN operand: say it again, then infinities over it
+    result = torch.where(torch.isnan(x) | torch.isnan(y), torch.full_like(result, math.nan), result)
+    return torch.where(torch.isinf(x) | torch.isinf(y), torch.full_like(result, math.inf), result)
 
 
 def erfinv(y: torch.Tensor) -> torch.Tensor:

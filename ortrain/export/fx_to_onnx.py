@@ -40,7 +40,6 @@ from ortrain.capture.symbolic_sizes import (
 )
 from ortrain.capture.view_ops import RESHAPES
 from ortrain.export import direct_translation
-from ortrain.export.atan2_quadrants import spell_out_atan2
 from ortrain.export.exporter_decompositions import lean_decomposition
 from ortrain.export.factory_dtypes import spell_out_factory_dtypes
 from ortrain.export.flash_attention_math import NoMathForm
@@ -51,6 +50,7 @@ from ortrain.export.number_operands import tensors_for_number_operands
 from ortrain.export.onnx_translations import reused_op_registry
 from ortrain.export.op_signatures import op_signatures_shared
 from ortrain.export.rewrite_rules_by_root import rewrite_rules_tried_by_root_operator
+from ortrain.export.spelled_out_math import spell_out_math
 
 logger = logging.getLogger("ortrain.export")
 
@@ -394,7 +394,7 @@ def _translate(
     :mod:`ortrain.export.direct_translation`), else through ``torch.onnx.export``."""
     spell_out_factory_dtypes(gm)  # for both paths: each translates a factory without one as float32
     refuse_negative_indices(gm)  # both translate gathers and scatters that count negatives from the end
-    spell_out_atan2(gm)  # onnxscript's atan2 turns the wrong way on a zero y, a -0 x, infinities
+    spell_out_math(gm)  # atan2, logaddexp, float remainder and floor division: onnxscript's lose
     if DIRECT_TRANSLATION:
         try:
             with (

@@ -164,6 +164,10 @@ def test_hypot_erfinv_cumprod_match_native() -> None:
     torch.manual_seed(0)
     a, b = torch.randn(50) * 5, torch.randn(50) * 5
     torch.testing.assert_close(math_ops.hypot(a, b), torch.hypot(a, b))
+    # wave 35: sqrt(a² + b²) overflowed from 1.9e19 and underflowed below 1e-23
+    edges = [0.0, -0.0, 3.0, -4.0, 1e20, -3e38, 1e-30, -1e-40, math.inf, -math.inf, math.nan]
+    a, b = (torch.tensor(v) for v in zip(*itertools.product(edges, edges), strict=True))
+    torch.testing.assert_close(math_ops.hypot(a, b), torch.hypot(a, b), equal_nan=True, rtol=1e-6, atol=0)
     y = torch.cat([torch.rand(2000) * 2 - 1, torch.tensor([0.0, 1.0, -1.0, 1.5, -2.0, 0.999999, -0.9999999])])
     torch.testing.assert_close(math_ops.erfinv(y), torch.erfinv(y), equal_nan=True, rtol=2e-6, atol=1e-6)
     x = torch.randn(3, 6, 4)

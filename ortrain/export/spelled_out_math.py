@@ -1,0 +1,197 @@
+"""Math operators whose onnxscript translations lose PyTorch's answers, spelled out exactly.
+
+Before a region is translated for ONNX Runtime, each of these nodes becomes the computation
+PyTorch's CPU kernel does, written in operators whose translations are exact. Gradients are
+unaffected: AOTAutograd's backward formulas are separate nodes, already plain arithmetic.
+Half-precision operands are computed in float32 and rounded once, as PyTorch's kernels do.
+
+``atan2(y, x)``: ONNX has none; onnxscript writes ``atan(y / x)`` moved by π where ``x < 0``, up
+if ``y > 0`` and down otherwise. That answers -π for ``atan2(0, -1)``, where PyTorch (and C's
+``atan2``) answer π: a zero ``y`` with a negative ``x`` is common, not an edge (the phase of a real
+signal's DC bin, a point on the negative x axis), and the two answers are 2π apart. It also
+answered 0 for both infinite (PyTorch: ±π/4, ±3π/4), for ``x = -0`` (π/2 turned to -π/2) and for a
+NaN operand (PyTorch: NaN). Spelled out with the signs of zeros read as IEEE 754 and C define them
+(a zero's sign is the sign of its reciprocal's infinity): ``slope = y / x``, or ``sign(y) *
+sign(x)`` where both are infinite, or ``y / 1`` where both are zero (keeping ``y``'s sign); then
+``atan(slope)``, moved by ±π by the sign of ``y`` where ``x`` is negative or -0.
+
+``logaddexp(a, b)`` and ``logaddexp2``: onnxscript writes ``log(exp(a) + exp(b))``, which is
+``inf`` from a = 89 and ``-inf`` below a = b = -104 (log-probabilities of a long sequence, a
+log-space recursion). PyTorch's: ``max(a, b) + log1p(exp(-|a - b|))``, and ``a`` itself where
+both are the same infinity.
+
+``remainder`` and ``div(rounding_mode="floor")`` of floats: onnxscript writes ``a - floor(a / b) *
+b`` and ``floor(a / b)``. ``a / b`` is rounded before the floor, so ``5.0 // 0.1`` gave 50 where
+PyTorch (and Python) give 49, and ``5.0 % 0.1`` gave 0 where PyTorch gives 0.09999993 (0.1 is not
+0.1 in binary); a large ``a`` lost every digit (``1e20 % 501``: 0 for 41). PyTorch's kernels start
+from ``fmod``, which is exact (ONNX ``Mod`` with ``fmod=1``), and correct its sign.
+
+(wave 35; ``tests/export/test_spelled_out_math.py`` compares each with PyTorch on signed zeros,
+infinities, NaN, subnormals and magnitudes from 1e-30 to 1e20.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def spell_out_math(gm: torch.fx.GraphModule) -> int:
+    """Replace each node of ``gm`` that has an exact form here by that form; returns how many."""
+    replaced = 0
+    for node in list(gm.graph.nodes):
+        form = _FORMS.get(node.target) if node.op == "call_function" else None
+        if form is None:
+            continue
+        if node.target in _FLOOR_MODE and node.kwargs.get("rounding_mode") != "floor":
+            continue
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
+            continue
+        with gm.graph.inserting_before(node):
+            builder = _Builder(gm.graph, value)
+            exact = builder.rounded(form(builder, *node.args[:2]))
+        node.replace_all_uses_with(exact)
+        gm.graph.erase_node(node)
+        replaced += 1
+    if replaced:
+        gm.graph.lint()
+        gm.recompile()
+    return replaced
+
+
+class _Builder:
+    """Inserts ATen nodes at the graph's insertion point, each with the fake value the export
+    reads (its dtype and shape), computed by the operator itself under the graph's fake mode."""
+
+    def __init__(self, graph: torch.fx.Graph, result: torch.Tensor) -> None:
+        self.graph = graph
+        self.result = result
+        self.mode = getattr(result, "fake_mode", None)
+        self.dtype = torch.float32 if result.dtype in _HALF else result.dtype
+
+    def call(self, target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        node = self.graph.call_function(target, args, kwargs)
+        fakes = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
+        if self.mode is None:
+            node.meta["val"] = target(*fakes, **kwargs)
+        else:
+            with self.mode:
+                node.meta["val"] = target(*fakes, **kwargs)
+        return node
+
+    def operand(self, value: Any) -> torch.fx.Node:
+        if not isinstance(value, torch.fx.Node):  # a number: the graph's dtype, as a 0-d tensor
+            return self.call(aten.scalar_tensor.default, float(value), dtype=self.dtype)
+        if value.meta["val"].dtype != self.dtype:
+            return self.call(aten._to_copy.default, value, dtype=self.dtype)
+        return value
+
+    def negative(self, t: torch.fx.Node) -> torch.fx.Node:
+        """``t < 0``, -0 included."""
+        signed_zero = self.call(
+            aten.logical_and.default,
+            self.call(aten.eq.Scalar, t, 0),
+            self.call(aten.lt.Scalar, self.call(aten.reciprocal.default, t), 0),
+        )
+        return self.call(aten.logical_or.default, self.call(aten.lt.Scalar, t, 0), signed_zero)
+
+    def log1p(self, t: torch.fx.Node) -> torch.fx.Node:
+        """``log(1 + t)`` to full precision for a small ``t`` (onnxscript's is ``log(1 + t)``, 0
+        below 1e-8): ``log(u) * t / (u - 1)`` with ``u = 1 + t`` rounded, ``t`` where ``u`` is 1."""
+        u = self.call(aten.add.Tensor, t, self.operand(1.0))
+        ratio = self.call(aten.div.Tensor, t, self.call(aten.sub.Tensor, u, self.operand(1.0)))
+        scaled = self.call(aten.mul.Tensor, self.call(aten.log.default, u), ratio)
+        return self.call(aten.where.self, self.call(aten.ne.Scalar, u, 1), scaled, t)
+
+    def rounded(self, exact: torch.fx.Node) -> torch.fx.Node:
+        """``exact`` in the node's own dtype (half precision was computed in float32)."""
+        if self.result.dtype != self.dtype:
+            return self.call(aten._to_copy.default, exact, dtype=self.result.dtype)
+        return exact
+
+
+def _atan2(b: _Builder, y_arg: Any, x_arg: Any) -> torch.fx.Node:
+    # ONNX Runtime's Where returns +0 where it picks a -0 of its *first* branch (its second keeps
+    # the sign: onnxruntime 1.32, CPU), so every value that may be a signed zero travels through a
+    # Where's second branch or through arithmetic.
+    y, x = b.operand(y_arg), b.operand(x_arg)
+    both_zero = b.call(aten.logical_and.default, b.call(aten.eq.Scalar, y, 0), b.call(aten.eq.Scalar, x, 0))
+    divisor = b.call(aten.where.self, both_zero, b.operand(1.0), x)  # y / 1 is y, its sign kept
+    both_infinite = b.call(
+        aten.logical_and.default, b.call(aten.isinf.default, y), b.call(aten.isinf.default, x)
+    )
+    diagonal = b.call(aten.mul.Tensor, b.call(aten.sign.default, y), b.call(aten.sign.default, x))
+    slope = b.call(aten.where.self, both_infinite, diagonal, b.call(aten.div.Tensor, y, divisor))
+    angle = b.call(aten.atan.default, slope)
+    half_turn = b.call(aten.where.self, b.negative(y), b.operand(-math.pi), b.operand(math.pi))
+    turned = b.call(aten.add.Tensor, angle, half_turn)
+    return b.call(aten.where.self, b.negative(x), turned, angle)
+
+
+def _log_add(b: _Builder, x_arg: Any, y_arg: Any, *, base2: bool) -> torch.fx.Node:
+    x, y = b.operand(x_arg), b.operand(y_arg)
+    top = b.call(aten.maximum.default, x, y)
+    gap = b.call(aten.neg.default, b.call(aten.abs.default, b.call(aten.sub.Tensor, x, y)))
+    if base2:
+        rest = b.call(aten.mul.Tensor, b.log1p(b.call(aten.exp2.default, gap)), b.operand(1 / math.log(2)))
+    else:
+        rest = b.log1p(b.call(aten.exp.default, gap))
+    summed = b.call(aten.add.Tensor, top, rest)
+    # the same infinity twice: its own (their difference is NaN)
+    same_infinity = b.call(
+        aten.logical_and.default, b.call(aten.isinf.default, x), b.call(aten.eq.Tensor, x, y)
+    )
+    return b.call(aten.where.self, same_infinity, x, summed)
+
+
+def _sign_corrected(b: _Builder, mod: torch.fx.Node, y: torch.fx.Node) -> torch.fx.Node:
+    """Where ``fmod``'s remainder and the divisor differ in sign (the remainder not 0)."""
+    differ = b.call(aten.ne.Tensor, b.call(aten.lt.Scalar, y, 0), b.call(aten.lt.Scalar, mod, 0))
+    return b.call(aten.logical_and.default, b.call(aten.ne.Scalar, mod, 0), differ)
+
+
+def _remainder(b: _Builder, x_arg: Any, y_arg: Any) -> torch.fx.Node:
+    x, y = b.operand(x_arg), b.operand(y_arg)
+    mod = b.call(aten.fmod.Tensor, x, y)
+    # mod in the second branch: a -0 remainder stays -0, as PyTorch's
+    return b.call(aten.where.self, _sign_corrected(b, mod, y), b.call(aten.add.Tensor, mod, y), mod)
+
+
+def _floor_divide(b: _Builder, x_arg: Any, y_arg: Any) -> torch.fx.Node:
+    x, y = b.operand(x_arg), b.operand(y_arg)
+    quotient = b.call(aten.div.Tensor, x, y)
+    mod = b.call(aten.fmod.Tensor, x, y)
+    exact = b.call(aten.div.Tensor, b.call(aten.sub.Tensor, x, mod), y)
+    exact = b.call(
+        aten.where.self, _sign_corrected(b, mod, y), b.call(aten.sub.Tensor, exact, b.operand(1.0)), exact
+    )
+    floor = b.call(aten.floor.default, exact)
+    rounded_up = b.call(aten.gt.Scalar, b.call(aten.sub.Tensor, exact, floor), 0.5)
+    floor = b.call(aten.where.self, rounded_up, b.call(aten.add.Tensor, floor, b.operand(1.0)), floor)
+    result = b.call(aten.where.self, b.call(aten.eq.Scalar, y, 0), quotient, floor)
+    # The sign of x / y, for a zero too (PyTorch: copysign(0, x / y)). Multiplied in: ONNX Runtime
+    # turns a -0 that Where picks into +0 (see _atan2), and its NotWhereFusion swaps the branches
+    # of a Where whose condition is a Not.
+    sign = b.call(aten.where.self, b.negative(quotient), b.operand(-1.0), b.operand(1.0))
+    return b.call(aten.mul.Tensor, b.call(aten.abs.default, result), sign)
+
+
+_FORMS: dict[Any, Callable[..., torch.fx.Node]] = {
+    aten.atan2.default: _atan2,
+    aten.logaddexp.default: lambda b, x, y: _log_add(b, x, y, base2=False),
+    aten.logaddexp2.default: lambda b, x, y: _log_add(b, x, y, base2=True),
+    aten.remainder.Tensor: _remainder,
+    aten.remainder.Scalar: _remainder,
+    aten.remainder.Scalar_Tensor: _remainder,
+    aten.div.Tensor_mode: _floor_divide,
+    aten.div.Scalar_mode: _floor_divide,
+}
+_FLOOR_MODE = frozenset({aten.div.Tensor_mode, aten.div.Scalar_mode})
