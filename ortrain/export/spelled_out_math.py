@@ -1,4 +1,4 @@
-"""Math operators whose onnxscript translations lose PyTorch's answers, spelled out exactly.
+"""Math operators whose ONNX translations lose PyTorch's answers, spelled out exactly.
 
 Before a region is translated for ONNX Runtime, each of these nodes becomes the computation
 PyTorch's CPU kernel does, written in operators whose translations are exact. Gradients are
@@ -25,6 +25,12 @@ b`` and ``floor(a / b)``. ``a / b`` is rounded before the floor, so ``5.0 // 0.1
 PyTorch (and Python) give 49, and ``5.0 % 0.1`` gave 0 where PyTorch gives 0.09999993 (0.1 is not
 0.1 in binary); a large ``a`` lost every digit (``1e20 % 501``: 0 for 41). PyTorch's kernels start
 from ``fmod``, which is exact (ONNX ``Mod`` with ``fmod=1``), and correct its sign.
+
+``sigmoid``: ONNX Runtime's CPU ``Sigmoid`` kernel (MLAS, 1.32) is accurate in absolute terms
+only: below -10 its results are off by up to 4.5 times their value, 0 from -20 on, where PyTorch's
+``1 / (1 + exp(-x))`` keeps every digit down to -88. ``log(sigmoid(x))`` (a BPR loss, a
+hand-written binary cross-entropy) was ``-inf`` at x = -30 where PyTorch gives -30, and a
+hand-written BCE with a 0 label NaN. Spelled out as PyTorch computes it (``Exp`` is exact).
 
 (wave 35; ``tests/export/test_spelled_out_math.py`` compares each with PyTorch on signed zeros,
 infinities, NaN, subnormals and magnitudes from 1e-30 to 1e20.)
@@ -57,7 +63,7 @@ def spell_out_math(gm: torch.fx.GraphModule) -> int:
             continue
         with gm.graph.inserting_before(node):
             builder = _Builder(gm.graph, value)
-            exact = builder.rounded(form(builder, *node.args[:2]))
+            exact = builder.rounded(form(builder, *node.args))
         node.replace_all_uses_with(exact)
         gm.graph.erase_node(node)
         replaced += 1
@@ -184,7 +190,17 @@ def _floor_divide(b: _Builder, x_arg: Any, y_arg: Any) -> torch.fx.Node:
     return b.call(aten.mul.Tensor, b.call(aten.abs.default, result), sign)
 
 
+def _sigmoid(b: _Builder, x_arg: Any) -> torch.fx.Node:
+    # PyTorch's kernel: 1 / (1 + exp(-x)); 0 below -88.7 where exp(-x) overflows, as PyTorch's
+    x = b.operand(x_arg)
+    denominator = b.call(
+        aten.add.Tensor, b.call(aten.exp.default, b.call(aten.neg.default, x)), b.operand(1.0)
+    )
+    return b.call(aten.reciprocal.default, denominator)
+
+
 _FORMS: dict[Any, Callable[..., torch.fx.Node]] = {
+    aten.sigmoid.default: _sigmoid,
     aten.atan2.default: _atan2,
     aten.logaddexp.default: lambda b, x, y: _log_add(b, x, y, base2=False),
     aten.logaddexp2.default: lambda b, x, y: _log_add(b, x, y, base2=True),

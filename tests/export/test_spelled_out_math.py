@@ -17,10 +17,11 @@ aten = torch.ops.aten
 
 # (no quotient of two finite ones overflows: PyTorch's own fmod is NaN there in its vector kernel)
 _SPECIAL = [0.0, -0.0, 1.0, -1.0, 2.5, -3.0, 0.1, 5.0, 1000.0, -501.0, 1e8, -1e-20, 1e-20]
-_SPECIAL += [float("inf"), float("-inf"), float("nan"), -120.0, 95.0]
+_SPECIAL += [float("inf"), float("-inf"), float("nan"), -120.0, 95.0, -30.0, -15.0]
 
 _FORMS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "atan2": torch.atan2,
+    "sigmoid": lambda y, x: torch.sigmoid(y),  # ONNX Runtime's kernel: 0 at -30, not 9.4e-14
     "logaddexp": torch.logaddexp,
     "logaddexp2": torch.logaddexp2,
     "remainder": torch.remainder,
@@ -41,7 +42,8 @@ def _pairs(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
 def _assert_same(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:
     """Equal to a float32 rounding (absolute near 0: logaddexp2(-1, -1) is -1e-8 in PyTorch), NaN
     where PyTorch has NaN, and the same sign on zeros where the sign is the answer's."""
-    torch.testing.assert_close(actual, expected, equal_nan=True, rtol=1e-6, atol=1e-7)
+    atol = 0.0 if name == "sigmoid" else 1e-7  # sigmoid's tail is what it is about
+    torch.testing.assert_close(actual, expected, equal_nan=True, rtol=1e-6, atol=atol)
     if not name.startswith("logaddexp"):  # there a zero is a rounding of ±1e-8
         zeros = expected == 0
         assert torch.equal(torch.signbit(actual[zeros]), torch.signbit(expected[zeros]))
@@ -101,7 +103,43 @@ def test_onnx_runtime_gives_pytorchs_answers(
     session = ort.InferenceSession(exported.model.SerializeToString(), providers=["CPUExecutionProvider"])
     inputs = [i.name for i in session.get_inputs()]
     results = session.run(None, dict(zip(inputs, (y.numpy(), x.numpy()), strict=True)))
-    # before wave 35: atan2(0, -1) was -π, logaddexp(-120, -120) -inf, 5.0 % 0.1 zero, 5.0 // 0.1 50,
-    # 1e8 % -501 off by 8
+    # before wave 35: atan2(0, -1) was -π, sigmoid(-30) 0, logaddexp(-120, -120) -inf,
+    # 5.0 % 0.1 zero, 5.0 // 0.1 50, 1e8 % -501 off by 8
     for got, expected, name in zip(results, f(y, x), forms, strict=True):
         _assert_same(torch.from_numpy(np.asarray(got)).float(), expected.float(), name)
+
+
+class _PairwiseRanking(torch.nn.Module):
+    """A BPR loss as often written: ``-log(sigmoid(pos - neg))``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items = torch.nn.Embedding(6, 4)
+
+    def forward(self, user: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
+        margin = (user * self.items(pos)).sum(-1) - (user * self.items(neg)).sum(-1)
+        return -torch.log(torch.sigmoid(margin)).mean()
+
+
+def test_a_hand_written_log_sigmoid_stays_finite_in_onnx_runtime() -> None:
+    """Wave 35: ONNX Runtime's Sigmoid was 0 at a margin of -30, so the loss was inf and every
+    gradient NaN where eager's loss is 10."""
+    import copy
+
+    from ortrain import ORTModule
+
+    torch.manual_seed(0)
+    model = _PairwiseRanking()
+    wrapped = ORTModule(copy.deepcopy(model))
+    user = torch.tensor([[3.0, 3.0, 3.0, 3.0], [0.1, 0.2, 0.3, 0.4]])
+    with torch.no_grad():  # item 1 scores 30 below item 2 for the first user
+        model.items.weight[1].fill_(0.0)
+        model.items.weight[2].fill_(2.5)
+        wrapped.module.items.weight.copy_(model.items.weight)
+    pos, neg = torch.tensor([1, 3]), torch.tensor([2, 4])
+    expected, got = model(user, pos, neg), wrapped(user, pos, neg)
+    assert torch.isfinite(expected)
+    torch.testing.assert_close(got, expected)
+    expected.backward()
+    got.backward()
+    torch.testing.assert_close(wrapped.module.items.weight.grad, model.items.weight.grad)
