@@ -216,6 +216,38 @@ def test_int32_class_labels_raise_pytorchs_error() -> None:
         wrapped(torch.tensor([0, 1, 2], dtype=torch.int32))
 
 
+@pytest.mark.parametrize("ignore_index", [-100, 2])
+def test_uint8_class_labels_train_as_pytorch_reads_them(ignore_index: int) -> None:
+    """Wave 35: PyTorch's decomposition of the loss gathered with uint8 labels, which ``gather``
+    refuses, so the capture failed and the model trained in PyTorch (FALLBACK_DISABLE: an error)."""
+    model = _Classifier(ignore_index=ignore_index)
+    wrapped = ORTModule(copy.deepcopy(model))
+    labels = torch.tensor([0, 1, 2, 2, 1], dtype=torch.uint8)
+    expected, got = model(labels), wrapped(labels)
+    torch.testing.assert_close(got, expected)
+    expected.backward()
+    got.backward()
+    torch.testing.assert_close(wrapped.module.linear.weight.grad, model.linear.weight.grad)
+
+
+class _Segmenter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, image: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.conv(image), mask)
+
+
+def test_uint8_labels_of_a_4d_loss_raise_pytorchs_error() -> None:
+    """``nll_loss2d`` refuses uint8 labels in eager; the capture refuses them the same way."""
+    wrapped = ORTModule(_Segmenter())
+    image = torch.randn(1, 3, 2, 2)
+    wrapped(image, torch.zeros(1, 2, 2, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="expected scalar type Long but found Byte"):
+        wrapped(image, torch.zeros(1, 2, 2, dtype=torch.uint8))
+
+
 class _BinaryClassifier(nn.Module):
     def __init__(self) -> None:
         super().__init__()
