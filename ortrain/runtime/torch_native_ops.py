@@ -80,7 +80,9 @@ Nine kinds of nodes are PyTorch's:
   far below the dimension's largest value underflows: ``[-100, 10]`` gave ``-inf`` for the first
   element where PyTorch gives -100, and every gradient NaN (wave 35). A stable form needs a scan
   (PyTorch's kernel adds each element in log space); ONNX has none that ONNX Runtime runs fast.
-  Its backward, made of ``logcumsumexp`` too, goes with it.
+  Its backward, made of ``logcumsumexp`` too, goes with it. And a left shift of uint8 values:
+  onnxscript shifts them as unsigned and casts the result to int8 (``200 << 1`` read back as
+  -112 where PyTorch wraps to 144).
 
 Measured for the threshold, tiny GPT (4 layers, 4 heads of 64, batch 8; 2-core AMD EPYC, ONNX
 Runtime placement, medians of alternated processes, OpenMP policy unset), step with flash in
@@ -247,7 +249,7 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
         return "grid sampling"
     if _packet(target) in RUNTIME_CHECKS or _integer_division(node):
         return "runtime check"
-    if _packet(target) in LOSSY_TRANSLATIONS:
+    if _packet(target) in LOSSY_TRANSLATIONS or _unsigned_left_shift(node):
         return "translation loses range"
     if _packet(target) in STRIDED_VIEWS and not _contiguous_from_start(node.args[0]):
         return _STRIDED_VIEW
@@ -257,6 +259,14 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
     if any(t.layout != torch.strided for t in touched):
         return "sparse tensor"
     return None
+
+
+def _unsigned_left_shift(node: torch.fx.Node) -> bool:
+    """A left shift whose result is uint8 (see the module's text)."""
+    if _packet(node.target) not in (aten.bitwise_left_shift, aten.__lshift__):
+        return False
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8
 
 
 def _integer_division(node: torch.fx.Node) -> bool:

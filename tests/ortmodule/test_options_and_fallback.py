@@ -316,6 +316,22 @@ def test_logcumsumexp_keeps_prefixes_far_below_the_maximum() -> None:
     assert torch.isfinite(wrapped.module.scale.grad)
 
 
+class _PackedBits(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, bits: torch.Tensor) -> torch.Tensor:
+        return (bits << 1).float() * self.scale
+
+
+def test_a_uint8_left_shift_wraps_as_pytorchs() -> None:
+    """Wave 35: onnxscript's translation cast the shifted uint8 values to int8, so 200 << 1 came
+    back as -112 where PyTorch wraps to 144; uint8 left shifts now run in PyTorch."""
+    bits = torch.tensor([1, 100, 200, 255], dtype=torch.uint8)
+    torch.testing.assert_close(ORTModule(_PackedBits())(bits), _PackedBits()(bits))
+
+
 def test_negative_indices_that_pytorch_accepts_still_count_from_the_end() -> None:
     weight = torch.randn(5, 3)
     wrapped = ORTModule(_Picks(weight.clone()))
