@@ -3,14 +3,13 @@
 Each entry is here for a measured reason (see DESIGN.md):
 - ``nll_loss_forward``: onnxscript returns a fake ``total_weight`` of 1, so gradients come out
   too large by the number of targets.
-- (``convolution_backward``, training-mode batch norm and ``silu_backward`` have no correct
-  translation either: they are decomposed when a region is exported, so that PyTorch runs its own
-  kernels for them elsewhere: :mod:`ortrain.capture.late_decompositions`.)
+- (``convolution_backward``, training-mode batch norm, ``silu_backward``, and the special
+  functions written for ONNX (``hypot``, ``erfinv``, the ``erfc`` family, ``ndtri``, the gamma
+  functions, the modified Bessel functions) are decomposed when a region is exported, so that
+  PyTorch runs its own kernels for them elsewhere: :mod:`ortrain.capture.late_decompositions`.)
 - pooling (``decompositions_pooling``), elementwise and distance ops (``decompositions_math``),
   ``embedding_bag`` (``decompositions_embedding``), losses and the NLL gradient
-  (``decompositions_losses``), the
-  ``erfc`` family and ``ndtri`` (``decompositions_special``), the modified Bessel functions
-  (``decompositions_bessel``), 0-d
+  (``decompositions_losses``), 0-d
   scatters and gathers
   (``decompositions_indexing``), view-scatters such as the backward of ``diagonal``
   (``decompositions_view_scatter``): each module says why.
@@ -24,14 +23,12 @@ from typing import Any
 import torch
 from torch._decomp import get_decompositions
 
-from ortrain.capture import decompositions_bessel as bessel
 from ortrain.capture import decompositions_embedding as embedding
 from ortrain.capture import decompositions_gathers as gathers
 from ortrain.capture import decompositions_indexing as indexing
 from ortrain.capture import decompositions_losses as losses
 from ortrain.capture import decompositions_math as math_ops
 from ortrain.capture import decompositions_pooling as pooling
-from ortrain.capture import decompositions_special as special
 from ortrain.capture import decompositions_view_scatter as view_scatter
 from ortrain.capture.decompositions_breaks import break_decompositions
 
@@ -277,21 +274,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.index_reduce.default] = gathers.index_reduce
     table[aten.mish_backward.default] = math_ops.mish_backward
     table[aten._weight_norm_interface_backward.default] = math_ops.weight_norm_interface_backward
-    table[aten.hypot.default] = math_ops.hypot
-    table[aten.erfinv.default] = math_ops.erfinv
     table[aten.cumprod.default] = math_ops.cumprod
-    table[aten.erfc.default] = special.erfc
-    table[aten.special_erfcx.default] = special.erfcx
-    table[aten.special_log_ndtr.default] = special.log_ndtr
-    table[aten.lgamma.default] = special.lgamma
-    table[aten.digamma.default] = special.digamma
-    table[aten.polygamma.default] = special.polygamma
-    table[aten.mvlgamma.default] = special.mvlgamma
-    table[aten.special_ndtri.default] = special.ndtri
-    table[aten.i0.default] = bessel.i0
-    table[aten.special_i0e.default] = bessel.special_i0e
-    table[aten.special_i1.default] = bessel.special_i1
-    table[aten.special_i1e.default] = bessel.special_i1e
     table[aten._cdist_forward.default] = math_ops.cdist_forward
     table[aten._cdist_backward.default] = math_ops.cdist_backward
     table[aten._pdist_forward.default] = math_ops.pdist_forward

@@ -11,6 +11,15 @@ its one-pass batch norm kernels: 1.76× eager's step. Now the graphs keep the op
 executor runs PyTorch's kernels, and the export (:mod:`ortrain.export.direct_translation`)
 inlines these decompositions, traced on each node's values, before translating a region for
 ONNX Runtime, which therefore gets the same ONNX as before.
+
+The special functions that ONNX lacks (``hypot``, ``erfinv``, ``erfc``, ``erfcx``, ``log_ndtr``,
+``ndtri``, ``lgamma``, ``digamma``, ``polygamma``, ``mvlgamma``, the modified Bessel functions)
+joined them in wave 35: their series and recurrences (``decompositions_special``,
+``decompositions_bessel``, ``decompositions_math``) were written for ONNX Runtime, and until then
+every capture used them, so the all-torch placement op tuning keeps on many CPUs computed
+``lgamma(2)`` as 9.5e-7 where PyTorch's kernel gives 0 and ``digamma`` 75 ulp off near its root,
+with a dozen elementwise ops where PyTorch has one kernel. Their backward formulas name the same
+functions (``lgamma' = digamma``, ``i0' = i1``), so the backward graphs keep them too.
 """
 
 from __future__ import annotations
@@ -23,9 +32,30 @@ from typing import Any
 import torch
 from torch._decomp import get_decompositions
 
+from ortrain.capture import decompositions_bessel as bessel
+from ortrain.capture import decompositions_math as math_ops
+from ortrain.capture import decompositions_special as special
 from ortrain.capture.decompositions import convolution_backward
 
 aten = torch.ops.aten
+
+# Special functions ONNX lacks, with the forms written for it.
+_SPECIAL_FUNCTIONS: dict[Any, Callable[..., Any]] = {
+    aten.hypot.default: math_ops.hypot,
+    aten.erfinv.default: math_ops.erfinv,
+    aten.erfc.default: special.erfc,
+    aten.special_erfcx.default: special.erfcx,
+    aten.special_log_ndtr.default: special.log_ndtr,
+    aten.lgamma.default: special.lgamma,
+    aten.digamma.default: special.digamma,
+    aten.polygamma.default: special.polygamma,
+    aten.mvlgamma.default: special.mvlgamma,
+    aten.special_ndtri.default: special.ndtri,
+    aten.i0.default: bessel.i0,
+    aten.special_i0e.default: bessel.special_i0e,
+    aten.special_i1.default: bessel.special_i1,
+    aten.special_i1e.default: bessel.special_i1e,
+}
 
 LATE_OPS = frozenset(
     {
@@ -33,6 +63,7 @@ LATE_OPS = frozenset(
         aten._native_batch_norm_legit_functional.default,
         aten.native_batch_norm_backward.default,
         aten.silu_backward.default,
+        *_SPECIAL_FUNCTIONS,
     }
 )
 
@@ -47,6 +78,7 @@ def late_decompositions() -> dict[Any, Callable[..., Any]]:
         ]
     )
     table[aten.convolution_backward.default] = convolution_backward
+    table.update(_SPECIAL_FUNCTIONS)
     no_training = aten._native_batch_norm_legit_no_training.default
     table[no_training] = functools.partial(_batch_norm_without_statistics, table[no_training])
     return table

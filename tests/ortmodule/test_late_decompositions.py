@@ -3,11 +3,14 @@ graphs (PyTorch runs its fused kernels there), decomposed for ONNX Runtime when 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from _parity import assert_same_state, runs_whole_in_onnxruntime, train_side_by_side
 from torch import nn
 
+from ortrain import ORTModule
 from ortrain.capture.late_decompositions import LATE_OPS
 from ortrain.export.fx_to_onnx import export_graph
 
@@ -50,3 +53,45 @@ def test_kept_whole_in_the_graphs_and_decomposed_for_onnxruntime(transposed: boo
     # onnxscript would translate the forward's batch norm in inference mode: it is decomposed first.
     exported = export_graph(forward.graph, opset_version=18)
     assert "BatchNormalization" not in {node.op_type for node in exported.model.graph.node}
+
+
+class _SpecialFunctions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.x = nn.Parameter(torch.tensor([0.3, 1.0, 2.0, 3.7, 7.5]))
+
+    def forward(self) -> torch.Tensor:
+        x = self.x
+        terms = (torch.lgamma(x), torch.digamma(x), torch.i0(x), torch.special.i1e(x))
+        return sum(terms, torch.erfinv(torch.tanh(x)) + torch.special.erfcx(x)).sum()
+
+
+@pytest.mark.parametrize("placement", ["all-torch", "onnxruntime"])
+def test_special_functions_run_as_pytorchs_kernels_outside_onnxruntime(
+    placement: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Wave 35: the series written for ONNX replaced PyTorch's kernels in every capture, so the
+    all-torch placement gave lgamma(2) = 9.5e-7 (PyTorch: 0). Now the graphs keep the operators:
+    PyTorch's placement gives eager's numbers exactly, ONNX Runtime's runs the series."""
+    from ortrain.ortmodule import ortmodule as ortmodule_module
+    from ortrain.runtime.graph_executor import build_graph_executor
+    from ortrain.runtime.placement import Placement
+
+    def placed(graph, *, name, settings, **options):  # type: ignore[no-untyped-def]
+        return build_graph_executor(graph, name=name, placement=Placement.from_name(placement), **options)
+
+    monkeypatch.setattr(ortmodule_module, "build_tuned_graph_executor", placed)
+    model = _SpecialFunctions()
+    wrapped = ORTModule(copy.deepcopy(model))
+    got, expected = wrapped(), model()
+    got.backward()
+    expected.backward()
+    ((entry,),) = list(wrapped._ortrain_graphs.values())
+    assert {torch.ops.aten.lgamma.default, torch.ops.aten.i0.default} <= _targets(entry.capture.forward.graph)
+    assert torch.ops.aten.polygamma.default in _targets(entry.capture.backward.graph)  # digamma'
+    if placement == "all-torch":
+        assert torch.equal(got, expected)
+        assert torch.equal(wrapped.module.x.grad, model.x.grad)
+    else:
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(wrapped.module.x.grad, model.x.grad, rtol=1e-5, atol=1e-5)
