@@ -32,6 +32,11 @@ only: below -10 its results are off by up to 4.5 times their value, 0 from -20 o
 hand-written binary cross-entropy) was ``-inf`` at x = -30 where PyTorch gives -30, and a
 hand-written BCE with a 0 label NaN. Spelled out as PyTorch computes it (``Exp`` is exact).
 
+``log2`` and ``log10``: onnxscript writes ``log(x) / log(base)`` in the input's precision, which
+misses exact answers by an ulp: ``log2(32768)`` was 14.999999 and ``log10(1e9)`` 8.9999995, so a
+``floor`` of them (an exponent, a bucket) was one less than PyTorch's. Computed in float64 and
+rounded once, as correctly rounded as PyTorch's kernels for float32 and half inputs.
+
 (wave 35; ``tests/export/test_spelled_out_math.py`` compares each with PyTorch on signed zeros,
 infinities, NaN, subnormals and magnitudes from 1e-30 to 1e20.)
 """
@@ -61,6 +66,8 @@ def spell_out_math(gm: torch.fx.GraphModule) -> int:
         value = node.meta.get("val")
         if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
             continue
+        if node.target in _IN_FLOAT64 and value.dtype == torch.float64:
+            continue  # nothing wider to compute in
         with gm.graph.inserting_before(node):
             builder = _Builder(gm.graph, value)
             exact = builder.rounded(form(builder, *node.args))
@@ -199,7 +206,18 @@ def _sigmoid(b: _Builder, x_arg: Any) -> torch.fx.Node:
     return b.call(aten.reciprocal.default, denominator)
 
 
+def _log_base(b: _Builder, x_arg: Any, *, base: float) -> torch.fx.Node:
+    # log(x) / log(base) rounded in float64 and then to float32: correctly rounded for float32
+    # inputs (log2(32768) is 15, log10(1e9) is 9), as PyTorch's log2 and log10 kernels are.
+    wide = b.call(aten._to_copy.default, b.operand(x_arg), dtype=torch.float64)
+    ratio = b.call(aten.scalar_tensor.default, 1.0 / math.log(base), dtype=torch.float64)
+    scaled = b.call(aten.mul.Tensor, b.call(aten.log.default, wide), ratio)
+    return b.call(aten._to_copy.default, scaled, dtype=b.dtype)
+
+
 _FORMS: dict[Any, Callable[..., torch.fx.Node]] = {
+    aten.log2.default: lambda b, x: _log_base(b, x, base=2.0),
+    aten.log10.default: lambda b, x: _log_base(b, x, base=10.0),
     aten.sigmoid.default: _sigmoid,
     aten.atan2.default: _atan2,
     aten.logaddexp.default: lambda b, x, y: _log_add(b, x, y, base2=False),
@@ -211,3 +229,4 @@ _FORMS: dict[Any, Callable[..., torch.fx.Node]] = {
     aten.div.Scalar_mode: _floor_divide,
 }
 _FLOOR_MODE = frozenset({aten.div.Tensor_mode, aten.div.Scalar_mode})
+_IN_FLOAT64 = frozenset({aten.log2.default, aten.log10.default})
