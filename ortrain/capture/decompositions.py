@@ -196,8 +196,9 @@ def _first_of(*decompositions: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
-    # Convolution backward, training-mode batch norm and SiLU's backward are decomposed at export
-    # instead (ortrain.capture.late_decompositions): PyTorch runs them as its own kernels.
+    # Convolution backward, training-mode batch norm, SiLU's backward and the special functions
+    # are decomposed at export instead (ortrain.capture.late_decompositions): PyTorch runs them as
+    # its own kernels.
     table = get_decompositions([aten.nll_loss_forward])
     nll = aten.nll_loss_forward.default
     table[nll] = losses.with_target_dtype_check(table[nll])

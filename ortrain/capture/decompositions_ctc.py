@@ -132,9 +132,10 @@ def ctc_loss_function(
     live = (steps < lattice.in_lengths.unsqueeze(0)).unsqueeze(2)
     mass = torch.where(live, torch.exp(log_probs), torch.zeros_like(log_probs)).sum([0, 2])
     exp_term = mass - mass.detach()
+    infinite = torch.isinf(loss)
     if zero_infinity:
-        exp_term = torch.where(torch.isinf(loss), torch.zeros_like(exp_term), exp_term)
-        loss = torch.where(torch.isinf(loss), torch.zeros_like(loss), loss)
+        exp_term = torch.where(infinite, torch.zeros_like(exp_term), exp_term)
+        loss = torch.where(infinite, torch.zeros_like(loss), loss)
     else:
         # A sample no alignment fits (its input shorter than its target needs) has an infinite
         # loss, and PyTorch's backward gives it NaN gradients over its steps (exp(log_probs) -
@@ -142,7 +143,6 @@ def ctc_loss_function(
         # mass) is 0 with a NaN gradient (0 * 1/0) on the exp term's steps. The other samples
         # take the root of 1, or its gradient would be NaN too: `where` zeroes the gradient
         # reaching the branch it does not pick, and 0 * 1/0 is still NaN. (wave 35)
-        infinite = torch.isinf(loss)
         poisoned = torch.sqrt(mass * 0 + (~infinite).to(mass.dtype))
         exp_term = torch.where(infinite, poisoned, exp_term)
     loss = loss + exp_term

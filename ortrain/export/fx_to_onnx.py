@@ -394,7 +394,7 @@ def _translate(
     :mod:`ortrain.export.direct_translation`), else through ``torch.onnx.export``."""
     spell_out_factory_dtypes(gm)  # for both paths: each translates a factory without one as float32
     refuse_negative_indices(gm)  # both translate gathers and scatters that count negatives from the end
-    spell_out_math(gm)  # atan2, logaddexp, float remainder and floor division: onnxscript's lose
+    spell_out_math(gm)  # the operators whose translations lose PyTorch's answers (see the module)
     if DIRECT_TRANSLATION:
         try:
             with (

@@ -38,7 +38,7 @@ misses exact answers by an ulp: ``log2(32768)`` was 14.999999 and ``log10(1e9)``
 rounded once, as correctly rounded as PyTorch's kernels for float32 and half inputs.
 
 (wave 35; ``tests/export/test_spelled_out_math.py`` compares each with PyTorch on signed zeros,
-infinities, NaN, subnormals and magnitudes from 1e-30 to 1e20.)
+infinities, NaN, subnormals and magnitudes from 1e-20 to 1e9.)
 """
 
 from __future__ import annotations
