@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from unittest import mock
 
+from ortrain.capture.held_objects import is_held_object
+
 # Lookups that hand out every value at once (a copy, a pickle, ``vars(obj)``).
 _WHOLE = frozenset({"__dict__", "__getstate__", "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__"})
 _recordable_class: dict[type, bool] = {}
@@ -75,6 +77,17 @@ class AttributeReads:
         # whose id was reused.
         self._names: dict[int, tuple[weakref.ref[Any], tuple[str, ...]]] = {}
         self.version = 0  # changes whenever :meth:`names` may answer differently
+        self._on_reach: Callable[[str, Any], None] | None = None
+
+    @contextlib.contextmanager
+    def reaching(self, callback: Callable[[str, Any], None]) -> Iterator[None]:
+        """Within the block, each object a recording reaches below those it was given is handed to
+        ``callback(name, obj)`` (``obj`` was read as attribute ``name``) at its first read."""
+        self._on_reach = callback
+        try:
+            yield
+        finally:
+            self._on_reach = None
 
     def names(self, value: Any) -> tuple[str, ...] | None:
         """The names of ``value``'s attributes that captures read (sorted), or None: all of them."""
@@ -87,17 +100,39 @@ class AttributeReads:
     def recording(self, objects: Iterable[Any]) -> Iterator[None]:
         """Record which attributes of ``objects`` the block reads. Afterwards only these objects
         have names: one not among them (the model dropped it, or it could not be recorded) is
-        watched whole until a capture records it."""
+        watched whole until a capture records it.
+
+        A held object the block reads through a recorded one (``self.run.phase.schedule``, at any
+        depth) is recorded too, from that first read on; the callback of :meth:`reaching` sees it
+        then, before the block can have changed it."""
+        on_reach = self._on_reach
         tracked = {id(o): o for o in objects if is_recordable(o)}
         read: dict[int, set[str]] = {i: set() for i in tracked}
         whole: set[int] = set()
         with contextlib.ExitStack() as patches:
-            for cls in dict.fromkeys(type(o) for o in tracked.values()):
-                recorded = _recording(cls.__getattribute__, tracked, read, whole)
+            patched: set[type] = set()
+
+            def patch(cls: type) -> None:
+                if cls in patched:
+                    return
+                patched.add(cls)
+                recorded = _recording(cls.__getattribute__, tracked, read, whole, reach)
                 try:
                     patches.enter_context(mock.patch.object(cls, "__getattribute__", recorded))
                 except TypeError:  # a class that refuses new attributes: watched whole
                     whole.update(i for i, o in tracked.items() if type(o) is cls)
+
+            def reach(name: str, value: Any) -> None:
+                if id(value) in tracked or not is_held_object(value) or not is_recordable(value):
+                    return
+                if on_reach is not None:  # first: its reads of the object are not the block's
+                    on_reach(name, value)
+                tracked[id(value)] = value
+                read[id(value)] = set()
+                patch(type(value))
+
+            for cls in dict.fromkeys(type(o) for o in tracked.values()):
+                patch(cls)
             yield
         names: dict[int, tuple[weakref.ref[Any], tuple[str, ...]]] = {}
         for i, obj in tracked.items():
@@ -110,18 +145,27 @@ class AttributeReads:
 
 
 def _recording(
-    inherited: Callable[[Any, str], Any], tracked: dict[int, Any], read: dict[int, set[str]], whole: set[int]
+    inherited: Callable[[Any, str], Any],
+    tracked: dict[int, Any],
+    read: dict[int, set[str]],
+    whole: set[int],
+    reach: Callable[[str, Any], None],
 ) -> Callable[[Any, str], Any]:
     """A ``__getattribute__`` that notes the names looked up on the tracked objects, then looks
-    them up as ``inherited`` does."""
+    them up as ``inherited`` does, and hands each value read to ``reach``."""
 
     def recorded(self: Any, name: str) -> Any:
         names = read.get(id(self))
-        if names is not None and tracked.get(id(self)) is self:
-            if name in _WHOLE:
-                whole.add(id(self))
-            elif not name.startswith("__"):
-                names.add(name)
-        return inherited(self, name)
+        if names is None or tracked.get(id(self)) is not self:
+            return inherited(self, name)
+        if name in _WHOLE:
+            whole.add(id(self))
+            return inherited(self, name)
+        if name.startswith("__"):
+            return inherited(self, name)
+        names.add(name)  # before the lookup: a name read while absent is watched too
+        value = inherited(self, name)
+        reach(name, value)
+        return value
 
     return recorded

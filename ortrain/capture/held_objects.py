@@ -27,7 +27,9 @@ from torch import nn
 
 from ortrain.capture.plain_values import is_config_type, short_entries
 
-DEPTH = 2  # a held object's held objects are read too, and no deeper
+# A held object's held objects are walked whole too, and no deeper; below, the guards follow the
+# objects a capture read (:mod:`ortrain.capture.attribute_reads`).
+DEPTH = 2
 # Packages whose objects on a module are not the model's state: PyTorch's and Python's own, and the
 # hooks that accelerate and DeepSpeed attach to the modules they wrap, which record the devices
 # and progress of every call (accelerate's ``_hf_hook.input_device``: each first step would have

@@ -25,6 +25,11 @@ LONG = 4096
 # ``self.anchors`` bakes in its values: changed in place it was not seen until wave 32).
 ARRAY_BYTES = 1 << 20
 NOT_PLAIN = object()
+# Containers inside containers are read this many levels deep (per-layer settings loaded from
+# YAML, ``cfg["model"]["layers"][1]["scale"]``: until wave 36 two, and a change at the third was
+# not seen), and up to this many entries in all; a deeper or larger one is watched by identity.
+CONTAINER_DEPTH = 4
+CONTAINER_ENTRIES = 1024
 # Configuration objects: Hugging Face's config base class (renamed in transformers 5) and its
 # generation config by name, so that transformers is not imported here, dataclass instances,
 # namespaces (``args`` of argparse). (As a held object, the generation config's methods were walked

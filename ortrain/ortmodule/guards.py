@@ -20,12 +20,15 @@ plain values set on the classes of the modules (``Net.SCALE = 3.0``), and a modu
 dicts and sets of plain values (``self.loss_weights["kl"] = 0.5``), and the module-level plain
 values the forward's code names (:mod:`ortrain.capture.global_reads`), and the plain values of
 the other objects a module holds, two levels deep (:mod:`ortrain.capture.held_objects`: a schedule,
-``self.annealing.beta``; until wave 30 such an object was watched by identity only). Code is
+``self.annealing.beta``; until wave 30 such an object was watched by identity only), and below that
+the objects a capture read through them, at any depth (wave 36). Code is
 watched by identity wherever a forward may find it: a function, class or enum member on a held
 object or config, in a module's short dict or list, a builtin at module or class level (wave 32).
 Not watched:
-state deeper than that, or inside objects of PyTorch's or of the standard library; after changing
-such state, call ``ORTModule.reset_graphs()``.
+state deeper than that that no capture read, containers deeper or larger than
+:data:`~ortrain.capture.plain_values.CONTAINER_DEPTH` and ``CONTAINER_ENTRIES`` (by identity), or
+inside objects of PyTorch's or of the standard library; after changing such state, call
+``ORTModule.reset_graphs()``.
 """
 
 from __future__ import annotations
@@ -54,11 +57,18 @@ from ortrain.capture.global_reads import (
 from ortrain.capture.held_objects import DEPTH as HELD_DEPTH
 from ortrain.capture.held_objects import attributes as held_attributes
 from ortrain.capture.held_objects import class_attribute, is_held_object, is_pytorch_class
+from ortrain.capture.plain_values import (
+    CONTAINER_DEPTH,
+    CONTAINER_ENTRIES,
+    is_array_form,
+    is_config_type,
+    python_attributes,
+    short_entries,
+)
 from ortrain.capture.plain_values import NOT_PLAIN as _NOT_PLAIN
 from ortrain.capture.plain_values import PLAIN as _PLAIN
 from ortrain.capture.plain_values import SEQUENCES as _SEQUENCES
 from ortrain.capture.plain_values import SHORT as _SHORT
-from ortrain.capture.plain_values import is_array_form, is_config_type, python_attributes, short_entries
 from ortrain.capture.plain_values import plain_form as _plain_form
 from ortrain.capture.tensor_attributes import is_tensor_attribute, tensor_attributes
 
@@ -132,6 +142,13 @@ class _Walk:
         # a dozen functions, one of which a forward runs: reading them all cost GPT-2's guard 40 %).
         self.code_states = True
         self.code_nesting = 0  # held functions being described, one inside another's state
+        self.visiting: set[int] = set()  # the held objects being described, one inside another
+        self.entries_left = 0  # of the container being described (:func:`_container_description`)
+
+    def read_through(self, value: Any) -> bool:
+        """Whether a capture read attributes of ``value``: the guards then follow it below the
+        depth they walk whole (``self.run.phase.schedule.beta``), along what was read."""
+        return self.reads is not None and self.reads.names(value) is not None
 
     def watched(self, value: Any, attributes: dict[str, Any]) -> Iterable[tuple[str, Any]]:
         """The (name, value) pairs of ``value``'s attributes that a graph may have baked in: those
@@ -199,12 +216,12 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
                 plain.append((k, v))
             elif kind in _TABLES or isinstance(v, dict):
                 if k not in _MODULE_TABLES:  # the user's own table (``self.weights = {"kl": 0.1}``)
-                    objects.append((k, id(v), _container_values(v, walk) or ()))
+                    objects.append((k, id(v), _container_description(v, walk) or ()))
             elif (kind in _SEQUENCES or kind.__name__ == "ndarray") and (
                 form := _plain_form(v)
             ) is not _NOT_PLAIN:
                 plain.append((k, form))  # a list of plain values, a NumPy array
-            elif kind in _SEQUENCES and (described := _container_values(v, walk)):
+            elif kind in _SEQUENCES and (described := _container_description(v, walk)):
                 # Per-layer settings as a list of dicts (``self.cfg[1]["scale"] = 2.0``, wave 27),
                 # of functions, schedules or dataclasses (``self.acts[0] = ...``,
                 # ``self.schedules[1].beta = 2.0``; until wave 32 only the list's identity).
@@ -370,11 +387,23 @@ def _plain_or_code(value: Any) -> Any:
     return _NOT_PLAIN if code is None else code
 
 
-def _container_values(container: Any, walk: _Walk, depth: int = 2) -> tuple[tuple[str, Any], ...] | None:
+def _container_description(container: Any, walk: _Walk) -> tuple[tuple[str, Any], ...] | None:
+    """:func:`_container_values` of a container held by a module or an object, with its own
+    budget of entries (one container's description may describe objects that hold others)."""
+    outer = walk.entries_left
+    walk.entries_left = CONTAINER_ENTRIES
+    try:
+        return _container_values(container, walk, CONTAINER_DEPTH)
+    finally:
+        walk.entries_left = outer
+
+
+def _container_values(container: Any, walk: _Walk, depth: int) -> tuple[tuple[str, Any], ...] | None:
     """A short dict, list or tuple by its entries, named by key or position: plain values, code
     (by identity), configs and held objects (by their values), and tables and lists of them while
     ``depth`` lasts; a set by its plain members. None where an entry is none of these (a tensor, a
-    module) or the container is long: it is then watched by identity only."""
+    module) or the container is long, or the walk's budget of entries is spent: it is then watched
+    by identity only."""
     if isinstance(container, set):
         return _table_values(container) or None
     entries = short_entries(container)
@@ -382,7 +411,8 @@ def _container_values(container: Any, walk: _Walk, depth: int = 2) -> tuple[tupl
         return None
     values: list[tuple[str, Any]] = []
     for key, entry in entries:
-        if type(key) not in _PLAIN:
+        walk.entries_left -= 1
+        if type(key) not in _PLAIN or walk.entries_left < 0:
             return None
         form = _entry_form(entry, walk, depth)
         if form is _NOT_PLAIN:
@@ -399,8 +429,8 @@ def _entry_form(entry: Any, walk: _Walk, depth: int) -> Any:
     kind = type(entry)
     if is_config_type(kind):
         return _config_values(entry, walk)
-    if depth > 1 and is_held_object(entry):
-        return _held_description(entry, depth - 1, walk)
+    if is_held_object(entry) and (depth > 1 or walk.read_through(entry)):
+        return _held_description(entry, 1, walk)
     if depth > 1 and (kind in _SEQUENCES or isinstance(entry, dict | set)):
         inner = _container_values(entry, walk, depth - 1)
         return _NOT_PLAIN if inner is None else inner
@@ -481,6 +511,8 @@ def _config_values(config: Any, walk: _Walk) -> tuple[Any, ...]:
             values.append((k, _config_values(v, walk)))
         elif (code := _held_code(v, walk)) is not None:
             values.append((k, code))  # holds the function: a replaced one's id cannot come back
+        elif is_held_object(v) and walk.read_through(v):  # ``self.cfg.schedule.beta`` (wave 36)
+            values.append((k, _held_description(v, 1, walk)))
         else:
             values.append((k, ("object", id(v))))
     walk.configs[id(config)] = described = tuple(values)
@@ -499,8 +531,16 @@ _IDENTITY = "<object>"
 
 
 def _held_description(held: Any, depth: int, walk: _Walk, *, methods: bool = True) -> tuple[Any, ...]:
-    """:func:`_held_values` after the object's identity and class."""
-    return ((_IDENTITY, (id(held), type(held))), *_held_values(held, depth, walk, methods=methods))
+    """:func:`_held_values` after the object's identity and class (its identity alone where the
+    object holds itself, through the objects being described)."""
+    identity = (_IDENTITY, (id(held), type(held)))
+    if id(held) in walk.visiting:
+        return (identity,)
+    walk.visiting.add(id(held))
+    try:
+        return (identity, *_held_values(held, depth, walk, methods=methods))
+    finally:
+        walk.visiting.discard(id(held))
 
 
 def _held_values(held: Any, depth: int, walk: _Walk, *, methods: bool = True) -> tuple[Any, ...]:
@@ -531,13 +571,15 @@ def _held_entries(held: Any, depth: int, walk: _Walk, *, methods: bool) -> tuple
         if plain is not _NOT_PLAIN or v is ABSENT:
             values.append((k, v if v is ABSENT else plain))
         elif kind in _TABLES or isinstance(v, dict) or kind in _SEQUENCES:
-            described = _container_values(v, walk, depth)
+            described = _container_description(v, walk)
             if described is not None:  # others (a list of tensors) are left out, as tensors are
                 values.append((k, described))
         elif is_config_type(kind):
             values.append((k, _config_values(v, walk)))
-        elif depth > 1 and is_held_object(v):
-            values.append((k, _held_description(v, depth - 1, walk, methods=methods)))
+        elif is_held_object(v) and (depth > 1 or walk.read_through(v)):
+            # Below the depth walked whole, what a capture read (wave 36: the guards stopped
+            # there, and ``self.cfg.aug.level.strength`` changed unseen).
+            values.append((k, _held_description(v, max(depth - 1, 1), walk, methods=methods)))
         elif (code := _held_code(v, walk)) is not None:
             values.append((k, code))
     return tuple(values)

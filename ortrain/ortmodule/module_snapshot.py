@@ -28,7 +28,7 @@ from torch import nn
 from ortrain.capture.global_reads import code_reads, global_reads
 from ortrain.capture.held_objects import attributes as held_attributes
 from ortrain.capture.held_objects import held_objects, is_held_object, is_pytorch_class, set_attributes
-from ortrain.capture.plain_values import PLAIN, short_entries
+from ortrain.capture.plain_values import CONTAINER_DEPTH, PLAIN, short_entries
 from ortrain.ortmodule.guards import is_deepspeed_hook_state
 
 # Values that are tables of a module: their contents are recorded, not just the table object.
@@ -127,6 +127,14 @@ class ModuleSnapshot:
         else:
             self._globals.append(_RecordedGlobal(label, namespace, name, value, _contents(value)))
 
+    def record_reached(self, name: str, held: Any) -> None:
+        """An object the capture reads below the depth recorded here (``self.run.phase.counter``,
+        read as ``counter``), recorded at that first read, before the trace can change it
+        (:meth:`ortrain.capture.attribute_reads.AttributeReads.recording`; until wave 36 a forward
+        counting on it counted at capture only)."""
+        if not any(recorded.held is held for recorded in self._held):
+            self._record_held([(name, held)], "read by the forward")
+
     def _record_held(self, named_values: Iterable[tuple[str, Any]], where: str) -> None:
         for path, held in held_objects(named_values):
             state = dict(held_attributes(held))
@@ -136,11 +144,11 @@ class ModuleSnapshot:
             self._record_nested(state, label)
 
     def _record_nested(self, attributes: dict[str, Any], where: str) -> None:
-        """The tables inside an object's lists, tuples and dicts, two levels down, as the guards
-        read them (``self.nested["a"]["calls"] += 1`` in the forward: until wave 32 only the
-        outer table's own entries were put back, and the count moved at capture only)."""
+        """The tables inside an object's lists, tuples and dicts, as deep as the guards read them
+        (``self.nested["a"]["calls"] += 1`` in the forward: until wave 32 only the outer table's
+        own entries were put back, and the count moved at capture only)."""
         for key, value in attributes.items():
-            for path, table in _inner_tables(key, value, 2):
+            for path, table in _inner_tables(key, value, CONTAINER_DEPTH - 1):
                 self._nested.append(_RecordedTable(f"{path} of {where}", table, _copy(table)))
 
     def _record_defaults(self, label: str, function: types.FunctionType) -> None:

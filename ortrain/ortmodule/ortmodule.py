@@ -555,7 +555,8 @@ class ORTModule(nn.Module):
             reads_before = self._ortrain_reads.version
             try:
                 try:
-                    entry = self._compile(key, call.inputs, cache.group(key), state)
+                    with self._ortrain_reads.reaching(snapshot.record_reached):
+                        entry = self._compile(key, call.inputs, cache.group(key), state)
                 finally:
                     changes = snapshot.restore()  # tracing must not leave fake values behind
             except _SizedOnFirstUse as sized:
