@@ -9,6 +9,8 @@ Configuration objects hold such values by name and are read value by value.
 from __future__ import annotations
 
 import argparse
+import array
+import collections
 import dataclasses
 import types
 from collections.abc import Iterable
@@ -16,6 +18,10 @@ from typing import Any
 
 PLAIN = frozenset({bool, int, float, str, type(None)})
 SEQUENCES = frozenset({tuple, list})
+# The standard library's other mutable sequences, read by value like a list (until wave 36 by
+# identity: a forward scaling by the mean of ``self.recent``, a deque the loop appends the last
+# losses to, kept the first mean, silently).
+OTHER_SEQUENCES = frozenset({collections.deque, bytearray, array.array})
 SHORT = 64  # longer tables (a vocabulary kept as a dict) are watched by identity, not read
 # A list of plain values up to this long is read by value (class weights, a per-token scale):
 # changed in place between steps it was not seen until wave 32 beyond 64 entries. Longer ones (a
@@ -41,13 +47,22 @@ _is_config_type: dict[type, bool] = {}
 
 def plain_form(value: Any) -> Any:
     """``value`` if plain, a sequence of plain values as a tuple, a NumPy array as
-    ``("ndarray", dtype, shape, bytes)`` (up to :data:`LONG` entries, :data:`ARRAY_BYTES`),
-    else ``NOT_PLAIN``."""
+    ``("ndarray", dtype, shape, bytes)`` (up to :data:`LONG` entries, :data:`ARRAY_BYTES`), a
+    deque of plain values as ``("deque", maxlen, values)``, a ``bytearray`` or an ``array.array``
+    by its bytes, else ``NOT_PLAIN``."""
     kind = type(value)
     if kind in PLAIN:
         return value
     if kind in SEQUENCES and len(value) <= LONG and all(type(i) in PLAIN for i in value):
         return tuple(value)
+    if kind in OTHER_SEQUENCES:
+        if kind is collections.deque:
+            plain = len(value) <= LONG and all(type(i) in PLAIN for i in value)
+            return ("deque", value.maxlen, tuple(value)) if plain else NOT_PLAIN
+        size = len(value) * (value.itemsize if kind is array.array else 1)
+        if size <= ARRAY_BYTES:
+            return (kind.__name__, getattr(value, "typecode", ""), bytes(value))
+        return NOT_PLAIN
     if kind.__name__ == "ndarray" and kind.__module__ == "numpy" and value.nbytes <= ARRAY_BYTES:
         return ("ndarray", value.dtype.str, value.shape, value.tobytes())
     return NOT_PLAIN
@@ -58,7 +73,7 @@ def short_entries(value: Any) -> Iterable[tuple[Any, Any]] | None:
     for anything else: the containers the guards and the capture's snapshot look into."""
     if isinstance(value, dict):
         return value.items() if len(value) <= SHORT else None
-    if type(value) in SEQUENCES:
+    if type(value) in SEQUENCES or type(value) is collections.deque:
         return enumerate(value) if len(value) <= SHORT else None
     return None
 

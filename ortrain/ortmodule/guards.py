@@ -60,6 +60,7 @@ from ortrain.capture.held_objects import class_attribute, is_held_object, is_pyt
 from ortrain.capture.plain_values import (
     CONTAINER_DEPTH,
     CONTAINER_ENTRIES,
+    OTHER_SEQUENCES,
     is_array_form,
     is_config_type,
     python_attributes,
@@ -217,11 +218,13 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
             elif kind in _TABLES or isinstance(v, dict):
                 if k not in _MODULE_TABLES:  # the user's own table (``self.weights = {"kl": 0.1}``)
                     objects.append((k, id(v), _container_description(v, walk) or ()))
-            elif (kind in _SEQUENCES or kind.__name__ == "ndarray") and (
+            elif (kind in _SEQUENCES or kind in OTHER_SEQUENCES or kind.__name__ == "ndarray") and (
                 form := _plain_form(v)
             ) is not _NOT_PLAIN:
-                plain.append((k, form))  # a list of plain values, a NumPy array
-            elif kind in _SEQUENCES and (described := _container_description(v, walk)):
+                plain.append((k, form))  # a list or deque of plain values, a NumPy array
+            elif (kind in _SEQUENCES or kind in OTHER_SEQUENCES) and (
+                described := _container_description(v, walk)
+            ):
                 # Per-layer settings as a list of dicts (``self.cfg[1]["scale"] = 2.0``, wave 27),
                 # of functions, schedules or dataclasses (``self.acts[0] = ...``,
                 # ``self.schedules[1].beta = 2.0``; until wave 32 only the list's identity).
@@ -431,7 +434,7 @@ def _entry_form(entry: Any, walk: _Walk, depth: int) -> Any:
         return _config_values(entry, walk)
     if is_held_object(entry) and (depth > 1 or walk.read_through(entry)):
         return _held_description(entry, 1, walk)
-    if depth > 1 and (kind in _SEQUENCES or isinstance(entry, dict | set)):
+    if depth > 1 and (kind in _SEQUENCES or kind in OTHER_SEQUENCES or isinstance(entry, dict | set)):
         inner = _container_values(entry, walk, depth - 1)
         return _NOT_PLAIN if inner is None else inner
     code = _held_code(entry, walk)
@@ -570,7 +573,7 @@ def _held_entries(held: Any, depth: int, walk: _Walk, *, methods: bool) -> tuple
         kind, plain = type(v), _plain_form(v)
         if plain is not _NOT_PLAIN or v is ABSENT:
             values.append((k, v if v is ABSENT else plain))
-        elif kind in _TABLES or isinstance(v, dict) or kind in _SEQUENCES:
+        elif kind in _TABLES or isinstance(v, dict) or kind in _SEQUENCES or kind in OTHER_SEQUENCES:
             described = _container_description(v, walk)
             if described is not None:  # others (a list of tensors) are left out, as tensors are
                 values.append((k, described))

@@ -17,6 +17,8 @@ a model that changes at every call trains through TorchDynamo's graph breaks).
 
 from __future__ import annotations
 
+import array
+import collections
 import types
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
@@ -32,8 +34,9 @@ from ortrain.capture.plain_values import CONTAINER_DEPTH, PLAIN, short_entries
 from ortrain.ortmodule.guards import is_deepspeed_hook_state
 
 # Values that are tables of a module: their contents are recorded, not just the table object.
-# (A list a forward appends to, ``self.history.append(x.mean().item())``, kept the traced value.)
-_TABLES = (dict, set, list)
+# (A list a forward appends to, ``self.history.append(x.mean().item())``, kept the traced value;
+# until wave 36 a deque, a bytearray or an ``array.array`` did.)
+_TABLES = (dict, set, list, collections.deque, bytearray, array.array)
 
 # Attributes that PyTorch modules rebuild from their own parameters when those are swapped, as a
 # capture swaps them for graph inputs: put back, but not a change of the model. (An LSTM's flat
@@ -89,6 +92,8 @@ class ModuleSnapshot:
         self._globals: list[_RecordedGlobal] = []
         self._held: list[_RecordedHeld] = []
         self._nested: list[_RecordedTable] = []
+        # Whether :meth:`restore` found a deque with a ``maxlen`` changed (see ortmodule.py).
+        self.bounded_deque_changed = False
         classes: set[type] = set()
         for name, module in root.named_modules(remove_duplicate=True):
             attributes = dict(module.__dict__)
@@ -164,6 +169,12 @@ class ModuleSnapshot:
 
     def restore(self) -> list[str]:
         """Put every recorded module back as it was; returns what had changed (empty: nothing)."""
+        self.bounded_deque_changed = any(
+            isinstance(table, collections.deque)
+            and table.maxlen is not None
+            and not _same_contents(table, kept)
+            for table, kept in self._tables()
+        )
         changes: list[str] = []
         for record in self._records:
             derived = _derived(record.module)
@@ -180,6 +191,16 @@ class ModuleSnapshot:
         for recorded in self._globals:
             changes += _restore_global(recorded)
         return changes
+
+    def _tables(self) -> Iterator[tuple[Any, list[Any]]]:
+        """(table, its recorded contents) of every table recorded."""
+        for owner in (*self._records, *self._held):
+            attributes = owner.attributes
+            yield from ((attributes[key], kept) for key, kept in owner.tables.items())
+        yield from ((nested.table, nested.contents) for nested in self._nested)
+        for recorded in self._globals:
+            if isinstance(recorded.value, _TABLES) and recorded.contents is not None:
+                yield recorded.value, recorded.contents
 
 
 _MISSING = object()
@@ -260,9 +281,18 @@ def _put_back(owner: Any, attributes: dict[str, Any], tables: dict[str, Any]) ->
         _refill(attributes[key], contents)
 
 
+def _is_bounded_deque(table: Any) -> bool:
+    return isinstance(table, collections.deque) and table.maxlen is not None
+
+
 def _refill(table: Any, contents: list[Any]) -> None:
-    if isinstance(table, list):
+    if isinstance(table, list | bytearray):
         table[:] = contents
+    elif isinstance(table, array.array):
+        table[:] = array.array(table.typecode, contents)
+    elif isinstance(table, collections.deque):
+        table.clear()
+        table.extend(contents)
     else:
         table.clear()
         table.update(contents)
@@ -331,6 +361,8 @@ def _same_contents(table: Any, recorded: list[Any]) -> bool:
         return False
     if isinstance(table, dict):
         return all(k == k0 and v is v0 for (k, v), (k0, v0) in zip(now, recorded, strict=True))
-    if isinstance(table, list):
+    if isinstance(table, list | collections.deque):
         return all(v is v0 for v, v0 in zip(now, recorded, strict=True))
+    if isinstance(table, bytearray | array.array):  # numbers, made anew at each read
+        return now == recorded
     return set(now) == set(recorded)

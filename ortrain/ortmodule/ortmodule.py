@@ -576,7 +576,9 @@ class ORTModule(nn.Module):
                 self._raise_if_user_error(args, kwargs)
                 raise
             if changes:
-                return self._after_a_capture_changed_the_model(changes, args, kwargs)
+                return self._after_a_capture_changed_the_model(
+                    changes, args, kwargs, bounded_deque=snapshot.bounded_deque_changed
+                )
             object.__setattr__(self, "_ortrain_changed_by_capture", False)
             unread = unread_lifted_inputs(call, entry.capture, key.inputs_alias) if call.lifted else None
             if unread:
@@ -873,13 +875,27 @@ class ORTModule(nn.Module):
         )
 
     def _after_a_capture_changed_the_model(
-        self, changes: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        changes: list[str],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        bounded_deque: bool = False,
     ) -> Any:
         """The forward changed the model while it was traced (undone since): a cache filled on
         first use runs this step in PyTorch, so that the change happens once with real tensors,
         and the next step captures the changed model; a change at every call (the capture after
-        such a step changes it again) goes to TorchDynamo's graph breaks, which replay it."""
+        such a step changes it again) goes to TorchDynamo's graph breaks, which replay it, except
+        where it appends to a deque with a ``maxlen``, which TorchDynamo models wrongly."""
         what = _first_few(changes, 3, "; ")
+        if self._ortrain_changed_by_capture and bounded_deque:
+            # TorchDynamo (torch 2.13) does not drop the oldest entry when its graph appends to a
+            # full bounded deque of the model: ``len(self.seen)`` read 4 for ``maxlen=3``, and the
+            # loss differed from eager's, silently. The fallback policy decides (PyTorch by default).
+            raise ORTModuleTorchModelException(
+                f"the model's forward changes the model at every call ({what}), appending to a deque "
+                "with a maxlen, which TorchDynamo's graph breaks do not replay faithfully"
+            )
         if self._ortrain_changed_by_capture:
             logger.warning(
                 "the model's forward changes the model at every call (%s): a captured graph cannot "

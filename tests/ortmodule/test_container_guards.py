@@ -7,9 +7,11 @@ dataclasses and tables kept in a module's list or dict (only the container's ide
 
 from __future__ import annotations
 
+import array
 import collections
 import copy
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +22,7 @@ from _parity import capture_reasons_across
 from torch import nn
 
 from ortrain import ORTModule
+from ortrain.errors import ORTModuleTorchModelException
 
 
 class _Schedule:
@@ -229,3 +232,69 @@ def _count_in_step(model: nn.Module, state: Callable[[Any], Any]) -> None:
     for _ in range(4):
         assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-5)
     assert state(wrapped.module) == state(model)
+
+
+class _RecentNet(nn.Module):
+    """Scales by the mean of the last losses, kept in a bounded deque the loop appends to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.recent: collections.deque[float] = collections.deque([1.0], maxlen=3)
+        self.code = bytearray(b"a")
+        self.weights = array.array("f", [1.0, 2.0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x) * (sum(self.recent) / len(self.recent)) * self.weights[0]
+        return (torch.tanh(h) if self.code == b"a" else h).square().mean()
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (
+            lambda m: m.recent.append(3.0),
+            "(the model).recent changed from ('deque', 3, (1.0,)) to ('deque', 3, (1.0, 3.0))",
+        ),
+        (lambda m: m.code.__setitem__(0, ord("b")), "(the model).code changed from ('bytearray', '', b'a')"),
+        (lambda m: m.weights.__setitem__(0, 3.0), "(the model).weights changed from ('array', 'f'"),
+    ],
+    ids=["deque", "bytearray", "array.array"],
+)
+def test_a_deque_bytearray_or_array_changed_in_place(
+    change: Callable[[Any], None], reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Watched by identity until wave 36: the graph kept the captured values, silently."""
+    _check(_RecentNet, change, reason, caplog)
+
+
+class _AppendingNet(nn.Module):
+    """A forward that appends to a deque, bounded or not, and reads its length."""
+
+    def __init__(self, maxlen: int | None) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.seen: collections.deque[int] = collections.deque(maxlen=maxlen)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.shape[0])
+        return (self.fc(x) * len(self.seen)).square().mean()
+
+
+def test_a_forward_that_appends_to_a_deque() -> None:
+    """Until wave 36 the capture's trace appended and the graph never did."""
+    _count_in_step(_AppendingNet(None), lambda m: list(m.seen))
+
+
+def test_a_forward_that_appends_to_a_bounded_deque_trains_in_pytorch(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TorchDynamo's graph breaks, where a model that changes itself at every call trains, do not
+    drop the oldest entry of a full bounded deque (torch 2.13: ``len`` read 3 for ``maxlen=2``):
+    such a model falls back to PyTorch, with the reason, or raises it under FALLBACK_DISABLE."""
+    with pytest.raises(ORTModuleTorchModelException, match="appending to a deque with a maxlen"):
+        _count_in_step(_AppendingNet(2), lambda m: list(m.seen))
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        _count_in_step(_AppendingNet(2), lambda m: list(m.seen))
+    assert "appending to a deque with a maxlen" in caplog.text
