@@ -170,6 +170,12 @@ class FusedAdam(torch.optim.Optimizer):
             exp_avg_sqs.append(state["exp_avg_sq"])
             steps.append(state["step"])
 
+        # Complex parameters are updated as pairs of reals, as torch's Adam updates them: the fused
+        # kernels take real tensors only (they raised "not implemented for 'ComplexFloat'").
+        params, grads, exp_avgs, exp_avg_sqs = (
+            [torch.view_as_real(t) if t.is_complex() else t for t in tensors]
+            for tensors in (params, grads, exp_avgs, exp_avg_sqs)
+        )
         hypers: dict[int, _Hyper] = {}
         for step in dict.fromkeys(steps):
             hypers[step] = _Hyper(

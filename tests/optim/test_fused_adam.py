@@ -334,3 +334,26 @@ def test_per_parameter_steps_survive_a_move_between_optimizers(first: str) -> No
     _steps_with_gaps(resumed, moved, 6)
     for a, b in zip(moved, reference, strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("mode", [AdamWMode.ADAM_L2_REGULARIZATION, AdamWMode.ADAMW_TORCH])
+def test_complex_params_are_updated_as_torch_adam_updates_them(mode: AdamWMode) -> None:
+    """As pairs of reals (torch's Adam views them so); until wave 36 the fused kernel raised
+    "not implemented for 'ComplexFloat'" (a spectral layer's complex weights, FNO-style)."""
+    gen = torch.Generator().manual_seed(0)
+    params = [
+        torch.randn(5, 3, dtype=torch.cfloat, generator=gen).requires_grad_(),
+        torch.randn(4).requires_grad_(),
+    ]
+    ref_params = [p.detach().clone().requires_grad_() for p in params]
+    opt, ref_opt = FusedAdam(params, adam_w_mode=mode, **HYPER), _torch_reference(mode, ref_params)
+    for step in range(1, 6):
+        grads = [torch.randn(p.shape, dtype=p.dtype, generator=gen) for p in params]
+        for group, values in ((params, grads), (ref_params, grads)):
+            for p, g in zip(group, values, strict=True):
+                p.grad = g.clone()
+        opt.step()
+        ref_opt.step()
+    for p, r in zip(params, ref_params, strict=True):
+        torch.testing.assert_close(p.detach(), r.detach(), atol=1e-6, rtol=1e-6)
+    assert opt.state[params[0]]["exp_avg"].dtype == torch.cfloat
