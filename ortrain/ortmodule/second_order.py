@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ortrain.capture.graph_task import backward_keeps_graph
+from ortrain.ortmodule.output_aliases import Layout, as_views, output_aliases
 from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, unflatten
 
 
@@ -92,6 +93,8 @@ class _Recompute:
         self.unreproducible: list[str] = []
         self.captured: list[torch.Tensor | None] | None = None
         self.leaves: list[torch.Tensor] | None = None
+        # Outputs that share memory with others (see :mod:`ortrain.ortmodule.output_aliases`).
+        self.aliases: dict[int, tuple[int, Layout]] = {}
 
     def forward(self, tensors: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         self.devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
@@ -166,6 +169,7 @@ class _TwiceDifferentiable(torch.autograd.Function):
         # them unless the outer backward keeps its graph.
         recompute.captured = [o if o.requires_grad else None for o in outputs]
         recompute.leaves = leaves
+        recompute.aliases = output_aliases(outputs)
         # Saved: the tensors whose gradients the backward returns (kept on the node, a block's
         # input would outlive its backward), the call's own tensors and the parameters that
         # require grad (the recompute's inputs).
@@ -259,4 +263,5 @@ def run_twice_differentiable(
     if any(t.requires_grad and id(t) not in reachable for t in tensors):
         return None
     recompute = _Recompute(run, module, parameters, spec, buffer_writes)
-    return _TwiceDifferentiable.apply(recompute, user_inputs, *tensors)
+    returned = _TwiceDifferentiable.apply(recompute, user_inputs, *tensors)
+    return as_views(returned, recompute.aliases) if recompute.aliases else returned

@@ -347,7 +347,7 @@ def test_complex_params_are_updated_as_torch_adam_updates_them(mode: AdamWMode) 
     ]
     ref_params = [p.detach().clone().requires_grad_() for p in params]
     opt, ref_opt = FusedAdam(params, adam_w_mode=mode, **HYPER), _torch_reference(mode, ref_params)
-    for step in range(1, 6):
+    for _ in range(5):
         grads = [torch.randn(p.shape, dtype=p.dtype, generator=gen) for p in params]
         for group, values in ((params, grads), (ref_params, grads)):
             for p, g in zip(group, values, strict=True):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import logging
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -215,3 +216,64 @@ def test_numbers_computed_from_a_dynamic_size_come_back_as_numbers(caplog: pytes
         torch.testing.assert_close(p.grad, q.grad)
     assert ort_graph_count(wrapped) == 2  # static, then dynamic: nothing ran in PyTorch
     assert not caplog.records
+
+
+class _ViewsOfOutputs(nn.Module):
+    """Returns the logits, views of them and the same tensor twice (a pooled first row next to
+    the sequence, a transposed copy for a second loss)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 5)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.linear(x)
+        return {"logits": h, "first": h[:, :2], "t": h.t(), "row": h[0], "again": h}
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda out: out["first"].mul_(2.0),
+        lambda out: out["t"][1].clamp_(max=0.1),
+        lambda out: out["row"].div_(3.0),
+        lambda out: out["again"].mul_(0.5),
+    ],
+    ids=["slice", "transpose", "row", "same tensor"],
+)
+def test_writing_into_a_view_of_another_output_reaches_it_as_eagerly(write: Any) -> None:
+    """In eager PyTorch an output that is a view of another shares its autograd history: writing
+    into it changes the other and its gradient. Until wave 36 ORTModule's outputs shared memory but
+    not history, and the gradient missed the write, silently."""
+    torch.manual_seed(0)
+    model = _ViewsOfOutputs()
+    wrapped = ORTModule(copy.deepcopy(model))
+    x = torch.randn(4, 6)
+    for step in range(2):
+        losses = []
+        for m in (model, wrapped):
+            out = m(x)
+            write(out)
+            loss = out["logits"].square().sum() + out["first"].exp().sum()
+            loss.backward()
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], rel=1e-6), f"step {step}"
+        for p, q in zip(model.parameters(), wrapped.module.parameters(), strict=True):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6)
+            p.grad = q.grad = None
+
+
+def test_output_aliases_names_views_and_repeats_only() -> None:
+    """A copy, a detached view (no history to share) and a view of a tensor no output holds are
+    left alone; a repeat, a view and a transposed view of an output are made again from it."""
+    from ortrain.ortmodule.output_aliases import output_aliases
+
+    base = torch.randn(4, 6, requires_grad=True)
+    h = base * 2
+    hidden = base * 3
+    outputs = [h, h.clone(), h.detach(), h[:, 1:3], h, h.t(), hidden[0], 5]
+    aliases = output_aliases(outputs)
+    assert sorted(aliases) == [3, 4, 5]
+    assert aliases[4] == (0, None)
+    assert aliases[3] == (0, (torch.Size([4, 2]), (6, 1), 1))
+    assert aliases[5][0] == 0

@@ -1,0 +1,85 @@
+"""Outputs that share memory with other outputs, made views of them again after the call's node.
+
+A forward may return a tensor and views of it (``h`` and ``h[:, :2]``, a pooled first row next to
+the sequence, ``h.t()``), or one tensor twice. In eager PyTorch such outputs share their autograd
+history as well as their memory: writing into one (``out["first"].mul_(2)``) changes the other,
+and the gradient of a loss on the other goes through the write. The captured call returns its
+outputs from one autograd node (:mod:`ortrain.ortmodule.second_order`), each a separate result of
+it: until wave 36 they shared memory and not history, and the gradient missed the write, silently.
+
+So after the node, each such output is made again from the output whose memory holds it, as a
+view with its size, strides and storage offset (``as_strided``: whatever view functions made it),
+and one tensor returned twice is returned as one tensor. Outputs whose memory no other output
+holds are left alone (views of a tensor the forward does not return: writing into one changes
+nothing another output shows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The elements of ``t``'s storage it reaches, as [first, last] offsets."""
+    last = t.storage_offset() + sum(
+        (size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True)
+    )
+    return t.storage_offset(), last
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t`` covers every element of its span once (a base, not a strided view of one)."""
+    first, last = _span(t)
+    return last - first + 1 == t.numel() and t.numel() > 0
+
+
+# Where an aliased output lies in its holder's memory: size, strides, storage offset; None where it
+# is the holder itself, returned twice.
+Layout = tuple[torch.Size, tuple[int, ...], int] | None
+
+
+def output_aliases(outputs: Sequence[Any]) -> dict[int, tuple[int, Layout]]:
+    """Output position -> (the position of the output whose memory holds it, its layout there),
+    for each output returned twice, or a differentiable view of another output or of what it views
+    (a view that does not require grad, ``h.detach()``, has no history to share: left alone)."""
+    aliases: dict[int, tuple[int, Layout]] = {}
+    first_place: dict[int, int] = {}
+    by_storage: dict[int, list[tuple[int, torch.Tensor]]] = {}
+    for i, o in enumerate(outputs):
+        if not isinstance(o, torch.Tensor) or o.layout != torch.strided or o.numel() == 0:
+            continue
+        if id(o) in first_place:
+            aliases[i] = (first_place[id(o)], None)
+            continue
+        first_place[id(o)] = i
+        by_storage.setdefault(o.untyped_storage().data_ptr(), []).append((i, o))
+    for sharing in by_storage.values():
+        if len(sharing) < 2:
+            continue
+        # A holder: a dense output. Of two dense outputs over the same elements (``h`` and
+        # ``h.t()``), the first holds, and the other is made a view of it (they share history).
+        holders = [(j, holder, _span(holder)) for j, holder in sharing if _dense(holder)]
+        for i, o in sharing:
+            if not o.requires_grad:
+                continue
+            first, last = _span(o)
+            for j, holder, (held_first, held_last) in holders:
+                if j == i or holder.dtype != o.dtype or not held_first <= first <= last <= held_last:
+                    continue
+                if (held_first, held_last) == (first, last) and _dense(o) and j > i:
+                    continue  # ``o`` holds the same elements, and comes first: it is the holder
+                aliases[i] = (j, (o.shape, o.stride(), o.storage_offset()))
+                break
+    return aliases
+
+
+def as_views(returned: Sequence[Any], aliases: dict[int, tuple[int, Layout]]) -> tuple[Any, ...]:
+    """``returned`` (the node's results) with each aliased output made again from its holder's
+    result: the same tensor, or a view of it laid out as the call's output was."""
+    result = list(returned)
+    for i, (j, layout) in aliases.items():
+        result[i] = result[j] if layout is None else result[j].as_strided(*layout)
+    return tuple(result)
