@@ -12,9 +12,12 @@ import argparse
 import array
 import collections
 import dataclasses
+import numbers
 import types
 from collections.abc import Iterable
 from typing import Any
+
+import torch
 
 PLAIN = frozenset({bool, int, float, str, type(None)})
 SEQUENCES = frozenset({tuple, list})
@@ -45,14 +48,46 @@ NAMESPACES = frozenset({types.SimpleNamespace, argparse.Namespace})
 _is_config_type: dict[type, bool] = {}
 
 
+_number_types: dict[type, bool] = {}
+
+
+def _is_other_number(kind: type) -> bool:
+    """Numbers of other types than Python's: NumPy scalars (``np.float32(0.5)`` from a schedule
+    made with NumPy), ``Fraction``, ``Decimal``. Until wave 36 they were watched by identity: a
+    schedule assigning one at every step captured at every step, and reused ids kept stale graphs
+    (on a held object or a config they were not watched at all)."""
+    known = _number_types.get(kind)
+    if known is None:
+        numpy_bool = kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
+        known = kind not in PLAIN and (issubclass(kind, numbers.Number) or numpy_bool)
+        _number_types[kind] = known
+    return known
+
+
+def has_plain_form(kind: type) -> bool:
+    """Whether :func:`plain_form` may read a value of ``kind`` (besides the plain kinds)."""
+    return (
+        kind in SEQUENCES
+        or kind in OTHER_SEQUENCES
+        or kind is torch.Size
+        or kind.__name__ == "ndarray"
+        or _is_other_number(kind)
+    )
+
+
 def plain_form(value: Any) -> Any:
     """``value`` if plain, a sequence of plain values as a tuple, a NumPy array as
     ``("ndarray", dtype, shape, bytes)`` (up to :data:`LONG` entries, :data:`ARRAY_BYTES`), a
     deque of plain values as ``("deque", maxlen, values)``, a ``bytearray`` or an ``array.array``
-    by its bytes, else ``NOT_PLAIN``."""
+    by its bytes, a ``torch.Size`` as a tuple, another number (a NumPy scalar, a ``Fraction``) as
+    ``("number", its type, its repr)``, else ``NOT_PLAIN``."""
     kind = type(value)
     if kind in PLAIN:
         return value
+    if kind is torch.Size:
+        return tuple(value)
+    if _is_other_number(kind):
+        return ("number", f"{kind.__module__}.{kind.__qualname__}", repr(value))
     if kind in SEQUENCES and len(value) <= LONG and all(type(i) in PLAIN for i in value):
         return tuple(value)
     if kind in OTHER_SEQUENCES:

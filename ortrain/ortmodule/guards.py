@@ -37,6 +37,7 @@ import dataclasses
 import enum
 import functools
 import types
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ from ortrain.capture.plain_values import (
     CONTAINER_DEPTH,
     CONTAINER_ENTRIES,
     OTHER_SEQUENCES,
+    has_plain_form,
     is_array_form,
     is_config_type,
     python_attributes,
@@ -111,6 +113,57 @@ class ModelState:
     # The held objects and configs the key describes by value (what a capture records reads of),
     # where the walk was asked for them.
     described: tuple[Any, ...] = ()
+
+
+class Identity:
+    """An object in a state key, compared by identity: equal only to the same object, alive.
+
+    Until wave 36 keys held ``id(obj)``: an object replaced between steps is freed, and a later
+    one may get its id (a schedule assigning ``types.MappingProxyType`` or NumPy values at every
+    step reused them within a few steps), and the graph captured for the first ran for the later
+    one, silently. The object is held weakly where it can be (a dead one equals nothing), else
+    strongly (a dict, a tuple: its id cannot be reused while a key holds it)."""
+
+    __slots__ = ("__weakref__", "_id", "_ref", "_weak")
+
+    def __init__(self, value: Any) -> None:
+        self._id = id(value)
+        try:
+            self._ref: Any = weakref.ref(value)
+            self._weak = True
+        except TypeError:
+            self._ref, self._weak = value, False
+
+    def value(self) -> Any:
+        return self._ref() if self._weak else self._ref
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Identity) or other._id != self._id:
+            return False
+        mine = self.value()
+        return mine is not None and mine is other.value()
+
+    def __hash__(self) -> int:
+        return self._id
+
+    def __repr__(self) -> str:
+        return f"<object {type(self.value()).__name__} at {self._id:#x}>"
+
+
+# One Identity per live object (weakly held ones only: a strong one would keep the object alive),
+# so that a step's walk does not make a new one per attribute.
+_identities: weakref.WeakValueDictionary[int, Identity] = weakref.WeakValueDictionary()
+
+
+def identity_of(value: Any) -> Identity:
+    """``value``'s :class:`Identity`."""
+    known = _identities.get(id(value))
+    if known is not None and known.value() is value:
+        return known
+    made = Identity(value)
+    if made._weak:
+        _identities[id(value)] = made
+    return made
 
 
 def is_deepspeed_hook_state(name: str) -> bool:
@@ -217,22 +270,20 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
                 plain.append((k, v))
             elif kind in _TABLES or isinstance(v, dict):
                 if k not in _MODULE_TABLES:  # the user's own table (``self.weights = {"kl": 0.1}``)
-                    objects.append((k, id(v), _container_description(v, walk) or ()))
-            elif (kind in _SEQUENCES or kind in OTHER_SEQUENCES or kind.__name__ == "ndarray") and (
-                form := _plain_form(v)
-            ) is not _NOT_PLAIN:
-                plain.append((k, form))  # a list or deque of plain values, a NumPy array
+                    objects.append((k, identity_of(v), _container_description(v, walk) or ()))
+            elif has_plain_form(kind) and (form := _plain_form(v)) is not _NOT_PLAIN:
+                plain.append((k, form))  # a list or deque of plain values, a NumPy array or scalar
             elif (kind in _SEQUENCES or kind in OTHER_SEQUENCES) and (
                 described := _container_description(v, walk)
             ):
                 # Per-layer settings as a list of dicts (``self.cfg[1]["scale"] = 2.0``, wave 27),
                 # of functions, schedules or dataclasses (``self.acts[0] = ...``,
                 # ``self.schedules[1].beta = 2.0``; until wave 32 only the list's identity).
-                objects.append((k, id(v), described))
+                objects.append((k, identity_of(v), described))
             elif is_tensor_attribute(v):
                 tensor_attrs.append((k, v))
             elif is_config_type(kind):
-                objects.append((k, id(v), _config_values(v, walk)))
+                objects.append((k, identity_of(v), _config_values(v, walk)))
             elif is_deepspeed_hook_state(k):
                 continue  # DeepSpeed ZeRO-3's hooks set these at every step (functions among them)
             elif kind in _HELD_CODE and (code := _held_code(v, walk)) is not None:
@@ -242,7 +293,9 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
             else:
                 # An object of the user's by its values too (``self.schedule.beta``), others by identity.
                 held = is_held_object(v)
-                objects.append((k, id(v), _held_values(v, HELD_DEPTH, walk)) if held else (k, id(v)))
+                objects.append(
+                    (k, identity_of(v), _held_values(v, HELD_DEPTH, walk)) if held else (k, identity_of(v))
+                )
         params = tuple(tensor_key(n, p) for n, p in attributes["_parameters"].items())
         buffers = tuple(tensor_key(n, b) for n, b in attributes["_buffers"].items())
         others = tuple(tensor_key(n, t) for n, t in tensor_attrs)
@@ -517,7 +570,7 @@ def _config_values(config: Any, walk: _Walk) -> tuple[Any, ...]:
         elif is_held_object(v) and walk.read_through(v):  # ``self.cfg.schedule.beta`` (wave 36)
             values.append((k, _held_description(v, 1, walk)))
         else:
-            values.append((k, ("object", id(v))))
+            values.append((k, ("object", identity_of(v))))
     walk.configs[id(config)] = described = tuple(values)
     return described
 
@@ -751,6 +804,8 @@ def _show_value(value: Any) -> str:
     """A value for a message, kept short: a NumPy array by its dtype and shape, a long list cut."""
     if is_array_form(value):
         return f"an array ({value[1]}, shape {list(value[2])})"
+    if type(value) is tuple and len(value) == 3 and value[0] == "number":
+        return value[2]  # a NumPy scalar, a Fraction: its repr
     shown = repr(value)
     return shown if len(shown) <= 80 else f"{shown[:60]}... ({len(value)} entries)"
 
