@@ -51,7 +51,7 @@ _is_config_type: dict[type, bool] = {}
 _number_types: dict[type, bool] = {}
 
 
-def _is_other_number(kind: type) -> bool:
+def is_other_number(kind: type) -> bool:
     """Numbers of other types than Python's: NumPy scalars (``np.float32(0.5)`` from a schedule
     made with NumPy), ``Fraction``, ``Decimal``. Until wave 36 they were watched by identity: a
     schedule assigning one at every step captured at every step, and reused ids kept stale graphs
@@ -71,7 +71,7 @@ def has_plain_form(kind: type) -> bool:
         or kind in OTHER_SEQUENCES
         or kind is torch.Size
         or kind.__name__ == "ndarray"
-        or _is_other_number(kind)
+        or is_other_number(kind)
     )
 
 
@@ -86,7 +86,7 @@ def plain_form(value: Any) -> Any:
         return value
     if kind is torch.Size:
         return tuple(value)
-    if _is_other_number(kind):
+    if is_other_number(kind):
         return ("number", f"{kind.__module__}.{kind.__qualname__}", repr(value))
     if kind in SEQUENCES and len(value) <= LONG and all(type(i) in PLAIN for i in value):
         return tuple(value)

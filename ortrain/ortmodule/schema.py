@@ -20,7 +20,7 @@ from torch import nn
 
 from ortrain.capture.held_objects import is_held_object
 from ortrain.capture.huggingface import layered_cache, rebuilt_cache
-from ortrain.capture.plain_values import NAMESPACES, python_attributes
+from ortrain.capture.plain_values import NAMESPACES, is_other_number, python_attributes
 from ortrain.capture.pytree_nodes import NodeContext, flatten_registered, unflatten_registered
 from ortrain.capture.subclass_views import made_as
 from ortrain.capture.tensor_subclasses import keeps_its_class, overridden_protocols
@@ -142,6 +142,10 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
         # tensor in the graph, that class again on the way in and out, as eager's results have it.
         return ("tensor", kind) if kind is not None and keeps_its_class(kind) else ("tensor",)
     if isinstance(value, _CONSTANT_TYPES):
+        return ("const", type(value), value)
+    if is_other_number(type(value)):
+        # A NumPy scalar, a Fraction (``model(x, np.float32(t))``): a constant, by value, as
+        # eager's code gets it (until wave 36 the model fell back to PyTorch for good).
         return ("const", type(value), value)
     if isinstance(value, tuple(_SYMBOLIC_NUMBERS)):
         # A number computed from a size the graph leaves open (``x.shape[0]`` returned by a model

@@ -361,3 +361,20 @@ def test_patched_code_misses(monkeypatch: pytest.MonkeyPatch) -> None:
         patched = _key(_CallsAnotherModulesMethod())
     assert patched is not None and patched != reference
     assert _key(_CallsAnotherModulesMethod()) == reference
+
+
+def test_numbers_of_other_types_are_described_by_type_and_value() -> None:
+    """A NumPy scalar or Fraction attribute or argument (wave 36: constants of the graph) is keyed;
+    until then the key could not describe one and such a capture was not cached."""
+    import fractions
+
+    import numpy as np
+
+    describe = capture_key_module.describe
+    assert describe(np.float32(0.5)) == describe(np.float32(0.5))
+    assert describe(np.float32(0.5)) not in (
+        describe(np.float32(0.25)),
+        describe(np.float64(0.5)),
+        describe(0.5),
+    )
+    assert describe(fractions.Fraction(1, 3)) != describe(fractions.Fraction(1, 2))

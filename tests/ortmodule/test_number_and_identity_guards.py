@@ -116,3 +116,38 @@ def test_identity_is_equal_only_for_the_same_live_object() -> None:
     kept = identity_of(a)
     del a
     assert kept != kept  # a dead object equals nothing, itself included
+
+
+class _Tempered(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, temperature: Any, hard: Any = False) -> torch.Tensor:
+        h = self.fc(x) / float(temperature)
+        return (h.abs() if hard else h.square()).mean()
+
+
+def test_a_numpy_scalar_or_fraction_argument_is_a_constant(caplog: pytest.LogCaptureFixture) -> None:
+    """Each value is a constant of its graph (a new one captures), as a string argument is; until
+    wave 36 such an argument sent the model to PyTorch for good (an error under FALLBACK_DISABLE)."""
+    torch.manual_seed(0)
+    model = _Tempered()
+    wrapped = ORTModule(copy.deepcopy(model))
+    x = torch.randn(3, 4)
+    calls = [
+        (np.float32(0.5), np.bool_(False)),
+        (np.float32(0.5), np.bool_(False)),
+        (np.int64(2), np.bool_(True)),
+        (fractions.Fraction(3, 2), False),
+    ]
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for temperature, hard in calls:
+            loss, expected = wrapped(x, temperature, hard), model(x, temperature, hard)
+            assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+            loss.backward()
+            expected.backward()
+    for p, q in zip(model.parameters(), wrapped.module.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6)
+    captures = [r for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    assert len(captures) == 3
