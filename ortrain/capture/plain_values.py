@@ -70,6 +70,7 @@ def has_plain_form(kind: type) -> bool:
         kind in SEQUENCES
         or kind in OTHER_SEQUENCES
         or kind is torch.Size
+        or kind is torch.device
         or kind.__name__ == "ndarray"
         or is_other_number(kind)
     )
@@ -79,13 +80,16 @@ def plain_form(value: Any) -> Any:
     """``value`` if plain, a sequence of plain values as a tuple, a NumPy array as
     ``("ndarray", dtype, shape, bytes)`` (up to :data:`LONG` entries, :data:`ARRAY_BYTES`), a
     deque of plain values as ``("deque", maxlen, values)``, a ``bytearray`` or an ``array.array``
-    by its bytes, a ``torch.Size`` as a tuple, another number (a NumPy scalar, a ``Fraction``) as
-    ``("number", its type, its repr)``, else ``NOT_PLAIN``."""
+    by its bytes, a ``torch.Size`` as a tuple, a ``torch.device`` as ``("device", name)``, another
+    number (a NumPy scalar, a ``Fraction``) as ``("number", its type, its repr)``, else
+    ``NOT_PLAIN``."""
     kind = type(value)
     if kind in PLAIN:
         return value
     if kind is torch.Size:
         return tuple(value)
+    if kind is torch.device:  # a new object per call of ``torch.device(...)``: by value
+        return ("device", str(value))
     if is_other_number(kind):
         return ("number", f"{kind.__module__}.{kind.__qualname__}", repr(value))
     if kind in SEQUENCES and len(value) <= LONG and all(type(i) in PLAIN for i in value):

@@ -44,11 +44,12 @@ class _ScheduledNet(nn.Module):
         self.schedule = _Schedule()
         self.cfg = _Config()
         self.shape = torch.Size([3, 4])
+        self.device = torch.device("cpu")
         self.consts: Any = types.MappingProxyType({"scale": 1.0})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scale = float(self.alpha) * float(self.schedule.beta) * float(self.cfg.gamma) * self.consts["scale"]
-        return (self.fc(x).reshape(self.shape) * scale).square().mean()
+        return (self.fc(x.to(self.device)).reshape(self.shape) * scale).square().mean()
 
 
 def _train(change: Callable[[Any, int], None], caplog: pytest.LogCaptureFixture, steps: int = 6) -> int:
@@ -83,11 +84,16 @@ def test_a_number_of_another_type_changed_at_every_step(
     assert _train(change, caplog) == 6
 
 
-def test_an_equal_number_or_size_assigned_again_captures_nothing(caplog: pytest.LogCaptureFixture) -> None:
+def test_an_equal_number_size_or_device_assigned_again_captures_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each a new object at every step: until wave 36 each step captured again."""
+
     def assign(m: Any, step: int) -> None:
         m.alpha = np.float32(2.0)
         m.schedule.beta = np.float64(0.5)
         m.shape = torch.Size([3, 4])
+        m.device = torch.device("cpu")
 
     assert _train(assign, caplog) == 1
 
