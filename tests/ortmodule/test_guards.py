@@ -17,6 +17,7 @@ import types
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import numpy as np
 import pytest
 import torch
 from _parity import assert_same_state
@@ -1167,3 +1168,32 @@ def test_captures_for_a_few_values_that_come_back_are_not_warned_about(
             wrapped(x, y).backward()
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(wrapped._ortrain_graphs) == 4
+
+
+class _ReadsTensorAttributes(nn.Module):
+    """Reads a NumPy array set on its weight and a list, a float and a NumPy scalar set on its input,
+    with a loss no forward rewrite touches (so that AOTAutograd traces the module as written)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.fc.weight.column_scales = np.array([1.0, 2.0, 3.0, 4.0], dtype=np.float32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x) * torch.from_numpy(self.fc.weight.column_scales)
+        keep = [*getattr(x, "keep", [0, 1]), 2]
+        return h[:, keep].sum() * getattr(x, "scale", 1.0) * float(getattr(x, "temperature", 1.0))
+
+
+def test_tensor_attributes_reach_a_forward_traced_as_written() -> None:
+    """Until wave 36 the functional tensors AOTAutograd traces with lost the attributes the fake
+    tensors carried: the input's read the defaults (the loss off eager's, silently), the weight's
+    failed the capture."""
+    torch.manual_seed(0)
+    model = _ReadsTensorAttributes()
+    wrapped = ORTModule(copy.deepcopy(model))
+    wrapped.module.fc.weight.column_scales = model.fc.weight.column_scales.copy()  # deepcopy drops it
+    for keep, scale, temperature in (([0, 3], 0.25, np.float32(0.5)), ([1], 2.0, np.float32(0.5))):
+        x = torch.randn(2, 4)
+        x.keep, x.scale, x.temperature = keep, scale, temperature
+        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-5)
