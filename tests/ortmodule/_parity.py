@@ -91,3 +91,16 @@ def capture_reasons_across(
             assert wrapped(x).item() == pytest.approx(model(x).item(), rel=rel)
     messages = (r.getMessage() for r in caplog.records)
     return [m for m in messages if m.startswith("capturing a graph:")]
+
+
+def calls_agree(model: torch.nn.Module, state: Callable[[Any], Any], calls: int = 4) -> None:
+    """``calls`` calls of ``model`` and of an ORTModule copy agree on one input (seed 0), and leave
+    the same ``state`` (what a forward counting its calls counted)."""
+    import pytest
+
+    torch.manual_seed(0)
+    wrapped = ORTModule(copy.deepcopy(model))
+    x = torch.randn(3, 4)
+    for _ in range(calls):
+        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-5)
+    assert state(wrapped.module) == state(model)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import array
 import collections
-import copy
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -18,10 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from _parity import capture_reasons_across
+from _parity import calls_agree, capture_reasons_across
 from torch import nn
 
-from ortrain import ORTModule
 from ortrain.errors import ORTModuleTorchModelException
 
 
@@ -156,7 +154,7 @@ class _CountingNet(nn.Module):
 @pytest.mark.parametrize("where", ["list", "dict of dicts"])
 def test_a_forward_that_counts_on_an_object_in_a_container(where: str) -> None:
     """Until wave 32 the capture's trace counted (three times) and the graph never did again."""
-    _count_in_step(_CountingNet(where), lambda m: m.counter().calls)
+    calls_agree(_CountingNet(where), lambda m: m.counter().calls)
 
 
 class _NestedCountNet(nn.Module):
@@ -186,7 +184,7 @@ class _NestedCountNet(nn.Module):
 
 @pytest.mark.parametrize("where", ["dict in a dict", "list in a list", "dict in a tuple"])
 def test_a_forward_that_counts_in_a_nested_table(where: str) -> None:
-    _count_in_step(_NestedCountNet(where), lambda m: (m.nested, m.rows, m.pair))
+    calls_agree(_NestedCountNet(where), lambda m: (m.nested, m.rows, m.pair))
 
 
 class _Slotted:
@@ -221,17 +219,7 @@ def test_an_object_with_slots_is_read_by_its_values(caplog: pytest.LogCaptureFix
 
 
 def test_a_forward_that_counts_on_an_object_with_slots() -> None:
-    _count_in_step(_SlottedNet(count=True), lambda m: m.schedule.calls)
-
-
-def _count_in_step(model: nn.Module, state: Callable[[Any], Any]) -> None:
-    """Four calls of ``model`` and of an ORTModule copy agree, and leave the same ``state``."""
-    torch.manual_seed(0)
-    wrapped = ORTModule(copy.deepcopy(model))
-    x = torch.randn(3, 4)
-    for _ in range(4):
-        assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-5)
-    assert state(wrapped.module) == state(model)
+    calls_agree(_SlottedNet(count=True), lambda m: m.schedule.calls)
 
 
 class _RecentNet(nn.Module):
@@ -283,7 +271,7 @@ class _AppendingNet(nn.Module):
 
 def test_a_forward_that_appends_to_a_deque() -> None:
     """Until wave 36 the capture's trace appended and the graph never did."""
-    _count_in_step(_AppendingNet(None), lambda m: list(m.seen))
+    calls_agree(_AppendingNet(None), lambda m: list(m.seen))
 
 
 def test_a_forward_that_appends_to_a_bounded_deque_trains_in_pytorch(
@@ -293,8 +281,8 @@ def test_a_forward_that_appends_to_a_bounded_deque_trains_in_pytorch(
     drop the oldest entry of a full bounded deque (torch 2.13: ``len`` read 3 for ``maxlen=2``):
     such a model falls back to PyTorch, with the reason, or raises it under FALLBACK_DISABLE."""
     with pytest.raises(ORTModuleTorchModelException, match="appending to a deque with a maxlen"):
-        _count_in_step(_AppendingNet(2), lambda m: list(m.seen))
+        calls_agree(_AppendingNet(2), lambda m: list(m.seen))
     monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
     with caplog.at_level(logging.WARNING, logger="ortrain"):
-        _count_in_step(_AppendingNet(2), lambda m: list(m.seen))
+        calls_agree(_AppendingNet(2), lambda m: list(m.seen))
     assert "appending to a deque with a maxlen" in caplog.text
