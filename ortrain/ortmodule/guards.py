@@ -124,12 +124,12 @@ class Identity:
     one, silently. The object is held weakly where it can be (a dead one equals nothing), else
     strongly (a dict, a tuple: its id cannot be reused while a key holds it)."""
 
-    __slots__ = ("__weakref__", "_id", "_ref", "_weak")
+    __slots__ = ("_id", "_ref", "_weak")
 
     def __init__(self, value: Any) -> None:
         self._id = id(value)
         try:
-            self._ref: Any = weakref.ref(value)
+            self._ref: Any = weakref.ref(value, functools.partial(_forget, self._id))
             self._weak = True
         except TypeError:
             self._ref, self._weak = value, False
@@ -150,15 +150,23 @@ class Identity:
         return f"<object {type(self.value()).__name__} at {self._id:#x}>"
 
 
-# One Identity per live object (weakly held ones only: a strong one would keep the object alive),
-# so that a step's walk does not make a new one per attribute.
-_identities: weakref.WeakValueDictionary[int, Identity] = weakref.WeakValueDictionary()
+# The Identity of each live object held weakly (a strong one would keep its object alive), so
+# that a step's walk does not make a new one per attribute; dropped when the object dies. A plain
+# dict: the walk looks one up per object attribute of every module (a WeakValueDictionary's
+# lookup cost GPT-2's guard 10 %).
+_identities: dict[int, Identity] = {}
+
+
+def _forget(object_id: int, _: Any) -> None:
+    known = _identities.get(object_id)
+    if known is not None and known.value() is None:
+        del _identities[object_id]
 
 
 def identity_of(value: Any) -> Identity:
     """``value``'s :class:`Identity`."""
     known = _identities.get(id(value))
-    if known is not None and known.value() is value:
+    if known is not None and known._weak and known._ref() is value:
         return known
     made = Identity(value)
     if made._weak:
