@@ -62,7 +62,7 @@ from ortrain.capture.global_reads import (
     class_reads,
     methods_called_from_outside,
 )
-from ortrain.capture.plain_values import is_other_number, python_attributes
+from ortrain.capture.plain_values import is_other_number, plain_form, python_attributes
 from ortrain.capture.tensor_attributes import tensor_attributes
 
 logger = logging.getLogger("ortrain.cache")
@@ -168,7 +168,7 @@ def describe(value: Any, depth: int = 0) -> Any:
     if isinstance(value, _PLAIN):
         return [type(value).__name__, value if not isinstance(value, bytes) else value.hex()]
     if is_other_number(type(value)):  # a NumPy scalar, a Fraction: by its type and repr
-        return ["number", f"{type(value).__module__}.{type(value).__qualname__}", repr(value)]
+        return list(plain_form(value))
     if isinstance(value, enum.Enum):
         return ["enum", f"{type(value).__module__}.{type(value).__qualname__}", repr(value)]
     if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):

@@ -170,10 +170,7 @@ class ModuleSnapshot:
     def restore(self) -> list[str]:
         """Put every recorded module back as it was; returns what had changed (empty: nothing)."""
         self.bounded_deque_changed = any(
-            isinstance(table, collections.deque)
-            and table.maxlen is not None
-            and not _same_contents(table, kept)
-            for table, kept in self._tables()
+            _is_bounded_deque(table) and not _same_contents(table, kept) for table, kept in self._tables()
         )
         changes: list[str] = []
         for record in self._records:

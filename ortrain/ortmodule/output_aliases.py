@@ -66,10 +66,11 @@ def output_aliases(outputs: Sequence[Any]) -> dict[int, tuple[int, Layout]]:
             if not o.requires_grad:
                 continue
             first, last = _span(o)
+            dense = last - first + 1 == o.numel()
             for j, holder, (held_first, held_last) in holders:
                 if j == i or holder.dtype != o.dtype or not held_first <= first <= last <= held_last:
                     continue
-                if (held_first, held_last) == (first, last) and _dense(o) and j > i:
+                if (held_first, held_last) == (first, last) and dense and j > i:
                     continue  # ``o`` holds the same elements, and comes first: it is the holder
                 aliases[i] = (j, (o.shape, o.stride(), o.storage_offset()))
                 break

@@ -141,11 +141,9 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
         # A class whose operators' results take it (``class Image(torch.Tensor): pass``): a plain
         # tensor in the graph, that class again on the way in and out, as eager's results have it.
         return ("tensor", kind) if kind is not None and keeps_its_class(kind) else ("tensor",)
-    if isinstance(value, _CONSTANT_TYPES):
-        return ("const", type(value), value)
-    if is_other_number(type(value)):
-        # A NumPy scalar, a Fraction (``model(x, np.float32(t))``): a constant, by value, as
-        # eager's code gets it (until wave 36 the model fell back to PyTorch for good).
+    # A NumPy scalar, a Fraction (``model(x, np.float32(t))``) too: a constant, by value, as
+    # eager's code gets it (until wave 36 the model fell back to PyTorch for good).
+    if isinstance(value, _CONSTANT_TYPES) or is_other_number(type(value)):
         return ("const", type(value), value)
     if isinstance(value, tuple(_SYMBOLIC_NUMBERS)):
         # A number computed from a size the graph leaves open (``x.shape[0]`` returned by a model
