@@ -109,7 +109,7 @@ def aot_backend(
         partition_fn=functools.partial(partition, memory=memory),
         decompositions=decomposition_table(),
     )
-    # Float32 norms for half-precision inputs, a correct multilabel_margin_loss: see
+    # Float32 norms for half-precision inputs, the margin losses as eager computes them: see
     # capture/function_overrides.py.
     with COMPILE_LOCK, tracing_context(), dynamo_graph_overrides():
         return backend(gm, example_inputs)

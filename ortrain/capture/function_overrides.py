@@ -20,8 +20,8 @@ from torch.overrides import TorchFunctionMode
 from ortrain.capture.byte_class_labels import OVERRIDES as BYTE_CLASS_LABELS
 from ortrain.capture.decompositions_ctc import ctc_loss_function
 from ortrain.capture.decompositions_rnn import recurrent_overrides
+from ortrain.capture.margin_losses import OVERRIDES as MARGIN_LOSSES
 from ortrain.capture.mixed_precision_norms import OVERRIDES as MIXED_PRECISION_NORMS
-from ortrain.capture.multilabel_margin_loss import OVERRIDES as MULTILABEL_MARGIN_LOSS
 from ortrain.capture.recurrent_layers import recurrent_python_ops
 from ortrain.capture.storage_views import OVERRIDES as STORAGE_VIEWS
 from ortrain.capture.subclass_views import mark_results
@@ -52,9 +52,9 @@ def _overrides(recurrent_as_python_ops: bool) -> dict[Callable[..., Any], Callab
 
 # Overrides that change what a trace computes, not whether it traces: TorchDynamo's graphs (the
 # graph-break path) need them too. Half-precision inputs to float32 norms: see
-# capture/mixed_precision_norms.py; PyTorch's decompositions of multilabel_margin_loss and of
-# nll_loss with uint8 labels: see capture/multilabel_margin_loss.py, capture/byte_class_labels.py.
-_CORRECTIONS = {**MIXED_PRECISION_NORMS, **MULTILABEL_MARGIN_LOSS, **BYTE_CLASS_LABELS}
+# capture/mixed_precision_norms.py; PyTorch's decompositions of the margin losses and of nll_loss
+# with uint8 labels: see capture/margin_losses.py, capture/byte_class_labels.py.
+_CORRECTIONS = {**MIXED_PRECISION_NORMS, **MARGIN_LOSSES, **BYTE_CLASS_LABELS}
 
 
 class _Overrides(TorchFunctionMode):

@@ -450,3 +450,35 @@ def test_multilabel_margin_loss_with_ended_target_lists_trains_like_eager(breaks
         torch.testing.assert_close(losses[1], losses[0])
         for p, q in zip(eager.parameters(), wrapped.parameters(), strict=True):
             torch.testing.assert_close(q.grad, p.grad)
+
+
+class _MarginLosses(nn.Module):
+    def __init__(self, breaks: bool) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(4))
+        self.breaks = breaks
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = x * self.scale
+        if self.breaks:  # a Python number from a tensor: TorchDynamo's graph-break path
+            scores = scores * (1.0 if float(scores.detach().amax()) < 100 else 0.5)
+        multi_label = F.multilabel_margin_loss(scores, torch.tensor([[1, -1, 0, 0], [2, 0, -1, 0]]))
+        return F.multi_margin_loss(scores, torch.tensor([1, 2])) + 2 * multi_label
+
+
+@pytest.mark.parametrize("breaks", [False, True], ids=["whole", "graph breaks"])
+def test_margin_losses_take_no_gradient_at_a_zero_hinge(breaks: bool) -> None:
+    """Wave 37: a score exactly the margin below its target's (whole-number scores) took a gradient
+    through the captured clamp_min where PyTorch's kernels give none: the target's score had a
+    gradient a third larger than eager's."""
+    eager = _MarginLosses(breaks)
+    wrapped = ORTModule(copy.deepcopy(eager))
+    scores = [[1.0, 1.0, 0.0, 1.0], [2.0, 0.5, 1.0, 1.0]]
+    inputs = [torch.tensor(scores, requires_grad=True) for _ in range(2)]
+    losses = [model(x) for model, x in zip((eager, wrapped), inputs, strict=True)]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[1], losses[0])
+    torch.testing.assert_close(inputs[1].grad, inputs[0].grad)
+    torch.testing.assert_close(wrapped.module.scale.grad, eager.scale.grad)
+    assert inputs[0].grad[0, 2] == 0
