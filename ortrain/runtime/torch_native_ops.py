@@ -6,7 +6,7 @@ fallback), and each graph names them in one INFO line. The rest of the graph sta
 Runtime. An operator that merely lacks a translation today is *not* listed here: that is a gap
 to fill (a decomposition or a translation), and ``FALLBACK_DISABLE`` still reports it.
 
-Nine kinds of nodes are PyTorch's:
+Ten kinds of nodes are PyTorch's:
 
 - **Matrix factorizations and what is built on them**: ONNX has ``Det`` and nothing else of
   linear algebra beyond products (no LU, QR, Cholesky, SVD, eigen-decomposition, triangular or
@@ -83,6 +83,13 @@ Nine kinds of nodes are PyTorch's:
   Its backward, made of ``logcumsumexp`` too, goes with it. And a left shift of uint8 values:
   onnxscript shifts them as unsigned and casts the result to int8 (``200 << 1`` read back as
   -112 where PyTorch wraps to 144).
+
+- **Antialiased resizing** (``F.interpolate(..., antialias=True)``, bilinear or bicubic): ONNX
+  has no form of its backward, and onnxscript translates the forward right only when it is asked
+  for a size without ``align_corners``: otherwise it resized by the ratio of the sizes, ignoring
+  the scale factor PyTorch maps coordinates with (``scale_factor=0.6`` on 7 rows: 1 / 0.6
+  against 7 / 4), and its ``align_corners`` is not PyTorch's (outputs off by up to 1.5 where they
+  were about 2; wave 37). Those forwards and every backward run in PyTorch.
 
 Measured for the threshold, tiny GPT (4 layers, 4 heads of 64, batch 8; 2-core AMD EPYC, ONNX
 Runtime placement, medians of alternated processes, OpenMP policy unset), step with flash in
@@ -202,6 +209,13 @@ RUNTIME_CHECKS: frozenset[object] = frozenset(
 STRIDED_VIEWS: frozenset[object] = frozenset({aten.as_strided, aten.as_strided_copy})
 # Translated, but without the range PyTorch's kernel keeps (see the module's text).
 LOSSY_TRANSLATIONS: frozenset[object] = frozenset({aten.logcumsumexp})
+# Antialiased resizing: PyTorch's when the translation is wrong, its backward always.
+ANTIALIASED_RESIZES: frozenset[object] = frozenset(
+    {aten._upsample_bilinear2d_aa, aten._upsample_bicubic2d_aa}
+)
+ANTIALIASED_RESIZE_BACKWARDS: frozenset[object] = frozenset(
+    {aten._upsample_bilinear2d_aa_backward, aten._upsample_bicubic2d_aa_backward}
+)
 
 _WITH_EFFECTS = torch.ops.higher_order.with_effects
 
@@ -251,6 +265,8 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
         return "runtime check"
     if _packet(target) in LOSSY_TRANSLATIONS or _unsigned_left_shift(node):
         return "translation loses range"
+    if _packet(target) in ANTIALIASED_RESIZE_BACKWARDS or _mistranslated_antialiasing(node):
+        return "antialiased resizing"
     if _packet(target) in STRIDED_VIEWS and not _contiguous_from_start(node.args[0]):
         return _STRIDED_VIEW
     touched = _tensors_touched(node)
@@ -267,6 +283,27 @@ def _unsigned_left_shift(node: torch.fx.Node) -> bool:
         return False
     value = node.meta.get("val")
     return isinstance(value, torch.Tensor) and value.dtype == torch.uint8
+
+
+def _mistranslated_antialiasing(node: torch.fx.Node) -> bool:
+    """An antialiased resize that onnxscript's translation gets wrong (see the module's text):
+    ``align_corners``, or a scale factor other than the ratio of the sizes."""
+    if _packet(node.target) not in ANTIALIASED_RESIZES:
+        return False
+    if node.target not in (aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default):
+        return True  # the .vec overloads: a capture decomposes them, so never seen here
+    args = [*node.args, None, None][:5]
+    if node.kwargs.get("align_corners", args[2]):
+        return True
+    scales = node.kwargs.get("scales_h", args[3]), node.kwargs.get("scales_w", args[4])
+    source, result = node.args[0].meta.get("val"), node.meta.get("val")
+    for axis, scale in zip((-2, -1), scales, strict=True):
+        if scale is None:
+            continue
+        sizes = source.shape[axis], result.shape[axis]
+        if not all(isinstance(size, int) for size in sizes) or 1.0 / scale != sizes[0] / sizes[1]:
+            return True
+    return False
 
 
 def _integer_division(node: torch.fx.Node) -> bool:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from _parity import ort_graph_count
 from torch import nn
+from torch.nn import functional as F
 
 from ortrain.ortmodule import (
     DebugOptions,
@@ -22,6 +23,7 @@ from ortrain.ortmodule import (
     ORTModuleONNXModelException,
 )
 from ortrain.ortmodule.fallback import parse_fallback_policy
+from ortrain.runtime.torch_native_ops import is_torch_native
 
 
 class _Segments(nn.Module):
@@ -314,6 +316,45 @@ def test_logcumsumexp_keeps_prefixes_far_below_the_maximum() -> None:
     got.sum().backward()
     torch.testing.assert_close(wrapped.module.scale.grad, model.scale.grad)
     assert torch.isfinite(wrapped.module.scale.grad)
+
+
+class _Thumbnail(nn.Module):
+    def __init__(self, **resize: object) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(9))
+        self.resize = resize
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(images * self.scale, antialias=True, **self.resize)
+
+
+@pytest.mark.parametrize(
+    "resize",
+    [
+        {"scale_factor": 0.6, "mode": "bilinear"},
+        {"scale_factor": (1.0, 0.5), "mode": "bicubic"},
+        {"size": (3, 4), "mode": "bilinear", "align_corners": True},
+        {"size": (3, 4), "mode": "bicubic"},
+    ],
+    ids=["scale 0.6", "scales 1 and 0.5", "align corners", "size"],
+)
+def test_antialiased_resizes_are_pytorchs(resize: dict) -> None:
+    """Wave 37: onnxscript's translation resized by the ratio of the sizes, ignoring the scale
+    factor PyTorch maps coordinates with, and its align_corners is not PyTorch's: outputs off by
+    0.5 where they were about 2. Those resizes now run in PyTorch; one asked for a size, which the
+    translation gets right, stays in ONNX Runtime."""
+    model = _Thumbnail(**resize)
+    wrapped = ORTModule(copy.deepcopy(model))
+    images = torch.randn(2, 3, 7, 9, generator=torch.Generator().manual_seed(0))
+    expected, got = model(images), wrapped(images)
+    torch.testing.assert_close(got, expected)
+    (expected**2).sum().backward()
+    (got**2).sum().backward()
+    torch.testing.assert_close(wrapped.module.scale.grad, model.scale.grad)
+    ((entry,),) = list(wrapped._ortrain_graphs.values())
+    resizes = [n for n in entry.capture.forward.graph.graph.nodes if "_aa" in str(n.target)]
+    assert len(resizes) == 1
+    assert is_torch_native(resizes[0]) == ("size" not in resize or "align_corners" in resize)
 
 
 class _PackedBits(nn.Module):
