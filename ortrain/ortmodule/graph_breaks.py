@@ -10,6 +10,7 @@ first choice: it starts faster and has no guards of Dynamo's to evaluate at each
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from ortrain.capture.dynamo_backend import (
     reads_outside_tensors,
     source_line,
 )
+from ortrain.capture.dynamo_regions import close_region, open_region
 from ortrain.ortmodule.fallback import ORTModuleFallbackException, ORTModuleTorchModelException
 from ortrain.ortmodule.options import DebugOptions, RuntimeOptions
 
@@ -41,7 +43,10 @@ class GraphBreakPath:
         from ortrain.backend import OrtrainBackend
 
         self.backend = OrtrainBackend(debug, options)
-        self.compiled = torch.compile(module, backend=self.backend, fullgraph=False)
+        # Each ORTModule's TorchDynamo entries apart from other instances', dropped with it: see
+        # capture/dynamo_regions.py.
+        self.compiled = torch.compile(module, backend=self.backend, fullgraph=False, isolate_recompiles=True)
+        weakref.finalize(self, close_region, open_region(self.compiled))
         self.breaks: list[tuple[str, int, str]] = []
 
     @property

@@ -3,7 +3,9 @@ graph breaks after its whole-graph capture fails) and under torch.compile(backen
 
 from __future__ import annotations
 
+import copy
 import functools
+import gc
 import importlib.metadata
 import logging
 import random
@@ -253,3 +255,35 @@ def test_a_capture_failing_inside_torch_cond_trains_through_graph_breaks(
     assert_same_state(wrapped, eager, atol=1e-5)
     assert any("failed inside a control-flow operator" in r.getMessage() for r in caplog.records)
     assert wrapped._ortrain_graph_breaks is not None
+
+
+def test_every_instance_of_a_model_class_trains_through_graph_breaks() -> None:
+    """Wave 37: TorchDynamo keeps its compiled code on the model class's code objects, for every
+    caller alike, and stops compiling a code object after eight entries; each ORTModule compiles
+    with a backend of its own, so from the ninth ORTModule of one class on (a hyper-parameter
+    search, cross-validation folds) the model ran in eager PyTorch, silently. Each ORTModule's
+    entries are now its own, and are invalidated when it is collected (they held its graphs)."""
+    from torch._dynamo.eval_frame import _get_cache_entries_for_region
+
+    torch._dynamo.reset()
+    regions = []
+    for seed in range(10):
+        torch.manual_seed(seed)
+        model = ItemControlFlow()
+        eager = copy.deepcopy(model)
+        wrapped = ORTModule(model)
+        x = torch.randn(4, 8)
+        wrapped(x).sum().backward()
+        eager(x).sum().backward()
+        path = wrapped._ortrain_graph_breaks
+        assert path is not None and path.graph_count >= 2, f"ORTModule {seed} did not train through ortrain"
+        assert_same_state(wrapped, eager)
+        for ours, theirs in zip(wrapped.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(ours.grad, theirs.grad)
+        regions.append(path.compiled.dynamo_ctx._isolate_recompiles_id)
+        del wrapped, model, path
+        gc.collect()
+    for region in regions:
+        entries = _get_cache_entries_for_region(ItemControlFlow.forward, region)
+        assert entries and all(entry.code is None for entry in entries)
+    torch._dynamo.reset()
