@@ -184,12 +184,17 @@ class _TwiceDifferentiable(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         recompute: _Recompute = ctx.recompute
-        saved = ctx.saved_tensors
-        n_wanted, n_inputs = ctx.counts
-        wanted, user_inputs = saved[:n_wanted], saved[n_wanted : n_wanted + n_inputs]
-        trained = saved[n_wanted + n_inputs :]
         keep = backward_keeps_graph()
         if torch.is_grad_enabled():  # create_graph=True
+            # Unpacked here only: unpacking checks that no saved tensor was written in place since
+            # the forward, which the recompute needs. The first-order backward reads none of them
+            # (its captured graph checks what it saved itself), and checking them all refused a
+            # step eager runs: a parameter no gradient reads, changed between forward and
+            # backward (wave 37).
+            saved = ctx.saved_tensors
+            n_wanted, n_inputs = ctx.counts
+            wanted, user_inputs = saved[:n_wanted], saved[n_wanted : n_wanted + n_inputs]
+            trained = saved[n_wanted + n_inputs :]
             outputs, wanted = _recomputed(recompute, user_inputs, trained, wanted, len(grads))
         elif recompute.captured is None:
             raise RuntimeError(
