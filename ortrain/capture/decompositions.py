@@ -130,6 +130,13 @@ def convolution_backward(
             grad_input = aten.convolution(
                 grad_output, weight, None, stride, padding, dilation, False, [0] * spatial, groups
             )
+            # An output padding of at least the stride (PyTorch allows it below the dilation)
+            # adds output_padding // stride positions the adjoint convolution reads back: the
+            # input's size is L + output_padding // stride of them (wave 37: a shape mismatch
+            # that made ONNX Runtime refuse the backward region).
+            for i in range(spatial):
+                if output_padding[i] >= stride[i]:
+                    grad_input = grad_input.narrow(2 + i, 0, input.shape[2 + i])
         else:
             pads = [
                 _conv_output_padding(

@@ -135,6 +135,31 @@ def test_a_node_whose_translation_fails_runs_alone_in_pytorch(monkeypatch, caplo
     assert len(warned) == 1 and "aten.floor_divide.default (its translation failed: " in warned[0]
 
 
+class _DilatedUpsampling(nn.Module):
+    """A transposed convolution whose output_padding is not below its stride (PyTorch allows it
+    with a larger dilation; ONNX Runtime's ConvTranspose fails on it when the session runs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(6, 6)
+        self.up = nn.ConvTranspose1d(6, 4, 3, stride=2, dilation=3, output_padding=2)
+        self.second = nn.Linear(36, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.first(x)).unsqueeze(-1)
+        return self.second(self.up(h).flatten(1)).pow(2).mean()
+
+
+def test_an_argument_onnx_runtimes_kernel_fails_on_runs_alone_in_pytorch(monkeypatch, caplog) -> None:
+    """Wave 37: the node exported and its session loaded, so the first run failed and the whole
+    model went back to PyTorch; now it is refused at partitioning (ort_kernel_limits.py)."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    forward, _, warned = _trains_like_eager_warning(_DilatedUpsampling(), caplog, rtol=1e-4, atol=1e-5)
+    assert forward["torch"] == 1 and forward["onnxruntime"] >= 4
+    assert len(warned) == 1
+    assert "output_padding [2] not below the stride [2]" in warned[0]
+
+
 def test_fallback_disable_names_the_operator() -> None:
     with pytest.raises(
         ORTModuleONNXModelException, match=r"aten\.segment_reduce\.default \(no ONNX translation\)"

@@ -40,6 +40,7 @@ from ortrain.export.onnx_translations import fx_origins
 from ortrain.passes.pipeline import Pass, run_passes
 from ortrain.runtime import ort_profile
 from ortrain.runtime.executors.base import RegionRejected
+from ortrain.runtime.ort_kernel_limits import kernel_refusal
 from ortrain.runtime.random_seed import has_random_ops, seed_onnxruntime_from_torch
 from ortrain.runtime.startup_timings import timed
 from ortrain.runtime.torch_native_ops import is_torch_native
@@ -427,7 +428,7 @@ class OnnxRuntimeExecutor:
             return None  # exported as its math form (ortrain.export.flash_attention_math)
         if not self._translations.has_onnx_translation(node.target):
             return "no ONNX translation"
-        return None
+        return kernel_refusal(node)
 
     def claims(self, node: torch.fx.Node) -> bool:
         return (
