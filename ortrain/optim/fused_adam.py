@@ -216,7 +216,15 @@ class FusedAdam(torch.optim.Optimizer):
     def _group_from(self, group: dict[str, Any], state: dict[Any, dict[str, Any]]) -> dict[str, Any]:
         """A saved parameter group as FusedAdam's: ``torch.optim.AdamW``'s (a Trainer resumed with
         another ``optim``) lacks ``bias_correction`` (a KeyError at the next step) and the group's
-        step count (its parameters count theirs)."""
+        step count (its parameters count theirs). One saved with ``amsgrad`` or ``maximize`` is
+        refused: FusedAdam has neither, and would go on as another algorithm (or climb the loss)."""
+        unsupported = [key for key in ("amsgrad", "maximize") if group.get(key)]
+        if unsupported:
+            raise ValueError(
+                f"this optimizer state was saved with {' and '.join(f'{k}=True' for k in unsupported)}, "
+                "which FusedAdam does not implement; resume it with the optimizer that saved it "
+                "(torch.optim.Adam / AdamW)"
+            )
         group = {**self.defaults, **group}
         if "step" not in group:
             group["step"] = max(_steps_of(group, state), default=0)

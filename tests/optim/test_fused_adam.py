@@ -287,6 +287,17 @@ def test_state_moves_between_fused_adam_and_torch_adamw(first: str) -> None:
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("option", ["amsgrad", "maximize"])
+def test_a_torch_state_saved_with_an_option_fused_adam_lacks_is_refused(option: str) -> None:
+    """Wave 37: the group's ``amsgrad=True`` or ``maximize=True`` loaded silently, and FusedAdam
+    went on as plain Adam (or descended a loss the run was maximizing)."""
+    params = [torch.randn(4, requires_grad=True)]
+    optimizer = torch.optim.AdamW(params, lr=1e-2, **{option: True})
+    _adamw_steps(optimizer, params, 2, seed=0)
+    with pytest.raises(ValueError, match=f"{option}=True, which FusedAdam does not implement"):
+        FusedAdam([p.detach().clone() for p in params]).load_state_dict(optimizer.state_dict())
+
+
 def _steps_with_gaps(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], steps: int) -> None:
     """Gradients for some parameters only: the first at every step, the second at every other
     step (a head trained on every other batch), the third from step 4 on (unfrozen late)."""
