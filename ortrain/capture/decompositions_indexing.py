@@ -20,7 +20,10 @@ def _on_one_element(op: Any) -> Callable[..., Any]:
         if x.dim() != 0:
             return NotImplemented
         lifted = [a.reshape(1) if isinstance(a, torch.Tensor) and a.dim() == 0 else a for a in args]
-        return op(x.reshape(1), dim, *lifted, **kwargs).reshape(())
+        # A scatter's result has the target's shape; a gather's has its index's, which PyTorch
+        # lets be 1-d over a 0-d tensor (wave 37: ``gather(scalar, 0, zeros(1))`` came back 0-d).
+        shape = args[0].shape if op is aten.gather.default else ()
+        return op(x.reshape(1), dim, *lifted, **kwargs).reshape(shape)
 
     decomposition.__name__ = f"{op.__name__}_on_0d"
     return decomposition

@@ -265,6 +265,13 @@ def test_scalar_scatter_and_gather_run_on_one_element() -> None:
     assert torch.equal(table[aten.scatter.src](x, 0, index, src), aten.scatter.src(x, 0, index, src))
     assert torch.equal(table[aten.gather.default](x, 0, index), aten.gather(x, 0, index))
     assert table[aten.gather.default](torch.randn(3), 0, torch.tensor([1])) is NotImplemented
+    # A 1-d index over a 0-d tensor (wave 37: the gather came back 0-d) and a 1-d scatter.
+    for shape in ((1,), (3,), (0,)):
+        ones = torch.zeros(shape, dtype=torch.long)
+        assert torch.equal(table[aten.gather.default](x, 0, ones), aten.gather(x, 0, ones))
+        values = torch.arange(float(ones.numel()))
+        got = table[aten.scatter_add.default](x, 0, ones, values)
+        assert torch.equal(got, aten.scatter_add(x, 0, ones, values))
 
 
 # ---- losses ---------------------------------------------------------------------------------------
