@@ -45,6 +45,7 @@ from ortrain.export.factory_dtypes import spell_out_factory_dtypes
 from ortrain.export.flash_attention_math import NoMathForm
 from ortrain.export.index_dtypes import cast_indices_to_int64
 from ortrain.export.known_shape_inference import shape_inference_only_where_unknown
+from ortrain.export.nan_propagation import propagate_nan
 from ortrain.export.negative_indices import refuse_negative_indices
 from ortrain.export.number_operands import tensors_for_number_operands
 from ortrain.export.onnx_translations import reused_op_registry
@@ -395,6 +396,7 @@ def _translate(
     spell_out_factory_dtypes(gm)  # for both paths: each translates a factory without one as float32
     refuse_negative_indices(gm)  # both translate gathers and scatters that count negatives from the end
     spell_out_math(gm)  # the operators whose translations lose PyTorch's answers (see the module)
+    propagate_nan(gm)  # ONNX Runtime's max/min reductions skip NaN (see the module)
     if DIRECT_TRANSLATION:
         try:
             with (

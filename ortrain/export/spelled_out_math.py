@@ -69,7 +69,7 @@ def spell_out_math(gm: torch.fx.GraphModule) -> int:
         if node.target in _IN_FLOAT64 and value.dtype == torch.float64:
             continue  # nothing wider to compute in
         with gm.graph.inserting_before(node):
-            builder = _Builder(gm.graph, value)
+            builder = NodeBuilder(gm.graph, value)
             exact = builder.rounded(form(builder, *node.args))
         node.replace_all_uses_with(exact)
         gm.graph.erase_node(node)
@@ -80,7 +80,7 @@ def spell_out_math(gm: torch.fx.GraphModule) -> int:
     return replaced
 
 
-class _Builder:
+class NodeBuilder:
     """Inserts ATen nodes at the graph's insertion point, each with the fake value the export
     reads (its dtype and shape), computed by the operator itself under the graph's fake mode."""
 
@@ -131,7 +131,7 @@ class _Builder:
         return exact
 
 
-def _atan2(b: _Builder, y_arg: Any, x_arg: Any) -> torch.fx.Node:
+def _atan2(b: NodeBuilder, y_arg: Any, x_arg: Any) -> torch.fx.Node:
     # ONNX Runtime's Where returns +0 where it picks a -0 of its *first* branch (its second keeps
     # the sign: onnxruntime 1.32, CPU), so every value that may be a signed zero travels through a
     # Where's second branch or through arithmetic.
@@ -149,7 +149,7 @@ def _atan2(b: _Builder, y_arg: Any, x_arg: Any) -> torch.fx.Node:
     return b.call(aten.where.self, b.negative(x), turned, angle)
 
 
-def _log_add(b: _Builder, x_arg: Any, y_arg: Any, *, base2: bool) -> torch.fx.Node:
+def _log_add(b: NodeBuilder, x_arg: Any, y_arg: Any, *, base2: bool) -> torch.fx.Node:
     x, y = b.operand(x_arg), b.operand(y_arg)
     top = b.call(aten.maximum.default, x, y)
     gap = b.call(aten.neg.default, b.call(aten.abs.default, b.call(aten.sub.Tensor, x, y)))
@@ -165,20 +165,20 @@ def _log_add(b: _Builder, x_arg: Any, y_arg: Any, *, base2: bool) -> torch.fx.No
     return b.call(aten.where.self, same_infinity, x, summed)
 
 
-def _sign_corrected(b: _Builder, mod: torch.fx.Node, y: torch.fx.Node) -> torch.fx.Node:
+def _sign_corrected(b: NodeBuilder, mod: torch.fx.Node, y: torch.fx.Node) -> torch.fx.Node:
     """Where ``fmod``'s remainder and the divisor differ in sign (the remainder not 0)."""
     differ = b.call(aten.ne.Tensor, b.call(aten.lt.Scalar, y, 0), b.call(aten.lt.Scalar, mod, 0))
     return b.call(aten.logical_and.default, b.call(aten.ne.Scalar, mod, 0), differ)
 
 
-def _remainder(b: _Builder, x_arg: Any, y_arg: Any) -> torch.fx.Node:
+def _remainder(b: NodeBuilder, x_arg: Any, y_arg: Any) -> torch.fx.Node:
     x, y = b.operand(x_arg), b.operand(y_arg)
     mod = b.call(aten.fmod.Tensor, x, y)
     # mod in the second branch: a -0 remainder stays -0, as PyTorch's
     return b.call(aten.where.self, _sign_corrected(b, mod, y), b.call(aten.add.Tensor, mod, y), mod)
 
 
-def _floor_divide(b: _Builder, x_arg: Any, y_arg: Any) -> torch.fx.Node:
+def _floor_divide(b: NodeBuilder, x_arg: Any, y_arg: Any) -> torch.fx.Node:
     x, y = b.operand(x_arg), b.operand(y_arg)
     quotient = b.call(aten.div.Tensor, x, y)
     mod = b.call(aten.fmod.Tensor, x, y)
@@ -197,7 +197,7 @@ def _floor_divide(b: _Builder, x_arg: Any, y_arg: Any) -> torch.fx.Node:
     return b.call(aten.mul.Tensor, b.call(aten.abs.default, result), sign)
 
 
-def _sigmoid(b: _Builder, x_arg: Any) -> torch.fx.Node:
+def _sigmoid(b: NodeBuilder, x_arg: Any) -> torch.fx.Node:
     # PyTorch's kernel: 1 / (1 + exp(-x)); 0 below -88.7 where exp(-x) overflows, as PyTorch's
     x = b.operand(x_arg)
     denominator = b.call(
@@ -206,7 +206,7 @@ def _sigmoid(b: _Builder, x_arg: Any) -> torch.fx.Node:
     return b.call(aten.reciprocal.default, denominator)
 
 
-def _log_base(b: _Builder, x_arg: Any, *, base: float) -> torch.fx.Node:
+def _log_base(b: NodeBuilder, x_arg: Any, *, base: float) -> torch.fx.Node:
     # log(x) / log(base) rounded in float64 and then to float32: correctly rounded for float32
     # inputs (log2(32768) is 15, log10(1e9) is 9), as PyTorch's log2 and log10 kernels are.
     wide = b.call(aten._to_copy.default, b.operand(x_arg), dtype=torch.float64)
