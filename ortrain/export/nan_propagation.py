@@ -13,14 +13,15 @@ Before a region is translated, each such node is followed by a choice on whether
 reduced hold a NaN (the maximum of ``isnan(x)`` over the same dimensions): NaN for the values, the
 first NaN's position (the argmax of ``isnan(x)``) for the indices. Three more passes over the
 reduced tensor; none of the benchmarks' models reduces this way (their softmaxes and losses are
-``Softmax`` / ``LogSoftmax``, which propagate NaN). ``cummax``, ``aminmax`` and adaptive max
-pooling, which ortrain decomposes into these, follow; max pooling and ``median`` still skip NaN in
-ONNX Runtime.
+``Softmax`` / ``LogSoftmax``, which propagate NaN). Max pooling likewise, through the same
+pooling of ``isnan(x)``: one more pooling pass. ``cummax``, ``aminmax`` and adaptive max pooling,
+which ortrain decomposes into these, follow; ``median`` still skips NaN in ONNX Runtime.
 """
 
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import torch
 
@@ -38,13 +39,22 @@ _INDICES = {aten.argmax.default, aten.argmin.default}
 _BOTH = {aten.max.dim, aten.min.dim}
 # (x, ord, dim=None, keepdim=False): the infinity norms are a ReduceMax / ReduceMin of |x|
 _NORM = aten.linalg_vector_norm.default
+# (x, kernel, stride, padding, dilation, ceil_mode) -> (values, indices)
+_POOLS = {aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default}
 
 
 def propagate_nan(gm: torch.fx.GraphModule) -> int:
     """Make each max/min reduction of floats in ``gm`` propagate NaN; returns how many."""
     changed = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in (*_VALUES, *_WHOLE, *_INDICES, *_BOTH, _NORM):
+        if node.op != "call_function" or node.target not in (
+            *_VALUES,
+            *_WHOLE,
+            *_INDICES,
+            *_BOTH,
+            _NORM,
+            *_POOLS,
+        ):
             continue
         if node.target is _NORM and abs(float(node.kwargs.get("ord", ([*node.args, 2][1])))) != float("inf"):
             continue  # the other norms are sums, which carry NaN along
@@ -52,14 +62,23 @@ def propagate_nan(gm: torch.fx.GraphModule) -> int:
         value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
         if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point or value.numel() == 0:
             continue
-        dims, keepdim = _reduced_dims(node, value.dim())
         users = list(node.users)
         with gm.graph.inserting_before(node.next):  # in order, after the node
             b = NodeBuilder(gm.graph, value)
             nan_mask = b.call(aten._to_copy.default, b.call(aten.isnan.default, source), dtype=value.dtype)
+            if node.target in _POOLS:
+                spatial = 2 if node.target is aten.max_pool2d_with_indices.default else 3
+                weights = _nan_positions(b, source, list(value.shape[-spatial:]))
+                pooled = b.call(node.target, weights, *node.args[1:], **node.kwargs)
+                has_nan = b.call(aten.gt.Scalar, b.call(operator.getitem, pooled, 0), 0)
+                _replace_pair(gm, node, users, b, has_nan, b.call(operator.getitem, pooled, 1))
+                changed += 1
+                continue
+            dims, keepdim = _reduced_dims(node, value.dim())
             has_nan = b.call(aten.gt.Scalar, b.call(aten.amax.default, nan_mask, dims, keepdim), 0)
             if node.target in _BOTH:
-                _replace_pair(gm, node, users, b, nan_mask, has_nan, dims[0], keepdim)
+                first_nan = b.call(aten.argmax.default, nan_mask, dims[0], keepdim)
+                _replace_pair(gm, node, users, b, has_nan, first_nan)
             elif node.target in _INDICES:
                 first_nan = b.call(aten.argmax.default, nan_mask, *node.args[1:3])
                 _redirect(node, users, b.call(aten.where.self, has_nan, first_nan, node))
@@ -71,6 +90,17 @@ def propagate_nan(gm: torch.fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return changed
+
+
+def _nan_positions(b: NodeBuilder, source: torch.fx.Node, plane: list[Any]) -> torch.fx.Node:
+    """The tensor whose max pooling points at each window's last NaN in row-major order, as
+    PyTorch's kernel does (it takes every NaN it meets): each NaN's position in its plane, plus
+    one; 0 elsewhere. In float32, where positions are exact up to 2**24."""
+    nan_mask = b.call(aten._to_copy.default, b.call(aten.isnan.default, source), dtype=torch.float32)
+    if not all(isinstance(size, int) for size in plane):
+        return nan_mask  # a size left open: the first NaN's index, not the last's
+    positions = b.call(aten.arange.start, 1, 1 + int(torch.tensor(plane).prod()), dtype=torch.float32)
+    return b.call(aten.mul.Tensor, nan_mask, b.call(aten.view.default, positions, plane))
 
 
 def _reduced_dims(node: torch.fx.Node, rank: int) -> tuple[list[int], bool]:
@@ -97,16 +127,13 @@ def _replace_pair(
     node: torch.fx.Node,
     users: list[torch.fx.Node],
     b: NodeBuilder,
-    nan_mask: torch.fx.Node,
     has_nan: torch.fx.Node,
-    dim: int,
-    keepdim: bool,
+    first_nan: torch.fx.Node,
 ) -> None:
-    """``max(dim)`` / ``min(dim)``: its values NaN and its indices the first NaN's, where a NaN is."""
+    """A (values, indices) node: its values NaN and its indices ``first_nan`` where a NaN is."""
     values = b.call(operator.getitem, node, 0)
     indices = b.call(operator.getitem, node, 1)
-    nan = b.call(aten.scalar_tensor.default, float("nan"), dtype=nan_mask.meta["val"].dtype)
-    first_nan = b.call(aten.argmax.default, nan_mask, dim, keepdim)
+    nan = b.call(aten.scalar_tensor.default, float("nan"), dtype=values.meta["val"].dtype)
     fixed = (
         b.call(aten.where.self, has_nan, nan, values),
         b.call(aten.where.self, has_nan, first_nan, indices),

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.nn import functional as F
 
 from ortrain import ORTModule
 from ortrain.export import fx_to_onnx
@@ -37,6 +38,10 @@ def _reductions(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         x.abs().amax((0, 1), keepdim=True),
         torch.linalg.vector_norm(x, float("inf"), dim=1),
         torch.linalg.vector_norm(x, -float("inf")),
+        # PyTorch's pooling points at each window's last NaN
+        *F.max_pool2d(x[None, None], 2, 1, return_indices=True),
+        *F.max_pool2d(x[None, None], 3, 2, 1, return_indices=True),
+        *F.max_pool3d(x[None, None, None], (1, 2, 3), return_indices=True),
     )
 
 
