@@ -30,7 +30,7 @@ from ortrain.export.spelled_out_math import NodeBuilder
 aten = torch.ops.aten
 
 # value reductions: (x, dims=[] (all), keepdim=False) -> values
-_VALUES = {aten.amax.default: aten.amax.default, aten.amin.default: aten.amax.default}
+_VALUES = {aten.amax.default, aten.amin.default}
 # whole-tensor reductions to a 0-d tensor: (x) -> value
 _WHOLE = {aten.max.default, aten.min.default}
 # indices: (x, dim=None, keepdim=False) -> int64
@@ -41,31 +41,26 @@ _BOTH = {aten.max.dim, aten.min.dim}
 _NORM = aten.linalg_vector_norm.default
 # (x, kernel, stride, padding, dilation, ceil_mode) -> (values, indices)
 _POOLS = {aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default}
+_TARGETS = frozenset({*_VALUES, *_WHOLE, *_INDICES, *_BOTH, _NORM, *_POOLS})
 
 
 def propagate_nan(gm: torch.fx.GraphModule) -> int:
     """Make each max/min reduction of floats in ``gm`` propagate NaN; returns how many."""
     changed = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in (
-            *_VALUES,
-            *_WHOLE,
-            *_INDICES,
-            *_BOTH,
-            _NORM,
-            *_POOLS,
-        ):
+        if node.op != "call_function" or node.target not in _TARGETS:
             continue
         if node.target is _NORM and abs(float(node.kwargs.get("ord", ([*node.args, 2][1])))) != float("inf"):
             continue  # the other norms are sums, which carry NaN along
         source = node.args[0]
         value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
-        if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point or value.numel() == 0:
+        if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
             continue
+        if isinstance(value.numel(), int) and value.numel() == 0:
+            continue  # nothing reduced, nothing to propagate
         users = list(node.users)
         with gm.graph.inserting_before(node.next):  # in order, after the node
             b = NodeBuilder(gm.graph, value)
-            nan_mask = b.call(aten._to_copy.default, b.call(aten.isnan.default, source), dtype=value.dtype)
             if node.target in _POOLS:
                 spatial = 2 if node.target is aten.max_pool2d_with_indices.default else 3
                 weights = _nan_positions(b, source, list(value.shape[-spatial:]))
@@ -74,6 +69,7 @@ def propagate_nan(gm: torch.fx.GraphModule) -> int:
                 _replace_pair(gm, node, users, b, has_nan, b.call(operator.getitem, pooled, 1))
                 changed += 1
                 continue
+            nan_mask = b.call(aten._to_copy.default, b.call(aten.isnan.default, source), dtype=value.dtype)
             dims, keepdim = _reduced_dims(node, value.dim())
             has_nan = b.call(aten.gt.Scalar, b.call(aten.amax.default, nan_mask, dims, keepdim), 0)
             if node.target in _BOTH:
