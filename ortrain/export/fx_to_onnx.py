@@ -51,6 +51,7 @@ from ortrain.export.number_operands import tensors_for_number_operands
 from ortrain.export.onnx_translations import reused_op_registry
 from ortrain.export.op_signatures import op_signatures_shared
 from ortrain.export.rewrite_rules_by_root import rewrite_rules_tried_by_root_operator
+from ortrain.export.size_floor_division import exact_floor_divisions
 from ortrain.export.spelled_out_math import spell_out_math
 
 logger = logging.getLogger("ortrain.export")
@@ -397,6 +398,7 @@ def _translate(
     refuse_negative_indices(gm)  # both translate gathers and scatters that count negatives from the end
     spell_out_math(gm)  # the operators whose translations lose PyTorch's answers (see the module)
     propagate_nan(gm)  # ONNX Runtime's max/min reductions skip NaN (see the module)
+    exact_floor_divisions(gm)  # onnxscript's floordiv of sizes truncates (see the module)
     if DIRECT_TRANSLATION:
         try:
             with (

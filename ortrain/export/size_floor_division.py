@@ -1,0 +1,47 @@
+"""Floor divisions of sizes that stay floor divisions in ONNX.
+
+A graph captured with a size left open computes with it in Python arithmetic: ``n // 3``, and
+``-((-2 * n) // 3)`` for a ceiling (adaptive pooling's widest window, a padding to a multiple).
+onnxscript translates ``operator.floordiv`` as ONNX ``Div``, which truncates toward zero: right
+for the non-negative operands it assumes, wrong for a negative one (``-16 // 3``: -5, not -6).
+Adaptive max pooling over a length left open then read windows one element too narrow, and its
+maxima were wrong at every length but the first, silently (wave 37). Before a graph is translated
+each such division becomes ``(a - a % b) // b``: ``%`` is translated as ONNX ``Mod``, whose integer
+remainder has the divisor's sign as Python's does, and the division left is exact, where
+truncating and flooring agree.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+
+def exact_floor_divisions(gm: torch.fx.GraphModule) -> int:
+    """Rewrite each ``operator.floordiv`` of sizes in ``gm``; returns how many."""
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not operator.floordiv:
+            continue
+        a, b = node.args
+        if isinstance(a, int) and isinstance(b, int):
+            continue
+        with gm.graph.inserting_before(node):
+            remainder = _call(gm.graph, operator.mod, a, b)
+            multiple = _call(gm.graph, operator.sub, a, remainder)
+            quotient = _call(gm.graph, operator.floordiv, multiple, b)
+        node.replace_all_uses_with(quotient)
+        gm.graph.erase_node(node)
+        rewritten += 1
+    if rewritten:
+        gm.graph.lint()
+        gm.recompile()
+    return rewritten
+
+
+def _call(graph: torch.fx.Graph, target: object, a: object, b: object) -> torch.fx.Node:
+    node = graph.call_function(target, (a, b))
+    values = [x.meta.get("val") if isinstance(x, torch.fx.Node) else x for x in (a, b)]
+    node.meta["val"] = target(*values)  # type: ignore[operator]
+    return node
