@@ -37,6 +37,12 @@ misses exact answers by an ulp: ``log2(32768)`` was 14.999999 and ``log10(1e9)``
 ``floor`` of them (an exponent, a bucket) was one less than PyTorch's. Computed in float64 and
 rounded once, as correctly rounded as PyTorch's kernels for float32 and half inputs.
 
+``sign`` (and ``sgn`` of real tensors): ONNX Runtime's ``Sign`` is NaN at NaN, PyTorch's kernel
+``(0 < x) - (x < 0)`` is 0 there (an ``abs``'s gradient at a NaN: 0 in PyTorch). ``logit`` with an
+``eps``: onnxscript clamps with a ``Where`` on ``x <= 1 - eps``, which made NaN ``1 - eps`` (a
+finite 13.8); PyTorch's clamp keeps NaN. Written as PyTorch's kernel computes it, in the tensor's
+own dtype (wave 37).
+
 (wave 35; ``tests/export/test_spelled_out_math.py`` compares each with PyTorch on signed zeros,
 infinities, NaN, subnormals and magnitudes from 1e-20 to 1e9.)
 """
@@ -215,7 +221,33 @@ def _log_base(b: NodeBuilder, x_arg: Any, *, base: float) -> torch.fx.Node:
     return b.call(aten._to_copy.default, scaled, dtype=b.dtype)
 
 
+def _sign(b: NodeBuilder, x_arg: Any) -> torch.fx.Node:
+    # PyTorch's kernel: (0 < x) - (x < 0), so 0 for NaN (ONNX Runtime's Sign: NaN) and +0 for -0
+    x = b.operand(x_arg)
+    above = b.call(aten._to_copy.default, b.call(aten.gt.Scalar, x, 0), dtype=b.dtype)
+    below = b.call(aten._to_copy.default, b.call(aten.lt.Scalar, x, 0), dtype=b.dtype)
+    return b.call(aten.sub.Tensor, above, below)
+
+
+def _logit(b: NodeBuilder, x_arg: Any, eps: float | None = None) -> torch.fx.Node:
+    # PyTorch's kernel: x clamped to [eps, 1 - eps] keeping NaN, then log(x / (1 - x)), each
+    # operation in the tensor's own dtype (half precision included); onnxscript's clamp is a Where
+    # on x <= 1 - eps, which turned NaN into 1 - eps.
+    def number(value: float) -> torch.fx.Node:
+        return b.call(aten.scalar_tensor.default, value, dtype=b.result.dtype)
+
+    x = x_arg
+    if eps is not None:
+        low, high = number(eps), number(1 - eps)
+        x = b.call(aten.where.self, b.call(aten.lt.Tensor, x, low), low, x)
+        x = b.call(aten.where.self, b.call(aten.gt.Tensor, x, high), high, x)
+    return b.call(aten.log.default, b.call(aten.div.Tensor, x, b.call(aten.sub.Tensor, number(1.0), x)))
+
+
 _FORMS: dict[Any, Callable[..., torch.fx.Node]] = {
+    aten.sign.default: _sign,
+    aten.sgn.default: _sign,
+    aten.logit.default: _logit,
     aten.log2.default: lambda b, x: _log_base(b, x, base=2.0),
     aten.log10.default: lambda b, x: _log_base(b, x, base=10.0),
     aten.sigmoid.default: _sigmoid,

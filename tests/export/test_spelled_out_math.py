@@ -31,6 +31,10 @@ _FORMS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "remainder by a number": lambda y, x: torch.remainder(y, 0.1),
     "floor division": lambda y, x: torch.div(y, x, rounding_mode="floor"),
     "floor division by a number": lambda y, x: torch.div(y, 0.1, rounding_mode="floor"),
+    # wave 37: ONNX Runtime's Sign is NaN at NaN (PyTorch: 0); onnxscript's logit clamp made NaN 1 - eps
+    "sign": lambda y, x: torch.sign(y),
+    "logit": lambda y, x: torch.logit(y),
+    "logit with eps": lambda y, x: torch.logit(y, eps=1e-6),
 }
 
 
