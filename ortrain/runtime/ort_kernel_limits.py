@@ -22,7 +22,7 @@ aten = torch.ops.aten
 
 
 def kernel_refusal(node: torch.fx.Node) -> str | None:
-    """Why ONNX Runtime's kernel would fail on ``node``'s arguments, or None."""
+    """Why ONNX Runtime would not run ``node`` as PyTorch does (see the module), or None."""
     if node.target is aten.convolution.default:
         return _transposed_convolution(node)
     if node.target is aten._adaptive_avg_pool2d.default:
