@@ -27,6 +27,8 @@ def exact_floor_divisions(gm: torch.fx.GraphModule) -> int:
         a, b = node.args
         if isinstance(a, int) and isinstance(b, int):
             continue
+        if not isinstance(node.meta.get("val"), (int, torch.SymInt)):
+            continue  # sizes are integers; ONNX's Mod of floats is another operation
         with gm.graph.inserting_before(node):
             remainder = _call(gm.graph, operator.mod, a, b)
             multiple = _call(gm.graph, operator.sub, a, remainder)
