@@ -283,14 +283,23 @@ def cummin(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def median(x: torch.Tensor) -> torch.Tensor:
     """The lower median of all elements, as PyTorch (the ((n-1)//2)-th smallest)."""
-    flat = x.reshape(-1)
-    return kthvalue(flat, (flat.shape[0] - 1) // 2 + 1, 0)[0]
+    return median_dim(x.reshape(-1), 0)[0]
 
 
 def median_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lower median along ``dim``; NaN, at the first NaN's index, where the row holds one, as
+    PyTorch's (wave 37: the k-th smallest alone gave a number there, in either placement)."""
     if x.dim() == 0:
         return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
-    return kthvalue(x, (x.shape[dim] - 1) // 2 + 1, dim, keepdim)
+    value, index = kthvalue(x, (x.shape[dim] - 1) // 2 + 1, dim, keepdim)
+    if not x.is_floating_point():
+        return value, index
+    nan = torch.isnan(x)
+    has_nan = nan.any(dim=dim, keepdim=keepdim)
+    first_nan = torch.argmax(nan.to(torch.uint8), dim=dim, keepdim=keepdim)
+    return torch.where(has_nan, torch.full_like(value, math.nan), value), torch.where(
+        has_nan, first_nan, index
+    )
 
 
 def mish_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -313,6 +313,21 @@ def test_regression_loss_backwards_round_as_the_kernels(dtype: torch.dtype, redu
             assert torch.equal(got, want), f"{kernel}: {(got != want).sum()} of {n} differ"
 
 
+def test_median_is_nan_at_the_first_nan_as_native() -> None:
+    """Wave 37: the k-th smallest alone gave a number for a row holding a NaN."""
+    nan = float("nan")
+    x = torch.tensor(
+        [[1.0, nan, 3.0, 2.0, nan], [0.0, 3.0, 1.0, 0.0, 5.0], [nan] * 5, [5.0, 1.0, nan, 2.0, 4.0]]
+    )
+    for dim, keepdim in ((1, False), (0, True)):
+        for got, want in zip(
+            math_ops.median_dim(x, dim, keepdim), torch.median(x, dim, keepdim), strict=True
+        ):
+            torch.testing.assert_close(got, want, equal_nan=True)
+    torch.testing.assert_close(math_ops.median(x), torch.median(x), equal_nan=True)
+    torch.testing.assert_close(math_ops.median(x[1]), torch.median(x[1]))
+
+
 def test_kthvalue_and_mode_match_native() -> None:
     torch.manual_seed(0)
     x = torch.randn(4, 7)

@@ -72,9 +72,10 @@ class _NanCheck(nn.Module):
         super().__init__()
         self.linear = nn.Linear(4, 4)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         h = self.linear(x)
-        return h.abs().amax(), torch.log(h).argmax(1)
+        middle, where = h.median(1)
+        return h.abs().amax(), torch.log(h).argmax(1), middle, where, F.max_pool1d(h[None], 2)
 
 
 def test_a_nan_in_the_activations_reaches_the_outputs_as_in_eager() -> None:
