@@ -38,6 +38,15 @@ def _reduction_enum(size_average: bool | None, reduce: bool | None, reduction: s
     return _reduction.get_enum(reduction)
 
 
+def _reduced(per_row: torch.Tensor, reduction: int, *, one_row: bool) -> torch.Tensor:
+    """The rows' losses reduced as ``reduction`` asks; ``one_row``: an unbatched input's, 0-d."""
+    if reduction == _MEAN:
+        return per_row.mean()
+    if reduction == _SUM:
+        return per_row.sum()
+    return per_row[0] if one_row else per_row
+
+
 def _multilabel_loss(input: torch.Tensor, target: torch.Tensor, reduction: int) -> torch.Tensor:
     unbatched = input.dim() <= 1
     x, t = torch.atleast_2d(input), torch.atleast_2d(target)
@@ -51,11 +60,7 @@ def _multilabel_loss(input: torch.Tensor, target: torch.Tensor, reduction: int) 
     margins = _hinge(1.0 - picked.unsqueeze(-1) + x.unsqueeze(1))
     counted = slot.unsqueeze(-1) & ~is_target.unsqueeze(1)
     per_row = torch.where(counted, margins, torch.zeros_like(margins)).sum(dim=(1, 2)) / classes
-    if reduction == _MEAN:
-        return per_row.mean()
-    if reduction == _SUM:
-        return per_row.sum()
-    return per_row[0] if unbatched else per_row
+    return _reduced(per_row, reduction, one_row=unbatched)
 
 
 def multilabel_margin_loss(
@@ -92,11 +97,7 @@ def _multi_margin_loss(
         hinges = hinges * weight[t]
     others = torch.arange(classes, device=x.device) != t
     per_row = torch.where(others, hinges, torch.zeros_like(hinges)).sum(dim=1) / classes
-    if reduction == _MEAN:
-        return per_row.mean()
-    if reduction == _SUM:
-        return per_row.sum()
-    return per_row[0] if unbatched and target.dim() == 0 else per_row
+    return _reduced(per_row, reduction, one_row=unbatched and target.dim() == 0)
 
 
 def multi_margin_loss(
