@@ -17,6 +17,8 @@ import operator
 
 import torch
 
+from ortrain.export.spelled_out_math import call_with_value
+
 
 def exact_floor_divisions(gm: torch.fx.GraphModule) -> int:
     """Rewrite each ``operator.floordiv`` of sizes in ``gm``; returns how many."""
@@ -30,9 +32,9 @@ def exact_floor_divisions(gm: torch.fx.GraphModule) -> int:
         if not isinstance(node.meta.get("val"), (int, torch.SymInt)):
             continue  # sizes are integers; ONNX's Mod of floats is another operation
         with gm.graph.inserting_before(node):
-            remainder = _call(gm.graph, operator.mod, a, b)
-            multiple = _call(gm.graph, operator.sub, a, remainder)
-            quotient = _call(gm.graph, operator.floordiv, multiple, b)
+            remainder = call_with_value(gm.graph, operator.mod, (a, b))
+            multiple = call_with_value(gm.graph, operator.sub, (a, remainder))
+            quotient = call_with_value(gm.graph, operator.floordiv, (multiple, b))
         node.replace_all_uses_with(quotient)
         gm.graph.erase_node(node)
         rewritten += 1
@@ -40,10 +42,3 @@ def exact_floor_divisions(gm: torch.fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return rewritten
-
-
-def _call(graph: torch.fx.Graph, target: object, a: object, b: object) -> torch.fx.Node:
-    node = graph.call_function(target, (a, b))
-    values = [x.meta.get("val") if isinstance(x, torch.fx.Node) else x for x in (a, b)]
-    node.meta["val"] = target(*values)  # type: ignore[operator]
-    return node

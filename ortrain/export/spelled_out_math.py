@@ -86,6 +86,27 @@ def spell_out_math(gm: torch.fx.GraphModule) -> int:
     return replaced
 
 
+def call_with_value(
+    graph: torch.fx.Graph,
+    target: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None = None,
+    *,
+    fake_mode: Any = None,
+) -> torch.fx.Node:
+    """A ``target(*args, **kwargs)`` node at the graph's insertion point, with the value the export
+    reads (``meta["val"]``), computed by ``target`` on its operands' values (under ``fake_mode``)."""
+    kwargs = kwargs or {}
+    node = graph.call_function(target, args, kwargs)
+    values = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
+    if fake_mode is None:
+        node.meta["val"] = target(*values, **kwargs)
+    else:
+        with fake_mode:
+            node.meta["val"] = target(*values, **kwargs)
+    return node
+
+
 class NodeBuilder:
     """Inserts ATen nodes at the graph's insertion point, each with the fake value the export
     reads (its dtype and shape), computed by the operator itself under the graph's fake mode."""
@@ -97,14 +118,7 @@ class NodeBuilder:
         self.dtype = torch.float32 if result.dtype in _HALF else result.dtype
 
     def call(self, target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
-        node = self.graph.call_function(target, args, kwargs)
-        fakes = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
-        if self.mode is None:
-            node.meta["val"] = target(*fakes, **kwargs)
-        else:
-            with self.mode:
-                node.meta["val"] = target(*fakes, **kwargs)
-        return node
+        return call_with_value(self.graph, target, args, kwargs, fake_mode=self.mode)
 
     def operand(self, value: Any) -> torch.fx.Node:
         if not isinstance(value, torch.fx.Node):  # a number: the graph's dtype, as a 0-d tensor
