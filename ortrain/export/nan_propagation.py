@@ -15,11 +15,13 @@ first NaN's position (the argmax of ``isnan(x)``) for the indices. Three more pa
 reduced tensor; none of the benchmarks' models reduces this way (their softmaxes and losses are
 ``Softmax`` / ``LogSoftmax``, which propagate NaN). Max pooling likewise, through the same
 pooling of ``isnan(x)``: one more pooling pass. ``cummax``, ``aminmax`` and adaptive max pooling,
-which ortrain decomposes into these, follow; ``median`` still skips NaN in ONNX Runtime.
+which ortrain decomposes into these, follow (``median``'s decomposition handles NaN itself:
+``capture/decompositions_math.py``).
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -50,7 +52,8 @@ def propagate_nan(gm: torch.fx.GraphModule) -> int:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _TARGETS:
             continue
-        if node.target is _NORM and abs(float(node.kwargs.get("ord", ([*node.args, 2][1])))) != float("inf"):
+        order = node.kwargs.get("ord", node.args[1] if len(node.args) > 1 else 2)
+        if node.target is _NORM and abs(float(order)) != math.inf:
             continue  # the other norms are sums, which carry NaN along
         source = node.args[0]
         value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
@@ -67,25 +70,37 @@ def propagate_nan(gm: torch.fx.GraphModule) -> int:
                 pooled = b.call(node.target, weights, *node.args[1:], **node.kwargs)
                 has_nan = b.call(aten.gt.Scalar, b.call(operator.getitem, pooled, 0), 0)
                 _replace_pair(gm, node, users, b, has_nan, b.call(operator.getitem, pooled, 1))
-                changed += 1
-                continue
-            nan_mask = b.call(aten._to_copy.default, b.call(aten.isnan.default, source), dtype=value.dtype)
-            dims, keepdim = _reduced_dims(node, value.dim())
-            has_nan = b.call(aten.gt.Scalar, b.call(aten.amax.default, nan_mask, dims, keepdim), 0)
-            if node.target in _BOTH:
-                first_nan = b.call(aten.argmax.default, nan_mask, dims[0], keepdim)
-                _replace_pair(gm, node, users, b, has_nan, first_nan)
-            elif node.target in _INDICES:
-                first_nan = b.call(aten.argmax.default, nan_mask, *node.args[1:3])
-                _redirect(node, users, b.call(aten.where.self, has_nan, first_nan, node))
             else:
-                nan = b.call(aten.scalar_tensor.default, float("nan"), dtype=value.dtype)
-                _redirect(node, users, b.call(aten.where.self, has_nan, nan, node))
+                _reduction_propagating_nan(gm, node, users, b, source, value)
         changed += 1
     if changed:
         gm.graph.lint()
         gm.recompile()
     return changed
+
+
+def _reduction_propagating_nan(
+    gm: torch.fx.GraphModule,
+    node: torch.fx.Node,
+    users: list[torch.fx.Node],
+    b: NodeBuilder,
+    source: torch.fx.Node,
+    value: torch.Tensor,
+) -> None:
+    """A reduction (values, indices or both) followed by the choice on whether what it reduced
+    holds a NaN: the maximum of ``isnan(x)`` over the same dimensions."""
+    nan_mask = b.call(aten._to_copy.default, b.call(aten.isnan.default, source), dtype=value.dtype)
+    dims, keepdim = _reduced_dims(node, value.dim())
+    has_nan = b.call(aten.gt.Scalar, b.call(aten.amax.default, nan_mask, dims, keepdim), 0)
+    if node.target in _BOTH:
+        first_nan = b.call(aten.argmax.default, nan_mask, dims[0], keepdim)
+        _replace_pair(gm, node, users, b, has_nan, first_nan)
+    elif node.target in _INDICES:
+        first_nan = b.call(aten.argmax.default, nan_mask, *node.args[1:3])
+        _redirect(node, users, b.call(aten.where.self, has_nan, first_nan, node))
+    else:
+        nan = b.call(aten.scalar_tensor.default, math.nan, dtype=value.dtype)
+        _redirect(node, users, b.call(aten.where.self, has_nan, nan, node))
 
 
 def _nan_positions(b: NodeBuilder, source: torch.fx.Node, plane: list[Any]) -> torch.fx.Node:
@@ -95,7 +110,7 @@ def _nan_positions(b: NodeBuilder, source: torch.fx.Node, plane: list[Any]) -> t
     nan_mask = b.call(aten._to_copy.default, b.call(aten.isnan.default, source), dtype=torch.float32)
     if not all(isinstance(size, int) for size in plane):
         return nan_mask  # a size left open: the first NaN's index, not the last's
-    positions = b.call(aten.arange.start, 1, 1 + int(torch.tensor(plane).prod()), dtype=torch.float32)
+    positions = b.call(aten.arange.start, 1, 1 + math.prod(plane), dtype=torch.float32)
     return b.call(aten.mul.Tensor, nan_mask, b.call(aten.view.default, positions, plane))
 
 
@@ -129,7 +144,7 @@ def _replace_pair(
     """A (values, indices) node: its values NaN and its indices ``first_nan`` where a NaN is."""
     values = b.call(operator.getitem, node, 0)
     indices = b.call(operator.getitem, node, 1)
-    nan = b.call(aten.scalar_tensor.default, float("nan"), dtype=values.meta["val"].dtype)
+    nan = b.call(aten.scalar_tensor.default, math.nan, dtype=values.meta["val"].dtype)
     fixed = (
         b.call(aten.where.self, has_nan, nan, values),
         b.call(aten.where.self, has_nan, first_nan, indices),
