@@ -170,8 +170,16 @@ _FIRST_SENTENCE = re.compile(r"(?P<sentence>.+?\.`?)(?=\s+[A-Z]|$)")
 # break itself: a 12-line warning to set `capture_scalar_outputs` after `.item()`, and a
 # UserWarning to "file an issue on GitHub" for `random.random`. On ORTModule's path the break is
 # ortrain's report (one line, its source line), and the advice is for torch.compile, not for it.
-_DYNAMO_NOTICES = {"torch._dynamo.variables.tensor": "Graph break from `Tensor.item()`"}
+# And a page of WARNING when ortrain's capture of a graph fails on an operator whose output size
+# depends on values ("Backend compiler exception ... Report an issue to the backend compiler
+# repo"): ortrain reports it itself, once (`backend_failure_reason`).
+_DYNAMO_NOTICES = {
+    "torch._dynamo.variables.tensor": "Graph break from `Tensor.item()`",
+    "torch._dynamo.exc": "Backend compiler exception",
+}
 _DYNAMO_WARNING = r"Dynamo does not know how to trace the builtin"
+# (file, line, reason, whether that code runs in eager PyTorch for want of a capture)
+BreakReport = Callable[[str, int, str, bool], None]
 
 
 class _DropNotice(logging.Filter):
@@ -184,7 +192,7 @@ class _DropNotice(logging.Filter):
 
 
 class _BreakHandler(logging.Handler):
-    def __init__(self, report: Callable[[str, int, str], None]) -> None:
+    def __init__(self, report: BreakReport) -> None:
         super().__init__(logging.DEBUG)
         self.report = report
         self.thread = threading.get_ident()
@@ -196,7 +204,32 @@ class _BreakHandler(logging.Handler):
         location = _LOCATION.search(message)
         if location is None:
             return
-        self.report(location.group("file"), int(location.group("line")), break_reason(message))
+        eager = backend_failure_reason(message)
+        self.report(
+            location.group("file"),
+            int(location.group("line")),
+            eager or break_reason(message),
+            eager is not None,
+        )
+
+
+_BACKEND_FAILURE = re.compile(r"Backend compiler `[^`]*` failed with (?P<error>.+?)\. Adding a graph break")
+
+
+def backend_failure_reason(message: str) -> str | None:
+    """What ortrain's capture of a TorchDynamo graph failed on, from Dynamo's log of the break it
+    makes of such a failure (TorchDynamo then runs that graph's code in eager PyTorch); None for
+    any other break. Dynamo lets a backend fail this way only on fake tensors' refusals: an
+    operator whose output size depends on values (mostly a backward's ``grad[mask]``), one fake
+    tensors cannot run."""
+    failure = _BACKEND_FAILURE.search(message)
+    if failure is None:
+        return None
+    return (
+        f"ortrain could not capture TorchDynamo's graph of this code ({failure.group('error')}: an "
+        "output size that depends on values, or an operator fake tensors cannot run, in its "
+        "forward or its backward), which therefore runs in eager PyTorch"
+    )
 
 
 def break_reason(message: str) -> str:
@@ -217,8 +250,10 @@ def break_reason(message: str) -> str:
 
 
 @contextlib.contextmanager
-def graph_breaks_reported(report: Callable[[str, int, str], None]) -> Iterator[None]:
-    """Call ``report(file, line, reason)`` for each graph break Dynamo finds in this thread meanwhile;
+def graph_breaks_reported(report: BreakReport) -> Iterator[None]:
+    """Call ``report(file, line, reason, eager)`` for each graph break Dynamo finds in this thread
+    meanwhile (``eager``: the break is Dynamo's answer to a capture ortrain failed, whose code runs
+    in eager PyTorch);
     TorchDynamo's own notices of those breaks (advice for torch.compile) are not shown meanwhile."""
     handler = _BreakHandler(report)
     loggers = [logging.getLogger(name) for name in _BREAK_LOGGERS]

@@ -18,7 +18,9 @@
 - Fake tensors' "failed while attempting to run meta" tracebacks stay out of the user's stderr:
   a capture that fails is handled (the user's own error from eager PyTorch for bad inputs, the
   fallback policy otherwise, the capture's error at DEBUG), and a wrong input shape printed
-  forty lines of ERROR before PyTorch's one-line answer.
+  forty lines of ERROR before PyTorch's one-line answer. So do anomaly mode's "Error detected in
+  IndexPutBackward0" warnings, which AOTAutograd's trace of the backward (run under anomaly
+  detection) printed with the forward's source line for every capture that failed there.
 - TorchScript parts run op by op (see :mod:`ortrain.capture.torchscript_calls`): an optimized
   plan hid its ops, and their gradients, from the trace.
 - Saved-tensor hooks around the wrapper (``torch.utils.checkpoint.checkpoint(model, x)``,
@@ -33,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -65,7 +68,9 @@ def meta_failures_unlogged() -> Iterator[None]:
     quiet = _MetaFailures()
     fake_logger.addFilter(quiet)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Error detected in ", category=UserWarning)
+            yield
     finally:
         fake_logger.removeFilter(quiet)
 

@@ -69,11 +69,14 @@ class GraphBreakPath:
                     ) from error
                 raise
 
-    def _report(self, file: str, line: int, reason: str) -> None:
-        if any(b[:2] == (file, line) for b in self.breaks):
+    def _report(self, file: str, line: int, reason: str, eager: bool) -> None:
+        if (file, line, reason) in self.breaks:
             return
         self.breaks.append((file, line, reason))
-        logger.info("graph break at %s:%d `%s`: %s", file, line, source_line(file, line), reason)
+        # A break of TorchDynamo's own is how such a model trains (INFO); a graph that ortrain
+        # failed to capture trains in PyTorch, which the user should hear of once.
+        level = logging.WARNING if eager else logging.INFO
+        logger.log(level, "graph break at %s:%d `%s`: %s", file, line, source_line(file, line), reason)
 
 
 def _described(error: BaseException) -> str:
