@@ -40,6 +40,7 @@ from ortrain.capture.symbolic_sizes import (
 )
 from ortrain.capture.view_ops import RESHAPES
 from ortrain.export import direct_translation
+from ortrain.export.double_precision_constants import python_floats_as_double
 from ortrain.export.exporter_decompositions import lean_decomposition
 from ortrain.export.factory_dtypes import spell_out_factory_dtypes
 from ortrain.export.flash_attention_math import NoMathForm
@@ -406,6 +407,7 @@ def _translate(
                 rewrite_rules_tried_by_root_operator(),
                 shape_inference_only_where_unknown(),
                 op_signatures_shared(),
+                python_floats_as_double(gm),  # float64 graphs: exact constants (see the module)
             ):
                 model = direct_translation.translate(deep_copy(gm), opset_version=opset_version)
             TRANSLATIONS["direct"] += 1
@@ -432,6 +434,7 @@ def _translate(
             rewrite_rules_tried_by_root_operator(),
             shape_inference_only_where_unknown(),
             op_signatures_shared(),
+            python_floats_as_double(gm),
         ):
             program = torch.onnx.export(
                 gm,

@@ -1,0 +1,82 @@
+"""Python floats in a float64 graph become float64 constants of ONNX, not float32 ones.
+
+torch.onnx makes an ONNX constant of each Python number an operator's translation takes. Where
+the translation's signature does not tie the number's type to a tensor's (a ``TReal`` of its
+own), it makes a Python float a FLOAT constant, which the translation then casts to its
+operand's type: in a float64 model ``x * 0.1`` multiplied by 0.10000000149011612 and
+``clamp(min=0.7)`` clamped at 0.699999988, relative errors of 1e-8 where eager PyTorch computes
+with the number itself (wave 38's trials: 14 of 20 common forms, ``where``, ``rsub``, ``lerp``,
+``full_like``, ``torch.pi`` among them).
+
+While a graph whose floating tensors are all float64 is translated, such a float becomes a
+DOUBLE constant instead: its exact value, and the type of every floating tensor it can meet in
+that graph. Graphs with any other floating dtype are translated as before: there a DOUBLE
+constant could meet a float32 tensor in an ONNX operator that takes one type. The switch is per
+thread, so a float32 graph exported on another thread meanwhile is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+_state = threading.local()
+_installed = False
+_install_lock = threading.Lock()
+
+
+def _all_floats_double(gm: torch.fx.GraphModule) -> bool:
+    dtypes = {
+        value.dtype
+        for node in gm.graph.nodes
+        if isinstance(value := node.meta.get("val"), torch.Tensor) and value.is_floating_point()
+    }
+    return dtypes == {torch.float64}
+
+
+def _install() -> None:
+    """Wrap torch.onnx's choice of a Python constant's type, once per process; the wrapper
+    changes it only on a thread inside :func:`python_floats_as_double`."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        import onnx_ir as ir
+        from torch.onnx._internal.exporter import _building
+
+        chosen_by_torch = _building._determine_input_dtype
+
+        def determine_input_dtype(param: Any, arg: Any, type_binding: Any) -> Any:
+            dtype = chosen_by_torch(param, arg, type_binding)
+            if (
+                getattr(_state, "double", False)
+                and dtype == ir.DataType.FLOAT
+                and isinstance(arg, float)
+                and param.type_constraint not in type_binding
+                and any(t.dtype == ir.DataType.DOUBLE for t in param.type_constraint.allowed_types)
+            ):
+                return ir.DataType.DOUBLE
+            return dtype
+
+        _building._determine_input_dtype = determine_input_dtype
+        _installed = True
+
+
+@contextlib.contextmanager
+def python_floats_as_double(gm: torch.fx.GraphModule) -> Iterator[None]:
+    """Translate ``gm``'s Python floats as DOUBLE constants meanwhile, if its floating tensors are
+    all float64 (else nothing changes)."""
+    if not _all_floats_double(gm):
+        yield
+        return
+    _install()
+    previous = getattr(_state, "double", False)
+    _state.double = True
+    try:
+        yield
+    finally:
+        _state.double = previous

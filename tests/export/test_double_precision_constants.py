@@ -1,0 +1,58 @@
+"""A float64 model's Python floats reach ONNX Runtime as float64 constants: its values and
+gradients are eager's to the last bits, not to float32's rounding of each constant."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from ortrain import ORTModule
+
+FORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "x * 0.1": lambda x: x * 0.1,
+    "x + pi": lambda x: x + torch.pi,
+    "x / 3.3": lambda x: x / 3.3,
+    "0.3 - x": lambda x: 0.3 - x,
+    "clamp(min=0.7)": lambda x: x.clamp(min=0.7),
+    "where(x > 0.5, 0.1, x)": lambda x: torch.where(x > 0.5, 0.1, x),
+    "full_like(x, 0.1) * x": lambda x: torch.full_like(x, 0.1) * x,
+    "lerp(x, 2x, 0.3)": lambda x: torch.lerp(x, 2 * x, 0.3),
+    "threshold(x, 0.55, 0.3)": lambda x: nn.functional.threshold(x, 0.55, 0.3),
+}
+
+
+class _Form(nn.Module):
+    def __init__(self, form: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype) -> None:
+        super().__init__()
+        self.form = form
+        self.scale = nn.Parameter(torch.linspace(0.9, 1.1, 6, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.form(x * self.scale)
+
+
+@pytest.mark.parametrize("form", list(FORMS), ids=str)
+def test_float64_forms_match_eager_to_double_precision(form: str) -> None:
+    eager = _Form(FORMS[form], torch.float64)
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.linspace(0.15, 0.95, 6, dtype=torch.float64)
+    expected, got = eager(x), wrapped(x)
+    torch.testing.assert_close(got, expected, rtol=1e-15, atol=0.0)
+    (expected * torch.arange(1.0, 7.0, dtype=torch.float64)).sum().backward()
+    (got * torch.arange(1.0, 7.0, dtype=torch.float64)).sum().backward()
+    torch.testing.assert_close(wrapped.module.scale.grad, eager.scale.grad, rtol=1e-15, atol=0.0)
+
+
+def test_float32_forms_keep_float32_constants() -> None:
+    """The switch is for float64 graphs only: float32 models compute as before (and as eager)."""
+    for form in FORMS.values():
+        eager = _Form(form, torch.float32)
+        wrapped = ORTModule(copy.deepcopy(eager))
+        x = torch.linspace(0.15, 0.95, 6)
+        got = wrapped(x)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, eager(x))
