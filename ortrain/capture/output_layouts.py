@@ -11,6 +11,13 @@ with the masks in the wrong places, without a word, from its second sequence len
 So an output AOTAutograd remakes from an input leaves the compiled graph laid out as its trace
 was: a permuted dense layout is copied into that order (the tensor itself is then dropped: only
 its strides are read).
+
+So does an output of its own (not a view of anything) that the trace, like eager PyTorch, laid
+out permuted (``linear(x).transpose(0, 1)`` before a graph break): the Python between TorchDynamo's
+graphs, and the next graph, traced on the tensor it is given, read its layout. A dropout there
+draws its mask in memory order, so ONNX Runtime's contiguous copy drew other masks than eager
+under the same seed (wave 38: WavLM with layer drop, whose layers then ran in graphs of their
+own, trained 2e-3 apart from eager from its second step, in float64 too).
 """
 
 from __future__ import annotations
@@ -22,10 +29,15 @@ from torch._functorch._aot_autograd.schemas import OutputType
 
 from ortrain.capture.memory_layouts import densely_in_order, permuted_dim_order, size_hint
 
+# Outputs the user gets as the graph returned them: aliasing nothing, or (``unsafe_view_alias``)
+# a view of an intermediate the graph does not return, which AOTAutograd then treats as its own.
+_OWN = (OutputType.non_alias, OutputType.unsafe_view_alias)
+
 
 def traced_layouts(graph: torch.fx.Graph) -> dict[int, tuple[int, ...]]:
     """Output position -> dimension order, for the user-visible outputs of an AOTAutograd forward
-    traced in a permuted dense layout at storage offset 0."""
+    traced in a permuted dense layout at storage offset 0 (those remade from an input, and those
+    that alias nothing)."""
     context = torch._guards.TracingContext.try_get()
     metadata = getattr(context, "fw_metadata", None)
     if metadata is None:
@@ -33,11 +45,19 @@ def traced_layouts(graph: torch.fx.Graph) -> dict[int, tuple[int, ...]]:
     first = metadata.num_mutated_inp_runtime_indices  # the new values of mutated inputs come first
     output = graph.output_node()
     results = output.args[0] if isinstance(output.args[0], tuple | list) else (output.args[0],)
+    bases = {
+        info.base_idx
+        for info in metadata.output_info
+        if info.output_type == OutputType.alias_of_intermediate_base_is_user_output
+    }
     layouts: dict[int, tuple[int, ...]] = {}
     for index, info in enumerate(metadata.output_info):
-        # Only outputs remade from an input: the tensor returned gives its layout and is then
-        # dropped. (A base of views is handed to the user: left as ONNX Runtime made it.)
-        if info.output_type != OutputType.alias_of_input or first + index >= len(results):
+        # Outputs remade from an input (the tensor returned gives its layout and is then dropped)
+        # and outputs of their own. (A base of other outputs' views is handed to the user as
+        # ONNX Runtime made it, its views with it.)
+        remade = info.output_type == OutputType.alias_of_input
+        own = info.output_type in _OWN and index not in bases
+        if not (remade or own) or first + index >= len(results):
             continue
         position = first + index
         node = results[position]

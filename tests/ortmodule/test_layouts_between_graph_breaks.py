@@ -1,0 +1,50 @@
+"""Tensors that leave a graph between TorchDynamo's graph breaks keep eager's memory layout, so the
+Python after the break, and the next graph, draw eager's dropout masks under the same seed."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ortrain import ORTModule
+
+
+class TransposedBeforeABreak(nn.Module):
+    """``h`` is a transposed view of a linear's output when the forward stops at ``.item()``;
+    dropout then draws its mask in ``h``'s memory order (eager's, when the layout is eager's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.seen_strides: list[tuple[int, ...]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x).transpose(0, 1)
+        scale = 1.0 if h.sum().item() > -1e9 else 2.0  # a graph break
+        self.seen_strides.append(h.stride())
+        return F.dropout(h * scale, 0.3, training=True).pow(2).sum()
+
+
+def test_a_transposed_output_keeps_its_strides_and_dropout_draws_eagers_mask() -> None:
+    torch.manual_seed(0)
+    eager = TransposedBeforeABreak()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    try:
+        for step in range(3):
+            torch.manual_seed(10 + step)
+            expected = eager(x)
+            torch.manual_seed(10 + step)
+            got = wrapped(x)
+            torch.testing.assert_close(got, expected)
+            expected.backward()
+            got.backward()
+    finally:
+        torch._dynamo.reset()
+    assert wrapped._ortrain_graph_breaks is not None
+    assert wrapped.module.seen_strides == eager.seen_strides == [(1, 8)] * 3
+    torch.testing.assert_close(wrapped.module.linear.weight.grad, eager.linear.weight.grad)
