@@ -40,15 +40,16 @@ def _mask_position(index: Any) -> tuple[int, torch.Tensor] | None:
     return len(leading), mask
 
 
-def _one_row_value(value: torch.Tensor, rows_dim: int, tail: int) -> torch.Tensor | None:
-    """``value`` as a tensor that broadcasts to ``target[mask]``'s shape without its row count:
-    dimensions ``prefix + (1,) + tail`` at most, read from the right (eager broadcasts the same
-    way). None where the value has a dimension for the selected rows (one row each)."""
+def _one_row_value(value: torch.Tensor, leading: int, tail: int) -> torch.Tensor | None:
+    """``value`` as a tensor that broadcasts to ``target[mask]``'s shape, ``leading`` dimensions,
+    the selected rows, ``tail`` dimensions, without the rows' count: that dimension 1 or absent,
+    read from the right as eager broadcasts (leading 1s dropped). None where the value has a
+    dimension for the selected rows (one row each)."""
     if value.dim() <= tail:
         return value
-    while value.dim() > tail + rows_dim + 1 and value.shape[0] == 1:
+    while value.dim() > leading + 1 + tail and value.shape[0] == 1:
         value = value.squeeze(0)
-    if value.dim() > tail + rows_dim + 1 or value.shape[value.dim() - tail - 1] != 1:
+    if value.dim() > leading + 1 + tail or value.shape[value.dim() - tail - 1] != 1:
         return None
     return value
 
