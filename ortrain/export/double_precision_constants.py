@@ -13,6 +13,11 @@ DOUBLE constant instead: its exact value, and the type of every floating tensor 
 that graph. Graphs with any other floating dtype are translated as before: there a DOUBLE
 constant could meet a float32 tensor in an ONNX operator that takes one type. The switch is per
 thread, so a float32 graph exported on another thread meanwhile is untouched.
+
+A few translations pass their number as an ONNX attribute, which the format keeps in float32
+whatever the tensors' type: ``addcmul``'s and ``addcdiv``'s ``value``, ``hardtanh``'s bounds.
+In such a graph those nodes are first written as the arithmetic PyTorch's CPU kernels do
+(``self + value * t1 * t2``, ``self + value * t1 / t2``, a ``clamp``), whose numbers are operands.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from typing import Any
 
 import torch
 
+from ortrain.export.spelled_out_math import NodeBuilder
+
+aten = torch.ops.aten
 _state = threading.local()
 _installed = False
 _install_lock = threading.Lock()
@@ -80,3 +88,45 @@ def python_floats_as_double(gm: torch.fx.GraphModule) -> Iterator[None]:
         yield
     finally:
         _state.double = previous
+
+
+def _scaled_product(b: NodeBuilder, node: torch.fx.Node, combine: Any) -> torch.fx.Node:
+    self_arg, t1, t2 = node.args[:3]
+    value = node.kwargs.get("value", node.args[3] if len(node.args) > 3 else 1)
+    scaled = b.call(aten.mul.Tensor, t1, b.operand(value))  # the kernels' order: (value * t1) op t2
+    return b.call(aten.add.Tensor, self_arg, b.call(combine, scaled, t2))
+
+
+def _clamped(b: NodeBuilder, node: torch.fx.Node) -> torch.fx.Node:
+    low = node.args[1] if len(node.args) > 1 else node.kwargs.get("min_val", -1.0)
+    high = node.args[2] if len(node.args) > 2 else node.kwargs.get("max_val", 1.0)
+    return b.call(aten.clamp.default, node.args[0], low, high)
+
+
+_ATTRIBUTE_FORMS = {
+    aten.addcmul.default: lambda b, n: _scaled_product(b, n, aten.mul.Tensor),
+    aten.addcdiv.default: lambda b, n: _scaled_product(b, n, aten.div.Tensor),
+    aten.hardtanh.default: _clamped,
+}
+
+
+def numbers_as_operands(gm: torch.fx.GraphModule) -> int:
+    """In a graph whose floating tensors are all float64, write the nodes whose translations
+    make their numbers float32 attributes as arithmetic on operands; returns how many."""
+    if not _all_floats_double(gm):
+        return 0
+    replaced = 0
+    for node in list(gm.graph.nodes):
+        form = _ATTRIBUTE_FORMS.get(node.target) if node.op == "call_function" else None
+        value = node.meta.get("val")
+        if form is None or not isinstance(value, torch.Tensor):
+            continue
+        with gm.graph.inserting_before(node):
+            written = form(NodeBuilder(gm.graph, value), node)
+        node.replace_all_uses_with(written)
+        gm.graph.erase_node(node)
+        replaced += 1
+    if replaced:
+        gm.graph.lint()
+        gm.recompile()
+    return replaced

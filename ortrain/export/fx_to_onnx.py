@@ -40,7 +40,7 @@ from ortrain.capture.symbolic_sizes import (
 )
 from ortrain.capture.view_ops import RESHAPES
 from ortrain.export import direct_translation
-from ortrain.export.double_precision_constants import python_floats_as_double
+from ortrain.export.double_precision_constants import numbers_as_operands, python_floats_as_double
 from ortrain.export.exporter_decompositions import lean_decomposition
 from ortrain.export.factory_dtypes import spell_out_factory_dtypes
 from ortrain.export.flash_attention_math import NoMathForm
@@ -398,6 +398,7 @@ def _translate(
     spell_out_factory_dtypes(gm)  # for both paths: each translates a factory without one as float32
     refuse_negative_indices(gm)  # both translate gathers and scatters that count negatives from the end
     spell_out_math(gm)  # the operators whose translations lose PyTorch's answers (see the module)
+    numbers_as_operands(gm)  # float64 graphs: no float32 attributes (double_precision_constants)
     propagate_nan(gm)  # ONNX Runtime's max/min reductions skip NaN (see the module)
     exact_floor_divisions(gm)  # onnxscript's floordiv of sizes truncates (see the module)
     if DIRECT_TRANSLATION:

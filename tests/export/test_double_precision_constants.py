@@ -22,6 +22,10 @@ FORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "full_like(x, 0.1) * x": lambda x: torch.full_like(x, 0.1) * x,
     "lerp(x, 2x, 0.3)": lambda x: torch.lerp(x, 2 * x, 0.3),
     "threshold(x, 0.55, 0.3)": lambda x: nn.functional.threshold(x, 0.55, 0.3),
+    # numbers that translations make ONNX attributes, float32 by the format
+    "addcmul(x, x, x, value=0.3)": lambda x: torch.addcmul(x, x, x, value=0.3),
+    "addcdiv(x, x, x + 1, value=0.3)": lambda x: torch.addcdiv(x, x, x + 1, value=0.3),
+    "hardtanh(x, 0.2, 0.8)": lambda x: nn.functional.hardtanh(x, 0.2, 0.8),
 }
 
 
