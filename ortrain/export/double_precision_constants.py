@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ortrain.export.spelled_out_math import NodeBuilder
+from ortrain.export.spelled_out_math import NodeBuilder, rewrite_nodes
 
 aten = torch.ops.aten
 _state = threading.local()
@@ -115,18 +115,12 @@ def numbers_as_operands(gm: torch.fx.GraphModule) -> int:
     make their numbers float32 attributes as arithmetic on operands; returns how many."""
     if not _all_floats_double(gm):
         return 0
-    replaced = 0
-    for node in list(gm.graph.nodes):
-        form = _ATTRIBUTE_FORMS.get(node.target) if node.op == "call_function" else None
-        value = node.meta.get("val")
-        if form is None or not isinstance(value, torch.Tensor):
-            continue
-        with gm.graph.inserting_before(node):
-            written = form(NodeBuilder(gm.graph, value), node)
-        node.replace_all_uses_with(written)
-        gm.graph.erase_node(node)
-        replaced += 1
-    if replaced:
-        gm.graph.lint()
-        gm.recompile()
-    return replaced
+    return rewrite_nodes(gm, _with_operands)
+
+
+def _with_operands(node: torch.fx.Node) -> torch.fx.Node | None:
+    form = _ATTRIBUTE_FORMS.get(node.target) if node.op == "call_function" else None
+    value = node.meta.get("val")
+    if form is None or not isinstance(value, torch.Tensor):
+        return None
+    return form(NodeBuilder(node.graph, value), node)

@@ -17,28 +17,22 @@ import operator
 
 import torch
 
-from ortrain.export.spelled_out_math import call_with_value
+from ortrain.export.spelled_out_math import call_with_value, rewrite_nodes
 
 
 def exact_floor_divisions(gm: torch.fx.GraphModule) -> int:
     """Rewrite each ``operator.floordiv`` of sizes in ``gm``; returns how many."""
-    rewritten = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not operator.floordiv:
-            continue
-        a, b = node.args
-        if isinstance(a, int) and isinstance(b, int):
-            continue
-        if not isinstance(node.meta.get("val"), (int, torch.SymInt)):
-            continue  # sizes are integers; ONNX's Mod of floats is another operation
-        with gm.graph.inserting_before(node):
-            remainder = call_with_value(gm.graph, operator.mod, (a, b))
-            multiple = call_with_value(gm.graph, operator.sub, (a, remainder))
-            quotient = call_with_value(gm.graph, operator.floordiv, (multiple, b))
-        node.replace_all_uses_with(quotient)
-        gm.graph.erase_node(node)
-        rewritten += 1
-    if rewritten:
-        gm.graph.lint()
-        gm.recompile()
-    return rewritten
+    return rewrite_nodes(gm, _exact_quotient)
+
+
+def _exact_quotient(node: torch.fx.Node) -> torch.fx.Node | None:
+    if node.op != "call_function" or node.target is not operator.floordiv:
+        return None
+    a, b = node.args
+    if isinstance(a, int) and isinstance(b, int):
+        return None
+    if not isinstance(node.meta.get("val"), (int, torch.SymInt)):
+        return None  # sizes are integers; ONNX's Mod of floats is another operation
+    remainder = call_with_value(node.graph, operator.mod, (a, b))
+    multiple = call_with_value(node.graph, operator.sub, (a, remainder))
+    return call_with_value(node.graph, operator.floordiv, (multiple, b))

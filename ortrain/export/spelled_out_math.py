@@ -62,22 +62,34 @@ _HALF = (torch.float16, torch.bfloat16)
 
 def spell_out_math(gm: torch.fx.GraphModule) -> int:
     """Replace each node of ``gm`` that has an exact form here by that form; returns how many."""
+    return rewrite_nodes(gm, _exact_form)
+
+
+def _exact_form(node: torch.fx.Node) -> torch.fx.Node | None:
+    form = _FORMS.get(node.target) if node.op == "call_function" else None
+    if form is None:
+        return None
+    if node.target in _FLOOR_MODE and node.kwargs.get("rounding_mode") != "floor":
+        return None
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
+        return None
+    if node.target in _IN_FLOAT64 and value.dtype == torch.float64:
+        return None  # nothing wider to compute in
+    builder = NodeBuilder(node.graph, value)
+    return builder.rounded(form(builder, *node.args))
+
+
+def rewrite_nodes(gm: torch.fx.GraphModule, rewrite: Callable[[torch.fx.Node], Any]) -> int:
+    """Replace each node of ``gm`` for which ``rewrite(node)``, inserting before it, returns what
+    stands for it (None: the node stays, and ``rewrite`` inserted nothing); returns how many."""
     replaced = 0
     for node in list(gm.graph.nodes):
-        form = _FORMS.get(node.target) if node.op == "call_function" else None
-        if form is None:
-            continue
-        if node.target in _FLOOR_MODE and node.kwargs.get("rounding_mode") != "floor":
-            continue
-        value = node.meta.get("val")
-        if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
-            continue
-        if node.target in _IN_FLOAT64 and value.dtype == torch.float64:
-            continue  # nothing wider to compute in
         with gm.graph.inserting_before(node):
-            builder = NodeBuilder(gm.graph, value)
-            exact = builder.rounded(form(builder, *node.args))
-        node.replace_all_uses_with(exact)
+            written = rewrite(node)
+        if written is None:
+            continue
+        node.replace_all_uses_with(written)
         gm.graph.erase_node(node)
         replaced += 1
     if replaced:
