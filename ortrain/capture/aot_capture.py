@@ -35,6 +35,7 @@ from ortrain.capture.function_calls import intercept_functions
 from ortrain.capture.function_overrides import function_overrides
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig, MemoryReport
 from ortrain.capture.module_paths import annotate_module_paths
+from ortrain.capture.output_layouts import traced_layouts
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import python_op, python_op_grad, release_calls
 from ortrain.capture.size_guards import SizeGuards
@@ -242,7 +243,9 @@ def capture(
         def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
             slot = GraphSlot(gm)
             slots[tag] = slot
-            return GraphCode(slot)
+            # The forward's outputs in the layout eager gives them (see capture/output_layouts.py).
+            layouts = traced_layouts(gm.graph, joint._aot_state.fw_metadata) if tag == "forward" else {}
+            return GraphCode(slot, output_layouts=layouts)
 
         return compile_graph
 

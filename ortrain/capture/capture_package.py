@@ -32,6 +32,7 @@ from torch.fx._graph_pickler import GraphPickler, Options
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from ortrain.capture.lazy_recompile import compiled_on_first_call
+from ortrain.capture.output_layouts import in_traced_layouts
 from ortrain.capture.unused_tangents import UnreachedGradients, with_zero_tangents
 
 if TYPE_CHECKING:
@@ -45,11 +46,14 @@ _KEPT_METADATA = frozenset({"val"})
 class GraphCode(OutputCode):
     """What ortrain's compilers hand AOTAutograd: one graph and the executor that runs it."""
 
-    def __init__(self, slot: GraphSlot) -> None:
+    def __init__(self, slot: GraphSlot, output_layouts: dict[int, tuple[int, ...]] | None = None) -> None:
         super().__init__()
         self.slot: GraphSlot | None = slot
         self._graph_bytes: bytes | None = None
         self._boxed_call = True
+        # Output position -> the dimension order to hand it over in (ortrain.capture.output_layouts);
+        # plain data, saved with the cache entry.
+        self.output_layouts = output_layouts or {}
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
         assert self.slot is not None, "a loaded GraphCode runs only after post_compile"
@@ -60,12 +64,20 @@ class GraphCode(OutputCode):
             # as the graph's runner drops it, as eager frees a saved tensor after its node.
             inputs.clear()
         if not any(a is None for a in args):
-            return self.slot.run(args)
+            return self._laid_out(self.slot.run(args))
         unreached = self._unreached()
         missing = unreached.missing(args)
         if self.slot.runner is None:
             args = with_zero_tangents(self.slot.graph, args)  # the FX graph needs real tensors
-        return unreached.set_none(self.slot.run(args), missing)
+        return self._laid_out(unreached.set_none(self.slot.run(args), missing))
+
+    def _laid_out(self, outputs: Any) -> Any:
+        layouts = getattr(self, "output_layouts", None)  # absent on entries saved before wave 38
+        if not layouts:
+            return outputs
+        outputs = list(outputs)
+        in_traced_layouts(layouts, outputs)
+        return outputs
 
     def _unreached(self) -> UnreachedGradients:
         assert self.slot is not None

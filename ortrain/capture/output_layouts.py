@@ -17,7 +17,9 @@ out permuted (``linear(x).transpose(0, 1)`` before a graph break): the Python be
 graphs, and the next graph, traced on the tensor it is given, read its layout. A dropout there
 draws its mask in memory order, so ONNX Runtime's contiguous copy drew other masks than eager
 under the same seed (wave 38: WavLM with layer drop, whose layers then ran in graphs of their
-own, trained 2e-3 apart from eager from its second step, in float64 too).
+own, trained 2e-3 apart from eager from its second step, in float64 too). The same holds for a
+whole-graph capture's outputs, which the caller's code reads (a dropout on a wrapped encoder's
+output), as ``torch.compile`` keeps its outputs' eager strides.
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ from ortrain.capture.memory_layouts import densely_in_order, permuted_dim_order,
 _OWN = (OutputType.non_alias, OutputType.unsafe_view_alias)
 
 
-def traced_layouts(graph: torch.fx.Graph) -> dict[int, tuple[int, ...]]:
+def traced_layouts(graph: torch.fx.Graph, metadata: Any = None) -> dict[int, tuple[int, ...]]:
     """Output position -> dimension order, for the user-visible outputs of an AOTAutograd forward
     traced in a permuted dense layout at storage offset 0 (those remade from an input, and those
-    that alias nothing)."""
-    context = torch._guards.TracingContext.try_get()
-    metadata = getattr(context, "fw_metadata", None)
+    that alias nothing). ``metadata``: AOTAutograd's view of the forward (by default the tracing
+    context's, which TorchDynamo's compiles set)."""
+    if metadata is None:
+        context = torch._guards.TracingContext.try_get()
+        metadata = getattr(context, "fw_metadata", None)
     if metadata is None:
         return {}
     first = metadata.num_mutated_inp_runtime_indices  # the new values of mutated inputs come first

@@ -84,6 +84,39 @@ def test_a_fresh_process_skips_the_capture(tmp_path: Path) -> None:
     assert off["stages"] == ["capture"] * 2 and off["losses"] == cold["losses"]
 
 
+_PERMUTED_CHILD = textwrap.dedent(
+    """
+    import json
+    import torch
+    from torch import nn
+    from ortrain import ORTModule
+    from ortrain.runtime import startup_timings
+
+    class Transposes(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.linear(x).transpose(0, 1)
+
+    torch.manual_seed(0)
+    out = ORTModule(Transposes())(torch.randn(6, 8))
+    stages = [t.stage for t in startup_timings.RECORDED if t.stage.startswith("capture")]
+    print(json.dumps({"stride": list(out.stride()), "stages": stages}))
+    """
+)
+
+
+def test_a_stored_capture_hands_its_outputs_over_in_eagers_layout(tmp_path: Path) -> None:
+    script = tmp_path / "transposes.py"
+    script.write_text(_PERMUTED_CHILD)
+    cold = _run_child(script, tmp_path / "cache")
+    warm = _run_child(script, tmp_path / "cache")
+    assert warm["stages"] == ["capture (cached)"]
+    assert cold["stride"] == warm["stride"] == [1, 8]  # eager's transposed view
+
+
 class _Square(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):  # type: ignore[no-untyped-def]

@@ -1,5 +1,6 @@
-"""Tensors that leave a graph between TorchDynamo's graph breaks keep eager's memory layout, so the
-Python after the break, and the next graph, draw eager's dropout masks under the same seed."""
+"""Tensors that leave a captured graph keep eager's memory layout: between TorchDynamo's graph
+breaks, so that the Python after a break and the next graph draw eager's dropout masks under the
+same seed, and as a whole-graph capture's outputs, for the caller's code."""
 
 from __future__ import annotations
 
@@ -48,3 +49,34 @@ def test_a_transposed_output_keeps_its_strides_and_dropout_draws_eagers_mask() -
     assert wrapped._ortrain_graph_breaks is not None
     assert wrapped.module.seen_strides == eager.seen_strides == [(1, 8)] * 3
     torch.testing.assert_close(wrapped.module.linear.weight.grad, eager.linear.weight.grad)
+
+
+class ReturnsATransposedView(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.linear(x)
+        return h.transpose(0, 1), h.sum(0)
+
+
+def test_a_whole_graph_output_keeps_eagers_layout_for_the_callers_dropout() -> None:
+    torch.manual_seed(0)
+    eager = ReturnsATransposedView()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+    for step in range(2):
+        expected, got = eager(x), wrapped(x)
+        assert [t.stride() for t in got] == [t.stride() for t in expected] == [(1, 8), (1,)]
+        torch.manual_seed(10 + step)
+        expected_loss = F.dropout(expected[0], 0.5).sum() + expected[1].sum()
+        torch.manual_seed(10 + step)
+        got_loss = F.dropout(got[0], 0.5).sum() + got[1].sum()
+        torch.testing.assert_close(got_loss, expected_loss)
+        expected_loss.backward()
+        got_loss.backward()
+    assert wrapped._ortrain_graph_breaks is None
+    torch.testing.assert_close(wrapped.module.linear.weight.grad, eager.linear.weight.grad)
+    with torch.no_grad():
+        assert wrapped(x)[0].stride() == eager(x)[0].stride()  # the inference graph's too
