@@ -403,13 +403,7 @@ def _translate(
     exact_floor_divisions(gm)  # onnxscript's floordiv of sizes truncates (see the module)
     if DIRECT_TRANSLATION:
         try:
-            with (
-                _quiet_exporter(),
-                rewrite_rules_tried_by_root_operator(),
-                shape_inference_only_where_unknown(),
-                op_signatures_shared(),
-                python_floats_as_double(gm),  # float64 graphs: exact constants (see the module)
-            ):
+            with _exporter_settings(gm):
                 model = direct_translation.translate(deep_copy(gm), opset_version=opset_version)
             TRANSLATIONS["direct"] += 1
             return model
@@ -428,15 +422,7 @@ def _translate(
     examples, dynamic = _example_inputs(placeholders)
     compile_now(gm)
     try:
-        with (
-            _quiet_exporter(),
-            reused_op_registry(),
-            lean_decomposition(),
-            rewrite_rules_tried_by_root_operator(),
-            shape_inference_only_where_unknown(),
-            op_signatures_shared(),
-            python_floats_as_double(gm),
-        ):
+        with _exporter_settings(gm), reused_op_registry(), lean_decomposition():
             program = torch.onnx.export(
                 gm,
                 tuple(examples),
@@ -449,6 +435,21 @@ def _translate(
     except Exception as error:  # the exporter raises many types; all mean "cannot export"
         raise ExportError(*_summarize_export_error(error)) from error
     return program.model
+
+
+@contextlib.contextmanager
+def _exporter_settings(gm: torch.fx.GraphModule) -> Iterator[None]:
+    """How torch.onnx's translator runs for ``gm`` on either path: quiet, its rewrite rules tried
+    by root operator, shape inference only where a shape is unknown, operator signatures shared,
+    and a float64 graph's numbers as float64 constants (see the modules)."""
+    with (
+        _quiet_exporter(),
+        rewrite_rules_tried_by_root_operator(),
+        shape_inference_only_where_unknown(),
+        op_signatures_shared(),
+        python_floats_as_double(gm),
+    ):
+        yield
 
 
 @contextlib.contextmanager
