@@ -63,7 +63,9 @@ class _MetaFailures(logging.Filter):
 
 
 @contextlib.contextmanager
-def meta_failures_unlogged() -> Iterator[None]:
+def capture_failures_unshown() -> Iterator[None]:
+    """Fake tensors' meta-failure tracebacks and anomaly mode's "Error detected in" warnings of a
+    failing trace stay out of the user's stderr (see the module)."""
     fake_logger = logging.getLogger("torch._subclasses.fake_tensor")
     quiet = _MetaFailures()
     fake_logger.addFilter(quiet)
@@ -109,7 +111,7 @@ def tracing_context() -> Iterator[None]:
         stack.enter_context(attention_kernel_choice())
         stack.enter_context(hf_masks_traceable())
         stack.enter_context(reports_compiling())
-        stack.enter_context(meta_failures_unlogged())
+        stack.enter_context(capture_failures_unshown())
         stack.enter_context(saved_tensor_hooks_ignored())
         stack.enter_context(torchscript_unoptimized())
         stack.enter_context(python_attributes_carried())
