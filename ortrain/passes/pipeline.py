@@ -14,6 +14,7 @@ import torch
 from ortrain.passes.compute_optimizer import upstream_selections
 from ortrain.passes.erf_gelu import fuse_erf_gelu
 from ortrain.passes.label_sparsity import gather_counted_labels
+from ortrain.passes.leading_axis_sums import sum_leading_axes_by_matmul
 from ortrain.passes.linear_cross_entropy import fuse_linear_cross_entropy as fuse_linear_cross_entropy_pass
 from ortrain.passes.loss_head_gradient import rewrite_loss_head_gradient
 from ortrain.passes.padding_elimination import eliminate_padding
@@ -61,6 +62,9 @@ def default_passes(*, compute_optimizer: bool) -> list[tuple[str, Pass]]:
         # One pass over the activation where the exact GELU was five: ONNX Runtime's CPU Gelu
         # kernel, which its own fusion misses in the exporter's node order (see erf_gelu.py).
         ("fuse_erf_gelu", fuse_erf_gelu),
+        # Bias and norm gradients (sums over the rows) through MLAS's product, not ONNX Runtime's
+        # ReduceSum, which is slow over leading axes at some sizes (see leading_axis_sums.py).
+        ("sum_leading_axes_by_matmul", sum_leading_axes_by_matmul),
     ]
 
 
