@@ -15,7 +15,14 @@ from ortrain.passes.scatter_nd_accumulation import serialize_scatter_nd_accumula
 V, K, B, S = 64, 256, 8, 128  # the size of an embedding gradient, big enough for several threads
 
 
-def _model(reduction: str, index_dims: int = 1, *, symbolic: bool = False) -> onnx.ModelProto:
+def _model(
+    reduction: str,
+    index_dims: int = 1,
+    *,
+    symbolic: bool = False,
+    table_rows: int = V,
+    dtype: int = TensorProto.FLOAT,
+) -> onnx.ModelProto:
     batch: int | str = "b" if symbolic else B
     graph = helper.make_graph(
         [
@@ -25,11 +32,11 @@ def _model(reduction: str, index_dims: int = 1, *, symbolic: bool = False) -> on
         ],
         "embedding_backward",
         [
-            helper.make_tensor_value_info("data", TensorProto.FLOAT, [V, K]),
+            helper.make_tensor_value_info("data", dtype, [table_rows, K]),
             helper.make_tensor_value_info("ids", TensorProto.INT64, [batch, S, index_dims]),
-            helper.make_tensor_value_info("grad", TensorProto.FLOAT, [batch, S] + [K] * (2 - index_dims)),
+            helper.make_tensor_value_info("grad", dtype, [batch, S] + [K] * (2 - index_dims)),
         ],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [V, K])],
+        [helper.make_tensor_value_info("out", dtype, [table_rows, K])],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
@@ -60,6 +67,29 @@ def test_repeated_ids_all_accumulate(reduction: str, symbolic: bool) -> None:
             np.maximum.at(expected, rows, updates)
         got = _run(rewritten, {"data": data, "ids": ids, "grad": grad})
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(("table_rows", "batch"), [(2, B), (32, B), (2, 3), (2, 0)])
+def test_a_small_tables_sums_are_a_product_with_the_same_values(table_rows: int, batch: int) -> None:
+    rewritten = serialize_scatter_nd_accumulation(_model("add", symbolic=True, table_rows=table_rows))
+    onnx.checker.check_model(rewritten)
+    ops = [n.op_type for n in rewritten.graph.node]
+    assert "OneHot" in ops and "Gemm" in ops and not any(op.startswith("Scatter") for op in ops)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, table_rows, (batch, S, 1))  # BERT's token types: every id repeats
+    grad = rng.standard_normal((batch, S, K)).astype(np.float32)
+    data = rng.standard_normal((table_rows, K)).astype(np.float32)  # a table that holds values: added to
+    expected = data.astype(np.float64)
+    np.add.at(expected, ids.reshape(-1), grad.reshape(-1, K))
+    got = _run(rewritten, {"data": data, "ids": ids, "grad": grad})
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_a_small_tables_other_reductions_and_a_larger_table_stay_serial() -> None:
+    double = _model("add", table_rows=2, dtype=TensorProto.DOUBLE)  # no float64 OneHot kernel
+    for model in (_model("max", table_rows=2), _model("add", table_rows=33), double):
+        ops = [n.op_type for n in serialize_scatter_nd_accumulation(model).graph.node]
+        assert "ScatterElements" in ops and "OneHot" not in ops
 
 
 def test_unique_index_scatters_and_several_index_dims_are_kept() -> None:
