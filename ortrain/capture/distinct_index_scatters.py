@@ -1,4 +1,4 @@
-"""Accumulating scatters into zeros at distinct indices become copies: ``index_add`` → ``index_copy``.
+"""Accumulating scatters at indices that never repeat become copies: ``index_add`` → ``index_copy``.
 
 The gradient of ``x.index_select(0, idx)`` is ``index_add(zeros, 0, idx, grad)``: AOTAutograd cannot
 know that ``idx`` never repeats, so it accumulates. Exported, that is an accumulating
@@ -6,14 +6,21 @@ know that ``idx`` never repeats, so it accumulates. Exported, that is an accumul
 to a repeated index, ``ortrain.passes.scatter_nd_accumulation``): one element after the other,
 0.6-0.8 ms for 512 x 256 values on a 2-core AMD EPYC, five of them a step in padding elimination's
 backward (the real tokens' rows gathered before each layer). Where the index is
-``nonzero(mask)`` of a one-dimensional mask (padding elimination's real-token positions, through
-views), its values are distinct by construction, and adding into zeros at distinct positions is
-copying there: ``index_copy`` (``index_put`` without accumulation), a plain ``ScatterND`` that
-ONNX Runtime runs on all threads, correctly, since no two slices meet.
+``nonzero(mask)`` of a one-dimensional mask (padding elimination's real-token positions, label
+sparsity's counted rows, through views), its values are distinct by construction, and:
 
-Runs on the joint graph before the partition, where the backward's index is still the forward's
-``nonzero`` node (after it, the backward sees an input). Only zeros bases: ``index_add(t, ...)``
-into another tensor must add.
+- adding into zeros at distinct positions is copying there: ``index_copy`` (``index_put`` without
+  accumulation), a plain ``ScatterND`` that ONNX Runtime runs on all threads, correctly, since no
+  two slices meet;
+- adding into a tensor ``t`` that holds values (``scatter_accumulate`` folds ``t + index_add(zeros,
+  ...)`` into ``index_add(t, ...)``: label sparsity's rows' gradient onto the returned logits'
+  gradient) is ``index_copy(t, idx, t[idx] + src)``: the selected rows are read, added to and
+  written back, in parallel, instead of ``rows x V`` serial additions.
+
+Distinctness is read on the joint graph, before the partition, where the backward's index is still
+the forward's ``nonzero`` node (after it, the backward sees an input): :func:`mark_distinct_indices`
+marks those index nodes, and the mark travels with the node's ``meta`` into both graphs, where
+:func:`copy_into_distinct_positions` rewrites after the other backward rewrites.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from ortrain.capture.loss_backward import is_zeros
 logger = logging.getLogger("ortrain.capture")
 
 aten = torch.ops.aten
+
+DISTINCT = "ortrain_distinct_values"  # meta key: this index tensor's values never repeat
 
 # Ops that hand their input's elements on unchanged and in order (a view of a [N, 1] nonzero as [N]).
 _SAME_ELEMENTS = frozenset(
@@ -42,6 +51,7 @@ _SAME_ELEMENTS = frozenset(
         aten.detach.default,
     }
 )
+_SCATTERS = (aten.index_add.default, aten.index_put.default)
 
 
 def has_distinct_values(node: object) -> bool:
@@ -56,34 +66,64 @@ def has_distinct_values(node: object) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() == 1
 
 
-def _copy_target(node: torch.fx.Node) -> tuple[object, tuple[object, ...], dict[str, object]] | None:
-    """The copying call that ``node`` equals, or None."""
-    if node.op != "call_function" or node.target not in (aten.index_add.default, aten.index_put.default):
-        return None
-    if not isinstance(node.args[0], torch.fx.Node) or not is_zeros(node.args[0]):
-        return None
+def _index_of(node: torch.fx.Node) -> object:
     if node.target is aten.index_add.default:
-        if node.kwargs.get("alpha", 1) != 1 or len(node.args) != 4 or not has_distinct_values(node.args[2]):
-            return None
-        return aten.index_copy.default, tuple(node.args), {}
+        return node.args[2] if len(node.args) == 4 and node.kwargs.get("alpha", 1) == 1 else None
+    indices = node.args[1]
+    return indices[0] if isinstance(indices, (list, tuple)) and len(indices) == 1 else None
+
+
+def mark_distinct_indices(graph: torch.fx.Graph) -> int:
+    """Mark the index of each accumulating scatter whose values never repeat; returns how many."""
+    marked = 0
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in _SCATTERS:
+            continue
+        index = _index_of(node)
+        if isinstance(index, torch.fx.Node) and DISTINCT not in index.meta and has_distinct_values(index):
+            index.meta[DISTINCT] = True
+            marked += 1
+    return marked
+
+
+def _accumulates_at_distinct_positions(node: torch.fx.Node) -> bool:
+    if node.op != "call_function" or node.target not in _SCATTERS:
+        return False
     if node.target is aten.index_put.default:
-        base, indices, values, *rest = node.args
-        accumulate = rest[0] if rest else node.kwargs.get("accumulate", False)
-        if not accumulate or len(indices) != 1 or not has_distinct_values(indices[0]):  # type: ignore[arg-type]
-            return None
-        return aten.index_put.default, (base, indices, values, False), {}
-    return None
+        accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+        if not accumulate:
+            return False
+    index = _index_of(node)
+    return isinstance(index, torch.fx.Node) and bool(index.meta.get(DISTINCT))
 
 
-def copy_into_distinct_positions(graph: torch.fx.Graph) -> int:
-    """Rewrite each accumulating scatter into zeros whose index never repeats; returns how many."""
+def copy_into_distinct_positions(gm: torch.fx.GraphModule) -> int:
+    """Rewrite each accumulating scatter whose index is marked distinct; returns how many."""
+    graph = gm.graph
     rewritten = 0
     for node in list(graph.nodes):
-        found = _copy_target(node)
-        if found is None:
+        if not _accumulates_at_distinct_positions(node):
             continue
-        node.target, node.args, node.kwargs = found  # type: ignore[assignment]
+        base = node.args[0]
+        assert isinstance(base, torch.fx.Node)
+        if node.target is aten.index_put.default:
+            if not is_zeros(base):
+                continue  # values broadcast over the selected rows: left accumulating
+            node.args = (*node.args[:3], False)
+            node.kwargs = {}
+        elif is_zeros(base):
+            node.target = aten.index_copy.default
+        else:
+            _, dim, index, source = node.args
+            with graph.inserting_before(node):
+                held = graph.call_function(aten.index_select.default, (base, dim, index))
+                summed = graph.call_function(aten.add.Tensor, (held, source))
+            # index_add's source has the selected rows' shape and the base's dtype
+            held.meta["val"] = summed.meta["val"] = source.meta.get("val")  # type: ignore[union-attr]
+            node.target, node.args = aten.index_copy.default, (base, dim, index, summed)
         rewritten += 1
     if rewritten:
-        logger.debug("%d scatter(s) into zeros at distinct positions copy instead of adding", rewritten)
+        graph.lint()
+        gm.recompile()
+        logger.debug("%d scatter(s) at distinct positions copy instead of adding", rewritten)
     return rewritten

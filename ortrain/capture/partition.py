@@ -15,12 +15,11 @@ are cheaper to rebuild in the backward graph than to pass across:
 A draw whose result the forward never reads gets a reader first (:func:`read_unread_tuples`),
 without which the partition fails.
 
-Gradients scattered into zeros at positions that never repeat (padding elimination's real
-tokens) are copied there rather than added (see :mod:`ortrain.capture.distinct_index_scatters`).
-
 The backward graph then gets ``log_softmax``'s backward fused with its loss's one-hot gradient
 (see :mod:`ortrain.capture.loss_backward`), and additions to a scatter into zeros folded into the
-scatter (see :mod:`ortrain.capture.scatter_accumulate`).
+scatter (see :mod:`ortrain.capture.scatter_accumulate`). Last, in both graphs, scatters at positions
+that never repeat (padding elimination's real tokens, label sparsity's counted rows: marked on the
+joint graph) copy rather than add (see :mod:`ortrain.capture.distinct_index_scatters`).
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from ortrain.capture.checkpointing import tag_regions_for_recompute
 from ortrain.capture.copy_elision import drop_layout_preserving_clones
-from ortrain.capture.distinct_index_scatters import copy_into_distinct_positions
+from ortrain.capture.distinct_index_scatters import copy_into_distinct_positions, mark_distinct_indices
 from ortrain.capture.loss_backward import fuse_log_softmax_backward
 from ortrain.capture.memory_optimizer import (
     MemoryOptimizerConfig,
@@ -110,7 +109,7 @@ def partition(
             unread,
         )
     clones = drop_layout_preserving_clones(joint.graph)
-    copy_into_distinct_positions(joint.graph)
+    mark_distinct_indices(joint.graph)
     regions = tag_regions_for_recompute(joint.graph)
     relayouts = tag_relayouts_for_recompute(joint.graph)
     logger.debug(
@@ -124,6 +123,8 @@ def partition(
     forward, backward = default_partition(joint, joint_inputs, **kwargs)
     fuse_log_softmax_backward(backward)
     fold_additions_into_scatters(backward)
+    for graph_module in (forward, backward):
+        copy_into_distinct_positions(graph_module)
     record_partition(report, forward, kwargs["num_fwd_outputs"])
     if logger.isEnabledFor(logging.INFO):
         logger.info("%s", format_summary(report))

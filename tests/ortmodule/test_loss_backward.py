@@ -251,7 +251,8 @@ def test_loss_backward_passes_and_live_tensors(
     ScatterElements(add) (in place), and the Add of the logits' gradient. With label sparsity the
     loss runs on the counted rows (a row count known at run time: not counted here) and their
     gradient went into a zeros tensor the size of the logits, then the logits' gradient was added
-    (ConstantOfShape, ScatterND, Add: 3); now ScatterND adds the rows onto that gradient (1)."""
+    (ConstantOfShape, ScatterND, Add: 3); now the rows, each added to the gradient's own, are written
+    back into it (ScatterND at the counted rows, which never repeat: 1)."""
     _set_sparsity(monkeypatch, sparse)
     vocab, rows = 1009, 64
     torch.manual_seed(0)
