@@ -114,8 +114,9 @@ def linear_cross_entropy(
     count = labels.ne(ignore_index).sum()
     scale = 1.0 / count.clamp(min=1).to(xd.dtype) if reduction == _MEAN else None
     grad_x: list[torch.Tensor] = []
-    grad_w = wd.new_zeros(wd.shape) if wanted[1] else None
-    grad_b = bd.new_zeros(bd.shape) if wanted[2] and bd is not None else None
+    # Each sum starts from its first chunk, not from zeros: a (V x d) fill and addition less.
+    grad_w: torch.Tensor | None = None
+    grad_b: torch.Tensor | None = None
     for start, count_rows in bounds:
         xc, tc = rows(xd, start, count_rows), rows(labels, start, count_rows)
         zc = rows(zd, start, count_rows)
@@ -155,17 +156,20 @@ def linear_cross_entropy(
             if index is not None:
                 rows_grad = xc.new_zeros(xc.shape).index_copy(0, index, rows_grad)
             grad_x.append(rows_grad)
-        if grad_w is not None:
+        # The one-hot term is taken off the product's target rows in place (index_add with alpha),
+        # not scattered into a (V x d) tensor of zeros, scaled and subtracted: three passes over
+        # the head's size less per chunk.
+        if wanted[1]:
             scaled_x = xc_rows * row_scale.unsqueeze(1)
-            chunk_w = softmax.t() @ scaled_x - hit * wd.new_zeros(wd.shape).index_add(0, targets, scaled_x)
+            chunk_w = (softmax.t() @ scaled_x).index_add(0, targets, scaled_x, alpha=-hit)
             if spread:
                 chunk_w = chunk_w - spread * scaled_x.sum(0)
-            grad_w = grad_w + chunk_w
-        if grad_b is not None:
-            chunk_b = row_scale @ softmax - hit * bd.new_zeros(bd.shape).index_add(0, targets, row_scale)
+            grad_w = chunk_w if grad_w is None else grad_w + chunk_w
+        if wanted[2] and bd is not None:
+            chunk_b = (row_scale @ softmax).index_add(0, targets, row_scale, alpha=-hit)
             if spread:
                 chunk_b = chunk_b - spread * row_scale.sum()
-            grad_b = grad_b + chunk_b
+            grad_b = chunk_b if grad_b is None else grad_b + chunk_b
     loss = total if scale is None else total / count.to(total.dtype)
     if not any(wanted):
         return loss
