@@ -1,10 +1,10 @@
 """Padding elimination (``ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER``): token-wise layers skip pad tokens.
 
-After an ``embedding`` with a ``padding_idx`` (BERT's word embeddings, say), the real tokens are
+At an ``embedding`` with a ``padding_idx`` (BERT's word embeddings, say), the real tokens are
 gathered into one ``[tokens, features]`` tensor:
 
     idx = nonzero(input_ids.view(-1) != padding_idx).view(-1)
-    rows = embedding(...).view(-1, C).index_select(0, idx)
+    rows = embedding(weight, input_ids.view(-1).index_select(0, idx))
 
 and every token-wise op downstream (linear, layer norm, activations, residual adds, dropout) runs
 on those rows. Where the layout matters (attention, a reduction over the sequence, a graph
@@ -114,6 +114,16 @@ class _Eliminator:
         flat = self.graph.call_function(aten.reshape.default, (source, [-1, self.size_node(val.shape[-1])]))
         return self.graph.call_function(aten.index_select.default, (flat, 0, self.index))
 
+    def embed_real_tokens(self) -> torch.fx.Node:
+        """The embedding looked up for the real tokens' ids only (gathered first): its gradient then
+        adds those rows into the table, not the pads' zero rows as well (one element at a time:
+        ``passes/scatter_nd_accumulation.py``), and no dense gradient is scattered back first."""
+        assert self.index is not None
+        flat_ids = self.graph.call_function(aten.reshape.default, (self.ids, [-1]))
+        real_ids = self.graph.call_function(aten.index_select.default, (flat_ids, 0, self.index))
+        arguments = (self.embedding.args[0], real_ids, *self.embedding.args[2:])
+        return self.graph.call_function(aten.embedding.default, arguments, dict(self.embedding.kwargs))
+
     def repad(self, node: torch.fx.Node) -> torch.fx.Node:
         """``node``'s dense layout again: its real-token rows scattered into zeros."""
         if node not in self.repadded:
@@ -135,7 +145,7 @@ class _Eliminator:
         with graph.inserting_before(following):
             positions = graph.call_function(aten.nonzero.default, (self.ids,))  # its mask comes last
             self.index = graph.call_function(aten.view.default, (positions, [-1]))
-            self.sparse[self.embedding] = self.gather(self.embedding)
+            self.sparse[self.embedding] = self.embed_real_tokens()
         for node in order[order.index(self.embedding) + 1 :]:
             if node.op == "placeholder":
                 continue
