@@ -51,9 +51,16 @@ def _scores(
     accumulate = torch.promote_types(query.dtype, torch.float32)
     scores = torch.matmul(query.to(accumulate), key.to(accumulate).transpose(-2, -1)) * scale
     if is_causal:
+        # Added as a (rows x columns) mask of 0 and -inf, not filled in with masked_fill: ONNX
+        # Runtime's broadcasting Where is one element at a time (276 µs on [8, 4, 128, 128] against
+        # 33 µs for Add, 2-core AMD EPYC), and the tiny GPT ran eight of them a step. The same
+        # scores wherever they are finite (x + 0 = x, x + -inf = -inf); a masked score that is
+        # NaN or +inf would give NaN where masked_fill gives -inf, but it has a query or key that
+        # makes an unmasked score of the same row or key NaN or infinite too.
         rows, columns = scores.shape[-2], scores.shape[-1]
         allowed = torch.ones(rows, columns, dtype=torch.bool, device=scores.device).tril()
-        scores = scores.masked_fill(allowed.logical_not(), float("-inf"))
+        hidden = torch.zeros(rows, columns, dtype=scores.dtype, device=scores.device)
+        scores = scores + hidden.masked_fill(allowed.logical_not(), float("-inf"))
     if attn_mask is not None:
         scores = scores + attn_mask.to(accumulate)
     return scores, scale

@@ -69,6 +69,19 @@ def test_inlined_math_form_leaves_no_kernel_and_computes_the_same() -> None:
     torch.testing.assert_close(graph(q, k, v)[0], FLASH_FORWARD(q, k, v, 0.0, True)[0])
 
 
+def test_the_causal_mask_is_added_not_selected() -> None:
+    """ONNX Runtime's broadcasting Where runs one element at a time: the exported causal attention
+    adds a mask of 0 and -inf to the scores, whose values are those masked_fill gives."""
+    graph = _flash_graph()
+    inline_math_forms(graph)
+    exported = export_graph(graph, opset_version=18).model
+    ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in exported.graph.value_info}
+    selections = [ranks.get(n.output[0]) for n in exported.graph.node if n.op_type == "Where"]
+    assert 4 not in selections  # no Where over the [batch, heads, queries, keys] scores
+    q, k, v = (torch.randn(2, 3, 6, 8) for _ in range(3))
+    torch.testing.assert_close(graph(q, k, v)[0], FLASH_FORWARD(q, k, v, 0.0, True)[0], rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize(("dropout_p", "kv_heads"), [(0.1, 3), (0.0, 1)], ids=["dropout", "broadcast-heads"])
 def test_no_math_form_is_never_exported(dropout_p: float, kv_heads: int) -> None:
     """torch.onnx's translation returns a log-sum-exp of zeros: such a node must stay in PyTorch."""
