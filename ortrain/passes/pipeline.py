@@ -16,6 +16,7 @@ from ortrain.passes.erf_gelu import fuse_erf_gelu
 from ortrain.passes.label_sparsity import gather_counted_labels
 from ortrain.passes.leading_axis_sums import sum_leading_axes_by_matmul
 from ortrain.passes.linear_cross_entropy import fuse_linear_cross_entropy as fuse_linear_cross_entropy_pass
+from ortrain.passes.log_sum_exp import decompose_log_sum_exp
 from ortrain.passes.loss_head_gradient import rewrite_loss_head_gradient
 from ortrain.passes.padding_elimination import eliminate_padding
 from ortrain.passes.scatter_nd_accumulation import serialize_scatter_nd_accumulation
@@ -62,6 +63,9 @@ def default_passes(*, compute_optimizer: bool) -> list[tuple[str, Pass]]:
         # One pass over the activation where the exact GELU was five: ONNX Runtime's CPU Gelu
         # kernel, which its own fusion misses in the exporter's node order (see erf_gelu.py).
         ("fuse_erf_gelu", fuse_erf_gelu),
+        # The attention math form's log-sum-exp as vectorized kernels: ONNX Runtime's
+        # ReduceLogSumExp is 6x slower over the last axis (see log_sum_exp.py).
+        ("decompose_log_sum_exp", decompose_log_sum_exp),
         # Bias and norm gradients (sums over the rows) through MLAS's product, not ONNX Runtime's
         # ReduceSum, which is slow over leading axes at some sizes (see leading_axis_sums.py).
         ("sum_leading_axes_by_matmul", sum_leading_axes_by_matmul),
