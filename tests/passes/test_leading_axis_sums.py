@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 import pytest
 import torch
-from onnx import TensorProto, helper, numpy_helper
+from _reductions import reduction_model, run_on_cpu
+from onnx import TensorProto
 from onnx_ir import convenience
 
 from ortrain import ORTModule
@@ -20,22 +20,8 @@ from ortrain.passes.leading_axis_sums import sum_leading_axes_by_matmul
 from ortrain.passes.pipeline import default_passes
 
 
-def _model(
-    shape: list[int | str], axes: list[int], *, keepdims: int = 1, dtype: int = TensorProto.FLOAT
-) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=keepdims)],
-        "sum",
-        [helper.make_tensor_value_info("x", dtype, shape)],
-        [helper.make_tensor_value_info("y", dtype, None)],
-        [numpy_helper.from_array(np.array(axes, dtype=np.int64), "axes")],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-
-
-def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})[0]
+def _model(shape: list[int | str], axes: list[int], **kwargs: int) -> onnx.ModelProto:
+    return reduction_model("ReduceSum", shape, axes, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -57,8 +43,8 @@ def test_a_sum_over_leading_axes_is_a_product_with_the_same_values(
     ops = [n.op_type for n in rewritten.graph.node]
     assert "ReduceSum" not in ops and "MatMul" in ops
     x = np.random.default_rng(0).standard_normal(rows).astype(np.float32)
-    expected = _run(model, x)
-    got = _run(rewritten, x)
+    expected = run_on_cpu(model, x)
+    got = run_on_cpu(rewritten, x)
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
     summed = x.sum(axis=tuple(a % len(rows) for a in axes), keepdims=bool(keepdims))

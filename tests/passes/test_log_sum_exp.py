@@ -4,31 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
-from onnx import TensorProto, helper, numpy_helper
+from _reductions import reduction_model, run_on_cpu
+from onnx import TensorProto
 
 from ortrain.passes.log_sum_exp import decompose_log_sum_exp
 from ortrain.passes.pipeline import default_passes
 
 
-def _model(
-    shape: list[int | str], axes: list[int], *, keepdims: int = 1, dtype: int = TensorProto.FLOAT
-) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        [helper.make_node("ReduceLogSumExp", ["x", "axes"], ["y"], keepdims=keepdims)],
-        "lse",
-        [helper.make_tensor_value_info("x", dtype, shape)],
-        [helper.make_tensor_value_info("y", dtype, None)],
-        [numpy_helper.from_array(np.array(axes, dtype=np.int64), "axes")],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-
-
-def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})[0]
+def _model(shape: list[int | str], axes: list[int], **kwargs: int) -> onnx.ModelProto:
+    return reduction_model("ReduceLogSumExp", shape, axes, **kwargs)
 
 
 @pytest.mark.parametrize(("axes", "keepdims"), [([-1], 1), ([3], 0)])
@@ -45,8 +31,8 @@ def test_the_decomposition_gives_the_kernels_values_also_for_infinite_rows(
     x[0, 0, 3] = -np.inf  # a row masked whole: -inf
     x[0, 1, 5, 2] = np.inf  # a row holding +inf: +inf
     x[1, 2, 7, 0] = np.nan  # a row holding NaN: NaN
-    expected = _run(model, x)
-    got = _run(rewritten, x)
+    expected = run_on_cpu(model, x)
+    got = run_on_cpu(rewritten, x)
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-5)
     reference = torch.logsumexp(torch.from_numpy(x), dim=-1, keepdim=bool(keepdims)).numpy()
