@@ -20,7 +20,10 @@ embeddings) are a product instead: ``data + OneHot(ids, V)^T @ rows``, which add
 (in another order) on all threads. ``ScatterElements`` adds every update into one of two rows one
 after the other: 541 µs for 1024 x 256 updates into ``[2, 256]`` against 30 µs as a product (onnxruntime
 1.32, 2-core AMD EPYC, Zen 5); 146 against 517 µs at 32 rows, 1117 against 537 at 512, where the
-product's work (rows x updates) has overtaken the scatter's.
+product's work (rows x updates) has overtaken the scatter's. With finite updates the sums are the
+same up to float32 rounding; an infinite or NaN update also turns the table's other rows NaN
+(0 x inf in the product) where the scatter leaves them finite: a step whose gradients eager holds
+an infinity in already, which a loss scaler skips and plain SGD breaks on either way.
 """
 
 from __future__ import annotations
