@@ -55,8 +55,9 @@ def _scores(
         # Runtime's broadcasting Where is one element at a time (276 µs on [8, 4, 128, 128] against
         # 33 µs for Add, 2-core AMD EPYC), and the tiny GPT ran eight of them a step. The same
         # scores wherever they are finite (x + 0 = x, x + -inf = -inf); a masked score that is
-        # NaN or +inf would give NaN where masked_fill gives -inf, but it has a query or key that
-        # makes an unmasked score of the same row or key NaN or infinite too.
+        # NaN or +inf gives NaN where masked_fill gives -inf. A NaN or infinite query or key makes
+        # an unmasked score of its row or column non-finite too (eager's loss is NaN then); left
+        # is a product of finite vectors overflowing float32 at a masked position only.
         rows, columns = scores.shape[-2], scores.shape[-1]
         allowed = torch.ones(rows, columns, dtype=torch.bool, device=scores.device).tril()
         hidden = torch.zeros(rows, columns, dtype=scores.dtype, device=scores.device)
