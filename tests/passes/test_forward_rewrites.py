@@ -271,6 +271,9 @@ def test_padding_elimination_on_bert_forward_and_backward() -> None:
     assert linears and all(
         _depends_on(n, aten.index_select.default) for n in linears
     )  # every linear runs on real tokens
+    # the word embedding is looked up for the real tokens' ids (its gradient then adds no pad rows)
+    lookups = [n for n in gm.graph.nodes if n.target is aten.embedding.default]
+    assert any(n.args[1].target is aten.index_select.default for n in lookups)
     _assert_same_loss_and_grads(flat, gm, [ids, mask, labels])
 
 

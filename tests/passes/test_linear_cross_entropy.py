@@ -173,3 +173,25 @@ def test_freezing_the_head_while_training_is_seen() -> None:
                 torch.testing.assert_close(
                     p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
                 )
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_heads_gradients_make_no_tensor_of_zeros_the_heads_size(sparse: bool) -> None:
+    """The weight and bias gradients start from the first chunk and take the one-hot term off the
+    product in place: no (V x d) or (V,) zeros filled, scaled and subtracted (three passes over
+    the head's size each)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, w, b, target = _inputs(0.5, bias=True)
+
+    def loss(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return lce.linear_cross_entropy(x, w, b, None, target, 1, -100, 0.0, sparse)
+
+    graph = make_fx(loss)(x, w, b, target).graph
+    zero_shapes = [
+        tuple(n.meta["val"].shape)
+        for n in graph.nodes
+        if n.op == "call_function"
+        and n.target in (torch.ops.aten.zeros.default, torch.ops.aten.new_zeros.default)
+    ]
+    assert (V, D) not in zero_shapes and (V,) not in zero_shapes
