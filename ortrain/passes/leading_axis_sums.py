@@ -7,7 +7,8 @@ float32 ``[M, 256]`` summed over ``M`` took 57 µs at ``M`` = 512 and 14 µs at 
 µs), ``[512, 512]`` 165 µs. Padding elimination leaves about 512 real tokens in the benchmark's
 8 × 128 batch, so its backward ran 45 of them, 3.5 ms a step. As a matrix-vector product through
 MLAS: 8 µs and 12 µs, and faster than ``ReduceSum`` on every shape measured (``[64, 1024]`` to
-``[2048, 256]``, ``[512, 8000]``: 127 against 219 µs). The additions happen in another order:
+``[2048, 256]``, ``[512, 8000]``: 127 against 219 µs; narrow ones too, ``[65536, 4]``: 97 against
+1789 µs). The additions happen in another order:
 values differ by float32 rounding (relative 1e-6 on sums of 2048 terms).
 
 Rewritten: float32 ``ReduceSum`` whose constant axes are the leading ones (``[0]``, ``[0, 1]``;
