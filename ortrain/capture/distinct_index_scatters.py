@@ -30,6 +30,7 @@ import logging
 import torch
 
 from ortrain.capture.loss_backward import is_zeros
+from ortrain.capture.view_ops import RESHAPES
 
 logger = logging.getLogger("ortrain.capture")
 
@@ -38,19 +39,7 @@ aten = torch.ops.aten
 DISTINCT = "ortrain_distinct_values"  # meta key: this index tensor's values never repeat
 
 # Ops that hand their input's elements on unchanged and in order (a view of a [N, 1] nonzero as [N]).
-_SAME_ELEMENTS = frozenset(
-    {
-        aten.view.default,
-        aten._unsafe_view.default,
-        aten.reshape.default,
-        aten.squeeze.default,
-        aten.squeeze.dim,
-        aten.squeeze.dims,
-        aten.alias.default,
-        aten.clone.default,
-        aten.detach.default,
-    }
-)
+_SAME_ELEMENTS = RESHAPES | {aten.clone.default}
 _SCATTERS = (aten.index_add.default, aten.index_put.default)
 
 
