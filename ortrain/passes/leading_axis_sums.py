@@ -26,26 +26,18 @@ import math
 import numpy as np
 import onnx
 import onnx_ir as ir
-from onnx_ir import convenience
 
-from ortrain.passes.node_rewrites import insert_node, rewrite_each_node, take_over_output
+from ortrain.passes.node_rewrites import insert_node, reduced_axes, rewrite_each_node, take_over_output
 
 logger = logging.getLogger("ortrain.passes")
 
 
 def _leading_axes(node: ir.Node) -> int | None:
     """How many leading axes ``node`` sums over, or None when it is not such a sum."""
-    if len(node.inputs) < 2 or node.inputs[1] is None:
+    data, axes = node.inputs[0], reduced_axes(node)
+    if data is None or data.dtype != ir.DataType.FLOAT or data.shape is None or not axes:
         return None  # no axes: every axis, or none with noop_with_empty_axes
-    data = node.inputs[0]
-    if data is None or data.dtype != ir.DataType.FLOAT or data.shape is None:
-        return None
-    axes_tensor = convenience.get_const_tensor(node.inputs[1])
-    if axes_tensor is None:
-        return None
-    rank = len(data.shape)
-    axes = sorted({int(a) % rank for a in axes_tensor.numpy().reshape(-1)}) if rank else []
-    if not axes or axes != list(range(len(axes))) or len(axes) == rank:
+    if axes != list(range(len(axes))) or len(axes) == len(data.shape):
         return None
     if not all(isinstance(d, int) for d in data.shape[len(axes) :]):
         return None

@@ -23,24 +23,19 @@ import logging
 import numpy as np
 import onnx
 import onnx_ir as ir
-from onnx_ir import convenience
 
-from ortrain.passes.node_rewrites import insert_node, rewrite_each_node, take_over_output
+from ortrain.passes.node_rewrites import insert_node, reduced_axes, rewrite_each_node, take_over_output
 
 logger = logging.getLogger("ortrain.passes")
 
 
 def _over_last_axis(node: ir.Node) -> bool:
-    if node.op_type != "ReduceLogSumExp" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+    if node.op_type != "ReduceLogSumExp" or node.domain not in ("", "ai.onnx") or not node.inputs:
         return False
-    data, axes = node.inputs[0], node.inputs[1]
-    if data is None or axes is None or data.dtype != ir.DataType.FLOAT or data.shape is None:
+    data, axes = node.inputs[0], reduced_axes(node)
+    if data is None or data.dtype != ir.DataType.FLOAT or data.shape is None or axes is None:
         return False
-    rank = len(data.shape)
-    tensor = convenience.get_const_tensor(axes)
-    if tensor is None or rank == 0:
-        return False
-    return [int(a) % rank for a in tensor.numpy().reshape(-1)] == [rank - 1]
+    return axes == [len(data.shape) - 1]
 
 
 def _rewrite(graph: ir.Graph, node: ir.Node) -> bool:

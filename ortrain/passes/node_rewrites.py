@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import onnx
 import onnx_ir as ir
+from onnx_ir import convenience
 
 
 def insert_node(
@@ -36,6 +37,21 @@ def take_over_output(result: ir.Value, out: ir.Value) -> None:
     result.type, result.shape = out.type, out.shape
     out.replace_all_uses_with(result, replace_graph_outputs=True)
     result.name = out.name  # the exported name: a gradient output keeps its name
+
+
+def reduced_axes(node: ir.Node) -> list[int] | None:
+    """The axes a reduction node (opset 18's ``axes`` input, a constant) reduces, each in
+    ``[0, rank)``, sorted; None where they are not known (no axes input, a computed one, an input
+    of unknown rank or rank 0)."""
+    data = node.inputs[0] if node.inputs else None
+    axes = node.inputs[1] if len(node.inputs) > 1 else None
+    if data is None or axes is None or data.shape is None or len(data.shape) == 0:
+        return None
+    tensor = convenience.get_const_tensor(axes)
+    if tensor is None:
+        return None
+    rank = len(data.shape)
+    return sorted({int(a) % rank for a in tensor.numpy().reshape(-1)})
 
 
 def rewrite_each_node(
