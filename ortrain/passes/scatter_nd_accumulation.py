@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -55,55 +56,60 @@ def _rewrite(graph: ir.Graph, node: ir.Node) -> bool:
         return False
     if data.shape is None or indices.shape is None or len(indices.shape) < 1 or indices.shape[-1] != 1:
         return False
-    rank = len(data.shape)
     op = functools.partial(insert_node, graph, node, node.name or "scatter_nd")
-
-    def constant(step: str, values: list[int]) -> ir.Value:
-        return op("Constant", [], step, value=ir.tensor(np.array(values, dtype=np.int64)))
-
     table_rows = data.shape[0]
     # Float32 only: ONNX Runtime's CPU OneHot has no float64 kernel.
     small = isinstance(table_rows, int) and table_rows <= SMALL_TABLE_ROWS
     if reduction.value == "add" and small and data.dtype == ir.DataType.FLOAT:
-        # [*lead, *rest] -> [M, prod(rest)]; ids [*lead, 1] -> [M]; sums [V, prod(rest)].
-        rows = op("Flatten", [updates], "rows", axis=len(indices.shape) - 1)
-        ids = op("Reshape", [indices, constant("flat", [-1])], "ids")
-        one_hot = op(
-            "OneHot",
-            [
-                ids,
-                constant("depth", [table_rows]),
-                op("Constant", [], "off_on", value=ir.tensor(np.array([0, 1], np.float32))),
-            ],
-            "one_hot",
-            axis=-1,
-        )
-        sums = op("Gemm", [one_hot, rows], "sums", transA=1)
-        result = op("Add", [data, op("Reshape", [sums, op("Shape", [data], "table_shape")], "table")], "sum")
-        take_over_output(result, node.outputs[0])
-        graph.remove(node, safe=True)
-        return True
+        result = _table_product(op, data, indices, updates, table_rows)
+    else:
+        result = _one_after_another(op, data, indices, updates, reduction.value)
+    take_over_output(result, node.outputs[0])
+    graph.remove(node, safe=True)
+    return True
 
+
+def _ints(op: Callable[..., ir.Value], step: str, values: list[int]) -> ir.Value:
+    return op("Constant", [], step, value=ir.tensor(np.array(values, dtype=np.int64)))
+
+
+def _table_product(
+    op: Callable[..., ir.Value], data: ir.Value, indices: ir.Value, updates: ir.Value, table_rows: int
+) -> ir.Value:
+    """``data + OneHot(ids)^T @ rows``."""
+    assert indices.shape is not None
+    # [*lead, *rest] -> [M, prod(rest)]; ids [*lead, 1] -> [M]; sums [V, prod(rest)].
+    rows = op("Flatten", [updates], "rows", axis=len(indices.shape) - 1)
+    ids = op("Reshape", [indices, _ints(op, "flat", [-1])], "ids")
+    off_on = op("Constant", [], "off_on", value=ir.tensor(np.array([0, 1], np.float32)))
+    one_hot = op("OneHot", [ids, _ints(op, "depth", [table_rows]), off_on], "one_hot", axis=-1)
+    sums = op("Gemm", [one_hot, rows], "sums", transA=1)
+    return op("Add", [data, op("Reshape", [sums, op("Shape", [data], "table_shape")], "table")], "sum")
+
+
+def _one_after_another(
+    op: Callable[..., ir.Value], data: ir.Value, indices: ir.Value, updates: ir.Value, reduction: str
+) -> ir.Value:
+    """``ScatterElements(axis=0)`` over the updates' rows, the index repeated along each row."""
+    assert data.shape is not None
+    rank = len(data.shape)
     # updates [*indices.shape[:-1], *data.shape[1:]] -> rows [M, *data.shape[1:]]
     row_shape = op(
         "Concat",
-        [constant("minus_one", [-1]), op("Shape", [data], "row_dims", start=1)],
+        [_ints(op, "minus_one", [-1]), op("Shape", [data], "row_dims", start=1)],
         "rows_shape",
         axis=0,
     )
     rows = op("Reshape", [updates, row_shape], "rows")
     # indices [*lead, 1] -> [M, 1, ..., 1] -> [M, *data.shape[1:]], the same index along each row
-    column = op("Reshape", [indices, constant("column_shape", [-1] + [1] * (rank - 1))], "column")
+    column = op("Reshape", [indices, _ints(op, "column_shape", [-1] + [1] * (rank - 1))], "column")
     index = op("Expand", [column, op("Shape", [rows], "rows_dims")], "index")
-    result = op("ScatterElements", [data, index, rows], "elements", axis=0, reduction=reduction.value)
-    take_over_output(result, node.outputs[0])
-    graph.remove(node, safe=True)
-    return True
+    return op("ScatterElements", [data, index, rows], "elements", axis=0, reduction=reduction)
 
 
 def serialize_scatter_nd_accumulation(model: onnx.ModelProto) -> onnx.ModelProto:
     """Apply the rewrite to every eligible ``ScatterND``; unchanged when none is."""
     model, rewritten = rewrite_each_node(model, "ScatterND", _rewrite)
     if rewritten:
-        logger.debug("%d accumulating ScatterND written as ScatterElements (no lost updates)", rewritten)
+        logger.debug("%d accumulating ScatterND written so that no update is lost", rewritten)
     return model
