@@ -11,6 +11,7 @@ from pathlib import Path
 import onnx
 import torch
 
+from ortrain.passes.bitwise_where import select_by_bit_mask
 from ortrain.passes.compute_optimizer import upstream_selections
 from ortrain.passes.erf_gelu import fuse_erf_gelu
 from ortrain.passes.label_sparsity import gather_counted_labels
@@ -69,6 +70,9 @@ def default_passes(*, compute_optimizer: bool) -> list[tuple[str, Pass]]:
         # Bias and norm gradients (sums over the rows) through MLAS's product, not ONNX Runtime's
         # ReduceSum, which is slow over leading axes at some sizes (see leading_axis_sums.py).
         ("sum_leading_axes_by_matmul", sum_leading_axes_by_matmul),
+        # Last, so that it sees the Where nodes the passes above write too: ONNX Runtime's Where
+        # runs one element at a time; the same bits through integer products (bitwise_where.py).
+        ("select_by_bit_mask", select_by_bit_mask),
     ]
 
 
