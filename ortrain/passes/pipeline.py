@@ -20,6 +20,7 @@ from ortrain.passes.linear_cross_entropy import fuse_linear_cross_entropy as fus
 from ortrain.passes.log_sum_exp import decompose_log_sum_exp
 from ortrain.passes.loss_head_gradient import rewrite_loss_head_gradient
 from ortrain.passes.padding_elimination import eliminate_padding
+from ortrain.passes.scalar_powers import powers_as_products
 from ortrain.passes.scatter_nd_accumulation import serialize_scatter_nd_accumulation
 from ortrain.passes.transposed_matmul import fuse_transposed_matmuls
 
@@ -70,6 +71,9 @@ def default_passes(*, compute_optimizer: bool) -> list[tuple[str, Pass]]:
         # Bias and norm gradients (sums over the rows) through MLAS's product, not ONNX Runtime's
         # ReduceSum, which is slow over leading axes at some sizes (see leading_axis_sums.py).
         ("sum_leading_axes_by_matmul", sum_leading_axes_by_matmul),
+        # ONNX Runtime's Pow calls pow() per element; PyTorch's kernel squares, cubes, takes roots
+        # and reciprocals for these exponents, and so does this, with eager's values (scalar_powers.py).
+        ("powers_as_products", powers_as_products),
         # Last, so that it sees the Where nodes the passes above write too: ONNX Runtime's Where
         # runs one element at a time; the same bits through integer products (bitwise_where.py).
         ("select_by_bit_mask", select_by_bit_mask),
