@@ -59,6 +59,7 @@ def test_eagers_values(exponent: float, dtype: int, numpy_dtype: type) -> None:
     if exponent == 0.5:
         # ONNX Runtime's Sqrt rounds correctly; PyTorch's vectorized sqrt can be one unit off.
         np.testing.assert_array_equal(got[~nan], np.sqrt(x[~nan]))
+        assert np.signbit(got[1]) and np.signbit(expected[1])  # sqrt(-0.0) is -0.0; pow() gave +0.0
         np.testing.assert_allclose(got[~nan], expected[~nan], rtol=2 * np.finfo(numpy_dtype).eps, atol=0)
     else:
         bits = np.dtype(f"int{np.dtype(numpy_dtype).itemsize * 8}")
