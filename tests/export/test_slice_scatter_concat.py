@@ -1,0 +1,59 @@
+"""A slice's backward (slice_backward, slice_scatter) is a Pad or a Concat in ONNX, the same values."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+import onnxruntime as ort
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ortrain.export.fx_to_onnx import export_graph
+from ortrain.export.slice_scatter_concat import concatenate_slice_scatters
+
+aten = torch.ops.aten
+_MAX = 9223372036854775807  # what AOTAutograd writes for an open end
+
+_BACKWARDS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    # rotate_half's two halves, as a Llama's backward holds them
+    "first half of the last dim": lambda g, base: aten.slice_backward(g[..., :16], [4, 8, 32], -1, 0, 16, 1),
+    "second half, open end": lambda g, base: aten.slice_backward(g[..., 16:], [4, 8, 32], 2, 16, _MAX, 1),
+    "a middle dim, negative start": lambda g, base: aten.slice_backward(
+        g[:, -3:], [4, 8, 32], 1, -3, _MAX, 1
+    ),
+    "slice_scatter into values": lambda g, base: aten.slice_scatter(base, g[:, 2:5], 1, 2, 5),
+    "slice_scatter, first rows": lambda g, base: aten.slice_scatter(base, g[:1], 0, 0, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(_BACKWARDS))
+def test_the_same_values_in_pytorch_and_onnx_runtime(name: str) -> None:
+    g, base = torch.randn(4, 8, 32), torch.randn(4, 8, 32)
+    g[0, 0, :3] = torch.tensor([float("inf"), float("nan"), -0.0])
+    expected = _BACKWARDS[name](g, base)
+    backward = _BACKWARDS[name]
+    gm = make_fx(lambda g, base: (backward(g, base),), tracing_mode="fake")(g, base)  # export's form
+    rewritten = make_fx(backward, tracing_mode="fake")(g, base)
+    assert concatenate_slice_scatters(rewritten) == 1
+    targets = {n.target for n in rewritten.graph.nodes if n.op == "call_function"}
+    assert not targets & {aten.slice_scatter.default, aten.slice_backward.default}
+    torch.testing.assert_close(rewritten(g, base), expected, equal_nan=True, rtol=0, atol=0)
+    exported = export_graph(gm, opset_version=18)
+    ops = collections.Counter(node.op_type for node in exported.model.graph.node)
+    assert "ScatterND" not in ops and "Transpose" not in ops, ops
+    session = ort.InferenceSession(exported.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    feeds = dict(zip(names, [t.numpy() for t in (g, base)][: len(names)], strict=False))
+    got = torch.from_numpy(session.run(None, feeds)[0])
+    torch.testing.assert_close(got, expected, equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(torch.signbit(got), torch.signbit(expected))
+
+
+def test_a_step_other_than_one_and_an_empty_range_stay() -> None:
+    g = torch.randn(4, 8)
+    stepped = make_fx(lambda g: aten.slice_backward(g[:, ::2], [4, 8], 1, 0, _MAX, 2), tracing_mode="fake")(g)
+    assert concatenate_slice_scatters(stepped) == 0
+    empty = make_fx(lambda g: aten.slice_scatter(g, g[:, 5:3], 1, 5, 3), tracing_mode="fake")(g)
+    assert concatenate_slice_scatters(empty) == 0
