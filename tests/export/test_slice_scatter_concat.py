@@ -1,4 +1,4 @@
-"""A slice's backward (slice_backward, slice_scatter) is a Pad or a Concat in ONNX, the same values."""
+"""A slice's or select's backward is a Pad or a Concat in ONNX, with the same values."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ _BACKWARDS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     ),
     "slice_scatter into values": lambda g, base: aten.slice_scatter(base, g[:, 2:5], 1, 2, 5),
     "slice_scatter, first rows": lambda g, base: aten.slice_scatter(base, g[:1], 0, 0, 1),
+    # BLOOM's fused query-key-value split: h.view(..., 3, d)[..., i, :]
+    "select_backward, middle": lambda g, base: aten.select_backward(g[:, :, 1], [4, 8, 32], 2, 1),
+    "select_backward, negative index": lambda g, base: aten.select_backward(g[:, -1], [4, 8, 32], 1, -1),
+    "select_backward, first": lambda g, base: aten.select_backward(g[0], [4, 8, 32], 0, 0),
 }
 
 
@@ -38,11 +42,15 @@ def test_the_same_values_in_pytorch_and_onnx_runtime(name: str) -> None:
     rewritten = make_fx(backward, tracing_mode="fake")(g, base)
     assert concatenate_slice_scatters(rewritten) == 1
     targets = {n.target for n in rewritten.graph.nodes if n.op == "call_function"}
-    assert not targets & {aten.slice_scatter.default, aten.slice_backward.default}
+    assert not targets & {
+        aten.slice_scatter.default,
+        aten.slice_backward.default,
+        aten.select_backward.default,
+    }
     torch.testing.assert_close(rewritten(g, base), expected, equal_nan=True, rtol=0, atol=0)
     exported = export_graph(gm, opset_version=18)
     ops = collections.Counter(node.op_type for node in exported.model.graph.node)
-    assert "ScatterND" not in ops and "Transpose" not in ops, ops
+    assert not {"ScatterND", "ScatterElements", "Transpose"} & set(ops), ops
     session = ort.InferenceSession(exported.model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     feeds = dict(zip(names, [t.numpy() for t in (g, base)][: len(names)], strict=False))
