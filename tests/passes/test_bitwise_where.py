@@ -9,10 +9,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from _eager_parity import one_step_against_eager
 from onnx import TensorProto, helper, numpy_helper
 
-from ortrain import ORTModule
-from ortrain.ortmodule import DebugOptions
 from ortrain.passes.bitwise_where import BITCAST_OPSET, runtime_has_bitcast, select_by_bit_mask
 from ortrain.passes.pipeline import default_passes
 
@@ -178,18 +177,9 @@ class _RootOfRelu(torch.nn.Module):
 def test_relu_backward_drops_infinite_gradients_as_eager_does(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")  # ONNX Runtime placement, not the tuner's choice
-    monkeypatch.setenv("ORTMODULE_SAVE_ONNX_PATH", str(tmp_path))
-    torch.manual_seed(0)
-    eager = _RootOfRelu()
-    wrapped = ORTModule(_RootOfRelu(), DebugOptions(save_onnx=True, onnx_prefix="root"))
-    wrapped.module.load_state_dict(eager.state_dict())
     x = torch.randn(512, 16)  # [512, 64] activations: not a small Where
-    eager(x).backward()
-    wrapped(x).backward()
-    for (name, expected), got in zip(eager.named_parameters(), wrapped.module.parameters(), strict=True):
-        assert torch.isfinite(expected.grad).all(), name
-        torch.testing.assert_close(got.grad, expected.grad, rtol=1e-5, atol=1e-6, msg=name)
-    backward = onnx.load(tmp_path / "root_backward_optimized_training.onnx")
-    assert "BitCast" in [n.op_type for n in backward.graph.node]
-    assert "Where" not in [n.op_type for n in backward.graph.node]
+    eager, graphs = one_step_against_eager(_RootOfRelu, x, monkeypatch=monkeypatch, tmp_path=tmp_path)
+    for name, parameter in eager.named_parameters():
+        assert torch.isfinite(parameter.grad).all(), name
+    backward = [n.op_type for n in graphs["backward"].graph.node]
+    assert "BitCast" in backward and "Where" not in backward

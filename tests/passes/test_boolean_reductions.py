@@ -9,10 +9,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from _eager_parity import one_step_against_eager
 from onnx import TensorProto, helper, numpy_helper
 
-from ortrain import ORTModule
-from ortrain.ortmodule import DebugOptions
 from ortrain.passes.boolean_reductions import reduce_booleans_as_bytes
 from ortrain.passes.pipeline import default_passes
 
@@ -88,22 +87,13 @@ class _SafeSoftmaxAttention(torch.nn.Module):
 
 
 def test_a_masked_attention_trains_as_eager(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
-    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
-    monkeypatch.setenv("ORTMODULE_SAVE_ONNX_PATH", str(tmp_path))
-    torch.manual_seed(0)
-    eager = _SafeSoftmaxAttention()
-    wrapped = ORTModule(_SafeSoftmaxAttention(), DebugOptions(save_onnx=True, onnx_prefix="attention"))
-    wrapped.module.load_state_dict(eager.state_dict())
     x = torch.randn(4, 12, 16)
     allowed = torch.rand(4, 12, 12) > 0.3
     allowed[0, 3] = False  # a row with nothing to attend to
-    torch.testing.assert_close(wrapped(x, allowed), eager(x, allowed))
-    eager(x, allowed).backward()
-    wrapped(x, allowed).backward()
-    for (name, expected), got in zip(eager.named_parameters(), wrapped.module.parameters(), strict=True):
-        torch.testing.assert_close(got.grad, expected.grad, rtol=1e-5, atol=1e-6, msg=name)
-    forward = onnx.load(tmp_path / "attention_forward_optimized_training.onnx")
+    _, graphs = one_step_against_eager(
+        _SafeSoftmaxAttention, x, allowed, monkeypatch=monkeypatch, tmp_path=tmp_path
+    )
+    forward = graphs["forward"]
     reduced = [n for n in forward.graph.node if n.op_type == "ReduceMin"]
     assert reduced, "the exporter's torch.all is no longer a ReduceMin"
     assert {

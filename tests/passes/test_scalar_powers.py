@@ -9,10 +9,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from _eager_parity import one_step_against_eager
 from onnx import TensorProto, helper, numpy_helper
 
-from ortrain import ORTModule
-from ortrain.ortmodule import DebugOptions
 from ortrain.passes.pipeline import default_passes
 from ortrain.passes.scalar_powers import powers_as_products
 
@@ -109,19 +108,9 @@ class _RMSNormBlock(torch.nn.Module):
 
 
 def test_rms_norm_trains_as_eager(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
-    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
-    monkeypatch.setenv("ORTMODULE_SAVE_ONNX_PATH", str(tmp_path))
-    torch.manual_seed(0)
-    eager = _RMSNormBlock()
-    wrapped = ORTModule(_RMSNormBlock(), DebugOptions(save_onnx=True, onnx_prefix="rms"))
-    wrapped.module.load_state_dict(eager.state_dict())
     h = torch.randn(16, 32, 64)
-    torch.testing.assert_close(wrapped(h), eager(h), rtol=1e-6, atol=0)
-    eager(h).backward()
-    wrapped(h).backward()
-    for (name, expected), got in zip(eager.named_parameters(), wrapped.module.parameters(), strict=True):
-        torch.testing.assert_close(got.grad, expected.grad, rtol=1e-5, atol=1e-7, msg=name)
-    for graph in ("forward", "backward"):
-        model = onnx.load(tmp_path / f"rms_{graph}_optimized_training.onnx")
-        assert "Pow" not in [n.op_type for n in model.graph.node], graph
+    _, graphs = one_step_against_eager(
+        _RMSNormBlock, h, monkeypatch=monkeypatch, tmp_path=tmp_path, atol=1e-7
+    )
+    for name, graph in graphs.items():
+        assert "Pow" not in [n.op_type for n in graph.graph.node], name
