@@ -53,7 +53,7 @@ from ortrain.export.onnx_translations import reused_op_registry
 from ortrain.export.op_signatures import op_signatures_shared
 from ortrain.export.rewrite_rules_by_root import rewrite_rules_tried_by_root_operator
 from ortrain.export.size_floor_division import exact_floor_divisions
-from ortrain.export.slice_scatter_concat import concatenate_slice_scatters
+from ortrain.export.slice_backward_copies import copy_slice_backwards
 from ortrain.export.spelled_out_math import spell_out_math
 
 logger = logging.getLogger("ortrain.export")
@@ -399,7 +399,7 @@ def _translate(
     spell_out_factory_dtypes(gm)  # for both paths: each translates a factory without one as float32
     refuse_negative_indices(gm)  # both translate gathers and scatters that count negatives from the end
     spell_out_math(gm)  # the operators whose translations lose PyTorch's answers (see the module)
-    concatenate_slice_scatters(gm)  # a slice's backward, not two transposes around a scatter
+    copy_slice_backwards(gm)  # a slice's backward as a Pad, not a scatter between two transposes
     numbers_as_operands(gm)  # float64 graphs: no float32 attributes (double_precision_constants)
     propagate_nan(gm)  # ONNX Runtime's max/min reductions skip NaN (see the module)
     exact_floor_divisions(gm)  # onnxscript's floordiv of sizes truncates (see the module)

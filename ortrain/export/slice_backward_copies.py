@@ -1,4 +1,5 @@
-"""``slice_scatter`` with a step of 1 as the concatenation it is, not a transposed scatter.
+"""The backward of a slice or a select as the copies it is (``Pad``, ``Concat``), not a scatter
+between two transposes.
 
 The backward of every slice (``x[..., :half]``: rotary embeddings' ``rotate_half``, a split of
 heads or of gates, ``narrow``) writes the gradient into zeros with ``slice_scatter``. onnxscript
@@ -28,10 +29,10 @@ from ortrain.export.spelled_out_math import call_with_value, rewrite_nodes
 aten = torch.ops.aten
 
 
-def concatenate_slice_scatters(gm: torch.fx.GraphModule) -> int:
+def copy_slice_backwards(gm: torch.fx.GraphModule) -> int:
     """Rewrite each eligible ``aten.slice_scatter``, ``aten.slice_backward`` and
     ``aten.select_backward`` of ``gm``; returns how many."""
-    return rewrite_nodes(gm, _concatenation)
+    return rewrite_nodes(gm, _as_copies)
 
 
 def _bounds(node: torch.fx.Node) -> tuple[int, int, int] | None:
@@ -64,6 +65,8 @@ def _normalized(size: object, start: object, end: object) -> tuple[int, int] | N
 
 def _padding(node: torch.fx.Node) -> torch.fx.Node | None:
     """``slice_backward(grad, sizes, dim, start, end, 1)``: ``grad`` padded with zeros."""
+    if len(node.args) != 6:
+        return None
     grad, sizes, dim, start, end, step = node.args
     value = grad.meta.get("val") if isinstance(grad, torch.fx.Node) else None
     if not isinstance(value, torch.Tensor) or step != 1 or not isinstance(dim, int):
@@ -81,6 +84,8 @@ def _padding(node: torch.fx.Node) -> torch.fx.Node | None:
 
 def _select_padding(node: torch.fx.Node) -> torch.fx.Node | None:
     """``select_backward(grad, sizes, dim, index)``: ``grad`` given the dimension back, padded."""
+    if len(node.args) != 4:
+        return None
     grad, sizes, dim, index = node.args
     value = grad.meta.get("val") if isinstance(grad, torch.fx.Node) else None
     if not isinstance(value, torch.Tensor) or not isinstance(dim, int) or not isinstance(index, int):
@@ -96,14 +101,14 @@ def _select_padding(node: torch.fx.Node) -> torch.fx.Node | None:
     return call_with_value(node.graph, aten.constant_pad_nd.default, (widened, pad, 0.0), fake_mode=fake_mode)
 
 
-def _concatenation(node: torch.fx.Node) -> torch.fx.Node | None:
+def _as_copies(node: torch.fx.Node) -> torch.fx.Node | None:
     if node.op != "call_function":
         return None
     if node.target is aten.slice_backward.default:
         return _padding(node)
     if node.target is aten.select_backward.default:
         return _select_padding(node)
-    if node.target is not aten.slice_scatter.default:
+    if node.target is not aten.slice_scatter.default or len(node.args) < 2:
         return None
     bounds = _bounds(node)
     if bounds is None:

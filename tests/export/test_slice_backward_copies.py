@@ -11,7 +11,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ortrain.export.fx_to_onnx import export_graph
-from ortrain.export.slice_scatter_concat import concatenate_slice_scatters
+from ortrain.export.slice_backward_copies import copy_slice_backwards
 
 aten = torch.ops.aten
 _MAX = 9223372036854775807  # what AOTAutograd writes for an open end
@@ -40,7 +40,7 @@ def test_the_same_values_in_pytorch_and_onnx_runtime(name: str) -> None:
     backward = _BACKWARDS[name]
     gm = make_fx(lambda g, base: (backward(g, base),), tracing_mode="fake")(g, base)  # export's form
     rewritten = make_fx(backward, tracing_mode="fake")(g, base)
-    assert concatenate_slice_scatters(rewritten) == 1
+    assert copy_slice_backwards(rewritten) == 1
     targets = {n.target for n in rewritten.graph.nodes if n.op == "call_function"}
     assert not targets & {
         aten.slice_scatter.default,
@@ -62,6 +62,6 @@ def test_the_same_values_in_pytorch_and_onnx_runtime(name: str) -> None:
 def test_a_step_other_than_one_and_an_empty_range_stay() -> None:
     g = torch.randn(4, 8)
     stepped = make_fx(lambda g: aten.slice_backward(g[:, ::2], [4, 8], 1, 0, _MAX, 2), tracing_mode="fake")(g)
-    assert concatenate_slice_scatters(stepped) == 0
+    assert copy_slice_backwards(stepped) == 0
     empty = make_fx(lambda g: aten.slice_scatter(g, g[:, 5:3], 1, 5, 3), tracing_mode="fake")(g)
-    assert concatenate_slice_scatters(empty) == 0
+    assert copy_slice_backwards(empty) == 0
