@@ -11,8 +11,8 @@ The values are 0 and 1 either way, so the reduction is the same. Over an empty s
 gives the type's smallest value, ``INT64_MIN`` (true as a boolean) where uint8's is 0 (false): the
 bytes give ``torch.any``'s answer for an empty dimension, false, where int64's gave true.
 
-Rewritten: ``ReduceMin``/``ReduceMax`` of a ``Cast`` from bool that nothing else reads, whose
-output only ``Cast``\\ s to bool read (no graph output).
+Rewritten: ``ReduceMin``/``ReduceMax`` of a ``Cast`` from bool that nothing else reads (nor the
+graph's outputs), whose output only ``Cast``\\ s to bool read (no graph output).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _rewrite(graph: ir.Graph, node: ir.Node) -> bool:
         return False
     data, out = node.inputs[0], node.outputs[0]
     cast = data.producer() if data is not None else None
-    if data is None or cast is None or not _is_cast(cast) or len(data.uses()) != 1:
+    if data is None or cast is None or not _is_cast(cast) or len(data.uses()) != 1 or data.is_graph_output():
         return False
     source = cast.inputs[0]
     if source is None or source.dtype != ir.DataType.BOOL or out.is_graph_output():

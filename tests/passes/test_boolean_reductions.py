@@ -67,6 +67,12 @@ def test_a_reduction_read_as_a_number_stays() -> None:
     assert reduce_booleans_as_bytes(model) is model
 
 
+def test_a_cast_the_graph_returns_stays() -> None:
+    model = _model("ReduceMin", [4, 8])
+    model.graph.output.append(helper.make_tensor_value_info("wide", TensorProto.INT64, [4, 8]))
+    assert reduce_booleans_as_bytes(model) is model
+
+
 def test_in_the_default_pipeline() -> None:
     assert "reduce_booleans_as_bytes" in [name for name, _ in default_passes(compute_optimizer=True)]
 
