@@ -129,12 +129,4 @@ def _as_copies(node: torch.fx.Node) -> torch.fx.Node | None:
         )
     if len(pieces) == 1:
         return None  # the whole tensor: a copy of src, which the translation handles as it is
-    # call_with_value reads the operands' values from nodes, not from a list of them.
-    joined = node.graph.call_function(aten.cat.default, (pieces, dim))
-    values = [piece.meta["val"] for piece in pieces]
-    if fake_mode is None:
-        joined.meta["val"] = aten.cat.default(values, dim)
-    else:
-        with fake_mode:
-            joined.meta["val"] = aten.cat.default(values, dim)
-    return joined
+    return call_with_value(node.graph, aten.cat.default, (pieces, dim), fake_mode=fake_mode)

@@ -107,10 +107,17 @@ def call_with_value(
     fake_mode: Any = None,
 ) -> torch.fx.Node:
     """A ``target(*args, **kwargs)`` node at the graph's insertion point, with the value the export
-    reads (``meta["val"]``), computed by ``target`` on its operands' values (under ``fake_mode``)."""
+    reads (``meta["val"]``), computed by ``target`` on its operands' values (under ``fake_mode``).
+    A list operand (``cat``'s tensors) is read element by element."""
     kwargs = kwargs or {}
     node = graph.call_function(target, args, kwargs)
-    values = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
+
+    def value(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return a.meta["val"]
+        return [value(item) for item in a] if isinstance(a, list) else a
+
+    values = [value(a) for a in args]
     if fake_mode is None:
         node.meta["val"] = target(*values, **kwargs)
     else:
