@@ -57,8 +57,7 @@ def _rewrite(graph: ir.Graph, node: ir.Node) -> bool:
 
 def reduce_booleans_as_bytes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Each eligible ``all``/``any`` reduction over uint8; unchanged when none is."""
-    for reduction in _REDUCTIONS:
-        model, rewritten = rewrite_each_node(model, reduction, _rewrite)
-        if rewritten:
-            logger.debug("%d %s(s) of a boolean mask reduced over uint8", rewritten, reduction)
+    model, rewritten = rewrite_each_node(model, _REDUCTIONS, _rewrite)
+    if rewritten:
+        logger.debug("%d ReduceMin/ReduceMax of a boolean mask reduced over uint8", rewritten)
     return model

@@ -56,15 +56,17 @@ def reduced_axes(node: ir.Node) -> list[int] | None:
 
 def rewrite_each_node(
     model: onnx.ModelProto,
-    trigger: str,
+    trigger: str | tuple[str, ...],
     rewrite: Callable[[ir.Graph, ir.Node], bool],
     opset_imports: dict[str, int] | None = None,
 ) -> tuple[onnx.ModelProto, int]:
-    """``rewrite`` tried on every node of a model holding a ``trigger`` node; how many it rewrote.
+    """``rewrite`` tried on every node of a model holding a ``trigger`` node (one operator type or
+    several); how many it rewrote. The model is deserialized once, whatever the triggers.
 
     ``opset_imports`` are added when something was rewritten (the domains of the new nodes).
     """
-    if not any(node.op_type == trigger for node in model.graph.node):
+    triggers = (trigger,) if isinstance(trigger, str) else trigger
+    if not any(node.op_type in triggers for node in model.graph.node):
         return model, 0
     ir_model = ir.serde.deserialize_model(model)
     graph = ir_model.graph
