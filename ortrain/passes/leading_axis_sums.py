@@ -27,7 +27,13 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from ortrain.passes.node_rewrites import insert_node, reduced_axes, rewrite_each_node, take_over_output
+from ortrain.passes.node_rewrites import (
+    insert_node,
+    int64_constant,
+    reduced_axes,
+    rewrite_each_node,
+    take_over_output,
+)
 
 logger = logging.getLogger("ortrain.passes")
 
@@ -55,9 +61,7 @@ def _rewrite(graph: ir.Graph, node: ir.Node) -> bool:
     trailing = [int(d) for d in data.shape[leading:]]  # type: ignore[call-overload]
     columns = math.prod(trailing)
     op = functools.partial(insert_node, graph, node, node.name or "reduce_sum")
-
-    def ints(step: str, values: list[int]) -> ir.Value:
-        return op("Constant", [], step, value=ir.tensor(np.array(values, dtype=np.int64)))
+    ints = functools.partial(int64_constant, op)
 
     matrix = data
     if leading != 1 or len(trailing) != 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx_ir import convenience
@@ -28,6 +29,12 @@ def insert_node(
     node = ir.node(op_type, inputs, attributes, domain=domain, name=f"{tag}/{step}", num_outputs=1)  # type: ignore[arg-type]
     graph.insert_before(before, node)
     return node.outputs[0]
+
+
+def int64_constant(op: Callable[..., ir.Value], step: str, values: list[int]) -> ir.Value:
+    """A 1-D int64 ``Constant`` (a shape, axes) through ``op``, an :func:`insert_node` bound to
+    its graph, node and tag."""
+    return op("Constant", [], step, value=ir.tensor(np.array(values, dtype=np.int64)))
 
 
 def take_over_output(result: ir.Value, out: ir.Value) -> None:

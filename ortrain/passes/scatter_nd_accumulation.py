@@ -35,11 +35,10 @@ import functools
 import logging
 from collections.abc import Callable
 
-import numpy as np
 import onnx
 import onnx_ir as ir
 
-from ortrain.passes.node_rewrites import insert_node, rewrite_each_node, take_over_output
+from ortrain.passes.node_rewrites import insert_node, int64_constant, rewrite_each_node, take_over_output
 
 logger = logging.getLogger("ortrain.passes")
 
@@ -72,27 +71,24 @@ def _rewrite(graph: ir.Graph, node: ir.Node) -> bool:
     return True
 
 
-def _ints(op: Callable[..., ir.Value], step: str, values: list[int]) -> ir.Value:
-    return op("Constant", [], step, value=ir.tensor(np.array(values, dtype=np.int64)))
-
-
 def _table_product(
     op: Callable[..., ir.Value], data: ir.Value, indices: ir.Value, updates: ir.Value, table_rows: int
 ) -> ir.Value:
     """``data + OneHot(ids)^T @ rows``, the one-hot rows by comparison."""
+    ints = functools.partial(int64_constant, op)
     assert indices.shape is not None
     # [*lead, *rest] -> [M, prod(rest)]; ids [*lead, 1] -> [M]; sums [V, prod(rest)].
     rows = op("Flatten", [updates], "rows", axis=len(indices.shape) - 1)
-    ids = op("Reshape", [indices, _ints(op, "flat", [-1])], "ids")
+    ids = op("Reshape", [indices, ints("flat", [-1])], "ids")
     # One-hot rows as OneHot makes them (a negative id counts from the end, one out of range is a
     # row of zeros), by a comparison with 0..V-1: ONNX Runtime's OneHot writes one element at a
     # time, 1.19 ms for 16384 ids into 32 rows (T5's relative position buckets) against 0.2.
     negative = op(
-        "Cast", [op("Less", [ids, _ints(op, "zero", [0])], "is_negative")], "negative", to=ir.DataType.INT64
+        "Cast", [op("Less", [ids, ints("zero", [0])], "is_negative")], "negative", to=ir.DataType.INT64
     )
-    wrapped = op("Add", [ids, op("Mul", [negative, _ints(op, "depth", [table_rows])], "shift")], "wrapped")
-    column = op("Unsqueeze", [wrapped, _ints(op, "column_axis", [1])], "column")
-    matches = op("Equal", [column, _ints(op, "table_ids", list(range(table_rows)))], "matches")
+    wrapped = op("Add", [ids, op("Mul", [negative, ints("depth", [table_rows])], "shift")], "wrapped")
+    column = op("Unsqueeze", [wrapped, ints("column_axis", [1])], "column")
+    matches = op("Equal", [column, ints("table_ids", list(range(table_rows)))], "matches")
     one_hot = op("Cast", [matches], "one_hot", to=ir.DataType.FLOAT)
     sums = op("Gemm", [one_hot, rows], "sums", transA=1)
     return op("Add", [data, op("Reshape", [sums, op("Shape", [data], "table_shape")], "table")], "sum")
@@ -102,18 +98,19 @@ def _one_after_another(
     op: Callable[..., ir.Value], data: ir.Value, indices: ir.Value, updates: ir.Value, reduction: str
 ) -> ir.Value:
     """``ScatterElements(axis=0)`` over the updates' rows, the index repeated along each row."""
+    ints = functools.partial(int64_constant, op)
     assert data.shape is not None
     rank = len(data.shape)
     # updates [*indices.shape[:-1], *data.shape[1:]] -> rows [M, *data.shape[1:]]
     row_shape = op(
         "Concat",
-        [_ints(op, "minus_one", [-1]), op("Shape", [data], "row_dims", start=1)],
+        [ints("minus_one", [-1]), op("Shape", [data], "row_dims", start=1)],
         "rows_shape",
         axis=0,
     )
     rows = op("Reshape", [updates, row_shape], "rows")
     # indices [*lead, 1] -> [M, 1, ..., 1] -> [M, *data.shape[1:]], the same index along each row
-    column = op("Reshape", [indices, _ints(op, "column_shape", [-1] + [1] * (rank - 1))], "column")
+    column = op("Reshape", [indices, ints("column_shape", [-1] + [1] * (rank - 1))], "column")
     index = op("Expand", [column, op("Shape", [rows], "rows_dims")], "index")
     return op("ScatterElements", [data, index, rows], "elements", axis=0, reduction=reduction)
 
