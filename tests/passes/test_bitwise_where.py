@@ -29,7 +29,7 @@ def _where_model(
     *,
     condition_shape: list[int],
     dtype: int,
-    extra: list[onnx.NodeProto] = (),
+    extra: tuple[onnx.NodeProto, ...] = (),
 ) -> onnx.ModelProto:
     """Where(c, x or a constant, y or a constant); the computed branches are graph inputs."""
     inputs = [helper.make_tensor_value_info("c", TensorProto.BOOL, condition_shape)]
@@ -113,7 +113,7 @@ def test_where_stays_in_a_graph_whose_operators_changed_meaning_by_opset_26() ->
     # GroupNormalization-18 takes one scale per group; from 21, one per channel.
     norm = helper.make_node("GroupNormalization", ["out", "s", "b"], ["normed"], num_groups=2)
     model = _where_model(
-        np.array(0.0, np.float32), None, condition_shape=_SHAPE, dtype=TensorProto.FLOAT, extra=[norm]
+        np.array(0.0, np.float32), None, condition_shape=_SHAPE, dtype=TensorProto.FLOAT, extra=(norm,)
     )
     model.graph.initializer.extend(
         [
