@@ -6,16 +6,17 @@ the model's own file was not, and a script that anneals a module-level temperatu
 first value for good (wave 23).
 
 The forward's code is read, not run: starting from the class's ``forward``, every name it uses is
-looked up in its module's globals, and followed into the functions and methods it names (helpers
-of the same file, ``self._attend(...)``) and into the attributes of modules it imports
-(``settings.TEMPERATURE``). Plain values found there (numbers, strings, booleans, ``None``, short
-tuples of them), dicts and sets, and configuration objects (``args = parser.parse_args()``, a
-dataclass instance; until wave 26 a change to ``args.scale`` or ``CONFIG["scale"]`` between steps
-went unseen) are what the guards read at every step; so are such values in the closures of the
-functions walked (a model class defined inside a function reads its variables). PyTorch's and the
-standard library's code is not followed: its globals are its own constants. This over-approximates
-(a name used as an attribute elsewhere is watched too, which costs a lookup) and misses values
-reached in ways code does not name (``globals()[key]``, ``getattr(module, name)``).
+looked up in its module's globals, and followed into the functions and methods it names (helpers of
+the same file, ``self._attend(...)``) and into the attributes of modules it imports
+(``settings.TEMPERATURE``, ``helpers.act(x)`` and what ``act`` reads). Plain values found there
+(numbers, strings, booleans, ``None``, short tuples of them), dicts and sets, and configuration
+objects (``args = parser.parse_args()``, a dataclass instance; until wave 26 a change to
+``args.scale`` or ``CONFIG["scale"]`` between steps went unseen) are what the guards read at every
+step; so are such values in the closures of the functions walked (a model class defined inside a
+function reads its variables). PyTorch's and the standard library's code is not followed: its
+globals are its own constants. This over-approximates (a name used as an attribute elsewhere is
+watched too, which costs a lookup) and misses values reached in ways code does not name
+(``globals()[key]``, ``getattr(module, name)``).
 
 A method of another module that a forward calls (``self.backbone.features(x)``, a head calling
 ``self.attn.score(q, k)``) is found through the model: the names a class's code looks up on other
@@ -312,29 +313,52 @@ def _walk(
                     if not methods and other_names is not None:
                         other_names.add(name)
                     continue
-                value = namespace[name]
-                if is_watched(value):
-                    if (id(namespace), name) not in found:
-                        found.add((id(namespace), name))
-                        yield f"global {namespace.get('__name__', '?')}.{name}", namespace, name
-                elif isinstance(value, type | types.BuiltinFunctionType):
-                    # ``ACT = torch.tanh`` or ``Norm = nn.LayerNorm``: nothing to walk, but what the
-                    # forward runs, by identity (until wave 32 a replaced one went unseen).
-                    code_found.append((f"global {namespace.get('__name__', '?')}.{name}", namespace, name))
-                elif callable(value):
-                    code_found.append(
-                        (f"global function {namespace.get('__name__', '?')}.{name}", namespace, name)
-                    )
-                    if isinstance(value, types.FunctionType):
-                        todo.append(value)
-                    else:
-                        # A callable object: a partial, or Hugging Face's hub kernel wrapper
-                        # (``apply_rotary_pos_emb`` is an nn.Module instance): walked through what
-                        # it wraps or its class's forward.
-                        todo.append(_function(value) or _function(getattr(type(value), "forward", None)))
-                elif isinstance(value, types.ModuleType) and not _is_module_library(value):
-                    yield from _module_attributes(value, names, found)
+                yield from _global_read(namespace, name, names, todo, code_found, found)
         yield from _closure_reads(function, todo, found)
+
+
+def _global_read(
+    namespace: dict[str, Any],
+    name: str,
+    names: tuple[str, ...],
+    todo: list[types.FunctionType | None],
+    code_found: list[CodeRead],
+    found: set[tuple[int, str]],
+) -> Iterator[Read]:
+    """What ``namespace[name]`` (a module's global, named by code that also names ``names``) adds
+    to the walk: a value to read, code to watch and walk, or an imported module's attributes."""
+    value = namespace[name]
+    # A module once per set of names looked up in it (code elsewhere names other attributes of the
+    # same module); anything else once.
+    seen = (id(namespace), f"{name}\0{hash(names)}" if isinstance(value, types.ModuleType) else name)
+    if seen in found:
+        return
+    found.add(seen)
+    label = f"{namespace.get('__name__', '?')}.{name}"
+    if is_watched(value):
+        yield f"global {label}", namespace, name
+    elif isinstance(value, type | types.BuiltinFunctionType):
+        # ``ACT = torch.tanh`` or ``Norm = nn.LayerNorm``: nothing to walk, but what the
+        # forward runs, by identity (until wave 32 a replaced one went unseen).
+        code_found.append((f"global {label}", namespace, name))
+    elif callable(value):
+        code_found.append((f"global function {label}", namespace, name))
+        if isinstance(value, types.FunctionType):
+            todo.append(value)
+        else:
+            # A callable object: a partial, or Hugging Face's hub kernel wrapper
+            # (``apply_rotary_pos_emb`` is an nn.Module instance): walked through what
+            # it wraps or its class's forward.
+            todo.append(_function(value) or _function(getattr(type(value), "forward", None)))
+    elif isinstance(value, types.ModuleType) and not _is_module_library(value):
+        # ``settings.TEMPERATURE``, ``helpers.act(x)``, ``pkg.sub.SCALE``: the attributes of an
+        # imported module named in the same code, each read as a global of that module (until
+        # wave 41 only plain values were: a helper called as ``helpers.act(x)`` was not walked,
+        # and a global it read changed under the graph unseen).
+        module_namespace = vars(value)
+        for attribute in names:
+            if attribute in module_namespace and not attribute.startswith("__"):
+                yield from _global_read(module_namespace, attribute, names, todo, code_found, found)
 
 
 def _closure_reads(
@@ -360,14 +384,3 @@ def _is_module_library(module: types.ModuleType) -> bool:
     return (
         name.split(".")[0] in _LIBRARY_PREFIXES or name in sys.stdlib_module_names or path.startswith(_STDLIB)
     )
-
-
-def _module_attributes(
-    module: types.ModuleType, names: tuple[str, ...], found: set[tuple[int, str]]
-) -> Iterator[Read]:
-    """``settings.TEMPERATURE``: the plain attributes of an imported module named in the same code."""
-    namespace = vars(module)
-    for name in names:
-        if name in namespace and is_watched(namespace[name]) and (id(namespace), name) not in found:
-            found.add((id(namespace), name))
-            yield f"global {module.__name__}.{name}", namespace, name

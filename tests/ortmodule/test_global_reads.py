@@ -110,6 +110,38 @@ def test_a_changed_global_is_seen(monkeypatch: pytest.MonkeyPatch, caplog: pytes
     assert f"global {__name__}.ACTIVATION changed from 'tanh' to 'relu'" in reasons[3]
 
 
+# A helper module the script imports, whose function reads the module's own setting.
+helpers = types.ModuleType("ortrain_test_helpers")
+exec("SLOPE = 0.5\n\ndef act(h):\n    return h * SLOPE\n", helpers.__dict__)
+
+
+class _CallsThroughAModule(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return helpers.act(self.lin(x)).square().mean()
+
+
+def test_a_helper_called_through_its_module_is_followed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``helpers.act(h)`` reading ``helpers.SLOPE``: until wave 41 a function reached as a module's
+    attribute was not walked, and a change to the global it reads kept the old graph (loss -1.656
+    where eager gave -0.184); a function replaced on the module was not seen either."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+    changes = {
+        1: lambda: monkeypatch.setattr(helpers, "SLOPE", 0.9),
+        2: lambda: monkeypatch.setattr(helpers, "act", lambda h: h.tanh()),
+    }
+    reasons = _capture_reasons_training_beside_eager(_CallsThroughAModule(), changes, 3, caplog)
+    assert len(reasons) == 3, reasons
+    assert "global ortrain_test_helpers.SLOPE changed from 0.5 to 0.9" in reasons[1]
+    assert "ortrain_test_helpers.act" in reasons[2]
+
+
 class _Configured(nn.Module):
     def __init__(self) -> None:
         super().__init__()
