@@ -344,6 +344,10 @@ def _read_class_values(cls: type, classes: dict[Any, tuple[tuple[str, Any], ...]
             elif is_held_object(value):  # a schedule object shared by the class's instances
                 described = _held_description(value, HELD_DEPTH, walk, methods=False)
                 values.append((f"{klass.__qualname__}.{name}", described))
+            elif is_config_type(type(value)):
+                # ``CFG = SimpleNamespace(scale=...)`` or a dataclass instance on the class: by its
+                # values (until wave 41 not at all: ``Net.CFG.scale = 0.1`` kept the old graph).
+                values.append((f"{klass.__qualname__}.{name}", ("config", _config_values(value, walk))))
         classes[klass] = tuple(values)
 
 

@@ -504,6 +504,29 @@ def test_a_changed_class_attribute_is_seen(
     assert "capturing a graph: class attribute _ClassScaledNet.SCALE changed from 1.0 to 3.0" in caplog.text
 
 
+class _ClassConfiguredNet(Net):
+    CFG = types.SimpleNamespace(scale=1.0)  # a config object on the class, shared by instances
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(self.encoder(x) * self.CFG.scale), y)
+
+
+def test_a_changed_config_object_on_the_class_is_seen(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Net.CFG.scale = 3.0`` between steps: until wave 41 a config object held by the class (not
+    the instance) was not watched, and the captured graph kept 1.0 (loss -1.656, eager -0.184)."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    monkeypatch.setattr(_ClassConfiguredNet.CFG, "scale", 1.0)  # put back after the test
+    torch.manual_seed(0)
+
+    def scale(m: nn.Module) -> None:
+        _ClassConfiguredNet.CFG.scale = 3.0
+
+    reasons = _capture_reasons(caplog, _ClassConfiguredNet(), {2: scale})
+    assert len(reasons) == 2 and "_ClassConfiguredNet.CFG" in reasons[1], reasons
+
+
 def test_a_hugging_face_config_flag_set_between_steps_is_seen() -> None:
     """``model.config.output_hidden_states = True`` after a few steps returns the hidden states, as
     eager does (the captured graph returned none)."""
