@@ -60,6 +60,7 @@ from ortrain.capture.global_reads import (
     CodeRead,
     Read,
     class_reads,
+    function_reads,
     methods_called_from_outside,
 )
 from ortrain.capture.plain_values import is_other_number, plain_form, python_attributes
@@ -74,6 +75,7 @@ _VOLATILE_ATTRIBUTES = frozenset({"_original_object_hash"})
 # nn.Module's own bookkeeping; hooks are described apart, tensors as tensors.
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__) - {"training"}
 _DEPTH = 6  # config objects nest; deeper than this is not described (and makes the key unusable)
+_CALLABLES = (types.FunctionType, types.MethodType, types.BuiltinFunctionType)
 
 
 class Undescribable(ValueError):
@@ -116,6 +118,11 @@ def _describe_callable(fn: Any, depth: int = 0) -> Any:
         "defaults": describe(target.__defaults__ or (), depth + 1),
         "kwdefaults": describe(dict(sorted((target.__kwdefaults__ or {}).items())), depth + 1),
     }
+    if isinstance(target, types.FunctionType):
+        # ``self.act = lambda t: t * SLOPE`` with ``SLOPE`` read from a file: the globals it reads
+        # and the functions it calls, as the guards watch them (until wave 41 a later process
+        # loaded the capture made with the first value).
+        described["reads"] = _described_reads(*function_reads(target), depth + 1)
     owner = getattr(fn, "__self__", None)
     if isinstance(fn, types.MethodType) and owner is not None:
         # ``Scaler(s).apply``: the object it is bound to is state the call reads.
@@ -147,18 +154,31 @@ def _describe_code(function: Any) -> Any:
     return {"function": f"{target.__module__}.{target.__qualname__}", "code": _code_digest(code)}
 
 
-def _class_attributes(cls: type) -> dict[str, Any]:
-    """Plain values set on a module's own classes (``Net.SCALE = cfg["scale"]`` at start-up): the
-    forward reads them as it reads the module's attributes. PyTorch's and other libraries'
-    classes hold constants of their code, which the versions in the key cover."""
+def _is_code(value: Any) -> bool:
+    """A method, descriptor or class on a class: code, keyed as code where a forward runs it."""
+    return (
+        isinstance(value, (type, staticmethod, classmethod, property, functools.partial, *_CALLABLES))
+        or inspect.ismethoddescriptor(value)
+        or inspect.isdatadescriptor(value)
+    )
+
+
+def _class_attributes(cls: type, depth: int = 0) -> dict[str, Any]:
+    """The values set on a module's or a held object's own classes (``Net.SCALE = cfg["scale"]``
+    at start-up, ``Net.CFG = SimpleNamespace(...)``): the forward reads them as it reads the
+    object's attributes. Until wave 41 only plain values and containers were keyed: a config
+    object on the class read from a file kept its first value's capture. PyTorch's classes hold
+    constants of its code, which the versions in the key cover."""
     found: dict[str, Any] = {}
     for klass in reversed(cls.__mro__):
-        if klass.__module__.startswith(("torch.", "builtins")):
+        module = klass.__module__
+        if module.startswith(("torch.", "builtins")) or module.split(".")[0] in sys.stdlib_module_names:
             continue
         for name, value in vars(klass).items():
-            if not name.startswith("__") and isinstance(value, (*_PLAIN, tuple, list, dict, frozenset)):
+            # ``_abc_impl``: the ABC machinery's registry of every ``abc.ABC`` subclass.
+            if not name.startswith("__") and name != "_abc_impl" and not _is_code(value):
                 found[name] = value
-    return {name: describe(value) for name, value in sorted(found.items())}
+    return {name: describe(value, depth + 1) for name, value in sorted(found.items())}
 
 
 def describe(value: Any, depth: int = 0) -> Any:
@@ -213,7 +233,8 @@ def describe(value: Any, depth: int = 0) -> Any:
         described = {
             k: describe(v, depth + 1) for k, v in sorted(fields.items()) if k not in _VOLATILE_ATTRIBUTES
         }
-        return ["object", f"{cls.__module__}.{cls.__qualname__}", described]
+        # ``class Cfg: scale = 1.0`` then ``Cfg.scale = ...`` at start-up: read through the instance.
+        return ["object", f"{cls.__module__}.{cls.__qualname__}", described, _class_attributes(cls, depth)]
     raise Undescribable(f"a {type(value).__module__}.{type(value).__qualname__} attribute")
 
 
@@ -242,10 +263,10 @@ def _tensor(seen: dict[int, str], name: str, t: torch.Tensor | None, by_value: b
     return [*signature, _values(t)] if by_value else signature
 
 
-def _described_reads(reads: tuple[Read, ...], code: tuple[CodeRead, ...]) -> dict[str, Any]:
+def _described_reads(reads: tuple[Read, ...], code: tuple[CodeRead, ...], depth: int = 0) -> dict[str, Any]:
     """The module-level values some code reads, and the code it runs (see global_reads)."""
     return {
-        "globals read": {label: describe(namespace.get(name)) for label, namespace, name in reads},
+        "globals read": {label: describe(namespace.get(name), depth) for label, namespace, name in reads},
         "code run": {label: _describe_code(namespace.get(name)) for label, namespace, name in code},
     }
 
@@ -323,6 +344,18 @@ def _library_roots() -> tuple[str, ...]:
 _file_digests: dict[tuple[str, int, int], str] = {}
 
 
+def files_changed(digests: dict[str, str]) -> list[str]:
+    """The files of ``digests`` (path -> SHA-256) whose contents are not those any more, or gone."""
+    changed = []
+    for path, digest in digests.items():
+        try:
+            if _file_digest(Path(path)) != digest:
+                changed.append(path)
+        except OSError:
+            changed.append(path)
+    return changed
+
+
 def _file_digest(path: Path) -> str:
     stat = path.stat()
     memo = (str(path), stat.st_mtime_ns, stat.st_size)
@@ -341,6 +374,12 @@ def user_code(model: nn.Module) -> dict[str, str]:
         source = getattr(module, "__file__", None)
         if source is None:
             raise Undescribable(f"{type(m).__qualname__} is defined outside any file ({type(m).__module__})")
+    return loaded_user_files()
+
+
+def loaded_user_files() -> dict[str, str]:
+    """SHA-256 of every Python file loaded now from outside the standard library and
+    site-packages (see :func:`user_code`), by resolved path."""
     roots = _library_roots()
     digests = {}
     for module in list(sys.modules.values()):
