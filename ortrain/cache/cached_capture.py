@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ortrain.cache.capture_key import files_changed, loaded_user_files
 from ortrain.cache.graph_key import versions
 from ortrain.cache.store import CacheStore
 from ortrain.capture.aot_capture import Capture
@@ -45,6 +46,10 @@ class _Stored:
     memory_report: Any
     size_guards: SizeGuards
     mutated_inputs: frozenset[int]
+    # The user's files loaded when the capture was stored. The key hashes those loaded before the
+    # trace; a module a forward imports (``import helpers`` inside it) is first loaded by the
+    # trace, so its file is checked here at load (until wave 41 an edit to it went unseen).
+    code_files: dict[str, str]
 
 
 def load_capture(
@@ -62,6 +67,10 @@ def load_capture(
         with timed("capture (cached)"):
             stored = pickle.loads(payload)
             assert isinstance(stored, _Stored)
+            changed = files_changed(stored.code_files)
+            if changed:
+                logger.info("a file the stored capture ran has changed (%s): capturing again", changed[0])
+                return None
             loaded = load_package(stored.package)
     except Exception as error:
         # A whole entry (its checksum passed) that this ortrain cannot read: a torch private type
@@ -104,6 +113,7 @@ def save_capture(cache_dir: Path, key: str, captured: Capture, output_spec: Any,
                 _without_graph_nodes(captured.memory_report),
                 captured.size_guards,
                 captured.mutated_inputs,
+                loaded_user_files(),
             )
             payload = pickle.dumps(stored)
     except Exception as error:

@@ -249,3 +249,48 @@ def test_a_stored_capture_sets_the_attributes_its_forward_assigns(
     for penalty, grad, _ in runs:
         assert penalty == pytest.approx(eager.penalty.item(), rel=1e-6)
         torch.testing.assert_close(grad, eager.fc.weight.grad)
+
+
+_IMPORTS_IN_FORWARD_CHILD = textwrap.dedent(
+    """
+    import copy, json
+    import torch
+    from torch import nn
+    from ortrain import ORTModule
+    from ortrain.runtime import startup_timings
+
+    class ImportsItsHelper(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 3)
+
+        def forward(self, x):
+            import scaled_by_helper  # first imported by the trace, after the key was computed
+
+            return scaled_by_helper.scale(self.linear(x)).sum()
+
+    torch.manual_seed(0)
+    model, x = ImportsItsHelper(), torch.randn(2, 4)
+    wrapped = ORTModule(copy.deepcopy(model))
+    got = wrapped(x).item()
+    stages = [t.stage for t in startup_timings.RECORDED if t.stage.startswith("capture")]
+    print(json.dumps({"got": got, "expected": model(x).item(), "stages": stages}))
+    """
+)
+
+
+def test_an_edited_file_the_forward_imports_while_traced_is_captured_again(tmp_path: Path) -> None:
+    """The key hashes the files loaded before the trace; a module a forward imports is loaded by
+    the trace. Until wave 41 an edit to it loaded the old capture (0.5 where eager scaled by 0.9)."""
+    script = tmp_path / "train.py"
+    script.write_text(_IMPORTS_IN_FORWARD_CHILD)
+    helper = tmp_path / "scaled_by_helper.py"
+    helper.write_text("def scale(h):\n    return h * 0.5\n")
+    cold = _run_child(script, tmp_path / "cache")
+    assert cold["stages"] == ["capture", "capture (store)"] and cold["got"] == cold["expected"]
+    assert _run_child(script, tmp_path / "cache")["stages"] == ["capture (cached)"]
+    helper.write_text("def scale(h):\n    return h * 0.9\n")
+    edited = _run_child(script, tmp_path / "cache")
+    assert edited["stages"] == ["capture (cached)", "capture", "capture (store)"]
+    assert edited["got"] == pytest.approx(edited["expected"], rel=1e-6) and edited["got"] != cold["got"]
+    assert _run_child(script, tmp_path / "cache")["stages"] == ["capture (cached)"]  # the new entry
