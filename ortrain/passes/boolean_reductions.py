@@ -11,8 +11,9 @@ The values are 0 and 1 either way, so the reduction is the same. Over an empty s
 gives the type's smallest value, ``INT64_MIN`` (true as a boolean) where uint8's is 0 (false): the
 bytes give ``torch.any``'s answer for an empty dimension, false, where int64's gave true.
 
-Rewritten: ``ReduceMin``/``ReduceMax`` of a ``Cast`` from bool that nothing else reads (nor the
-graph's outputs), whose output only ``Cast``\\ s to bool read (no graph output).
+Rewritten: ``ReduceMin``/``ReduceMax`` of a ``Cast`` from bool whose output only ``Cast``\\ s to
+bool read (no graph output); each such reduction reads a uint8 ``Cast`` of its own, and the int64
+one stays only where something else reads it (``m.sum(-1)`` beside ``m.any(-1)``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import logging
 import onnx
 import onnx_ir as ir
 
-from ortrain.passes.node_rewrites import rewrite_each_node
+from ortrain.passes.node_rewrites import insert_node, rewrite_each_node
 
 logger = logging.getLogger("ortrain.passes")
 
@@ -37,21 +38,27 @@ def _is_cast(node: ir.Node, to: ir.DataType | None = None) -> bool:
 
 
 def _rewrite(graph: ir.Graph, node: ir.Node) -> bool:
-    del graph
     if node.op_type not in _REDUCTIONS or node.domain not in ("", "ai.onnx") or not node.inputs:
         return False
     data, out = node.inputs[0], node.outputs[0]
     cast = data.producer() if data is not None else None
-    if data is None or cast is None or not _is_cast(cast) or len(data.uses()) != 1 or data.is_graph_output():
+    if data is None or cast is None or not _is_cast(cast):
         return False
     source = cast.inputs[0]
     if source is None or source.dtype != ir.DataType.BOOL or out.is_graph_output():
         return False
     if not out.uses() or not all(_is_cast(use.node, ir.DataType.BOOL) for use in out.uses()):
         return False
-    cast.attributes["to"] = ir.AttrInt64("to", ir.DataType.UINT8)
-    data.dtype = ir.DataType.UINT8
+    # A cast of its own: the exporter casts a mask once for all its readers (``m.any(-1)`` beside
+    # ``m.all(-1)`` or ``m.sum(-1)``), and until wave 41 a shared cast kept int64's ``any`` of an
+    # empty dimension (true).
+    tag = node.name or f"{node.op_type}_{id(node)}"
+    as_bytes = insert_node(graph, node, tag, "Cast", [source], "as_bytes", to=int(ir.DataType.UINT8))
+    as_bytes.dtype, as_bytes.shape = ir.DataType.UINT8, data.shape
+    node.replace_input_with(0, as_bytes)
     out.dtype = ir.DataType.UINT8
+    if not data.uses() and not data.is_graph_output():
+        graph.remove(cast, safe=True)
     return True
 
 

@@ -67,10 +67,54 @@ def test_a_reduction_read_as_a_number_stays() -> None:
     assert reduce_booleans_as_bytes(model) is model
 
 
-def test_a_cast_the_graph_returns_stays() -> None:
+def test_a_cast_the_graph_returns_stays_beside_the_reductions_own() -> None:
     model = _model("ReduceMin", [4, 8])
     model.graph.output.append(helper.make_tensor_value_info("wide", TensorProto.INT64, [4, 8]))
-    assert reduce_booleans_as_bytes(model) is model
+    rewritten = reduce_booleans_as_bytes(model)
+    casts = {
+        n.output[0]: helper.get_attribute_value(n.attribute[0])
+        for n in rewritten.graph.node
+        if n.op_type == "Cast"
+    }
+    assert casts["wide"] == TensorProto.INT64 and TensorProto.UINT8 in casts.values()
+    mask = np.random.default_rng(0).random((4, 8)) > 0.1
+    session = ort.InferenceSession(rewritten.SerializeToString(), providers=["CPUExecutionProvider"])
+    out, wide = session.run(None, {"mask": mask})
+    np.testing.assert_array_equal(out, mask.all(-1))
+    np.testing.assert_array_equal(wide, mask.astype(np.int64))
+
+
+def test_a_mask_cast_once_for_several_readers_reduces_an_empty_dimension_as_torch() -> None:
+    """``m.any(-1)`` beside ``m.all(-1)`` and ``m.sum(-1)``: the exporter casts ``m`` once for all
+    three. Until wave 41 the shared cast kept int64's maximum of nothing, and ``any`` was true."""
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["mask"], ["wide"], to=TensorProto.INT64),
+            helper.make_node("ReduceMax", ["wide", "axes"], ["most"], keepdims=0),
+            helper.make_node("Cast", ["most"], ["any"], to=TensorProto.BOOL),
+            helper.make_node("ReduceMin", ["wide", "axes"], ["least"], keepdims=0),
+            helper.make_node("Cast", ["least"], ["all"], to=TensorProto.BOOL),
+            helper.make_node("ReduceSum", ["wide", "axes"], ["count"], keepdims=0),
+        ],
+        "shared_cast",
+        [helper.make_tensor_value_info("mask", TensorProto.BOOL, [3, 0])],
+        [
+            helper.make_tensor_value_info("any", TensorProto.BOOL, None),
+            helper.make_tensor_value_info("all", TensorProto.BOOL, None),
+            helper.make_tensor_value_info("count", TensorProto.INT64, None),
+        ],
+        [axes],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    session = ort.InferenceSession(
+        reduce_booleans_as_bytes(model).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    mask = torch.zeros(3, 0, dtype=torch.bool)
+    got_any, got_all, got_count = session.run(None, {"mask": mask.numpy()})
+    np.testing.assert_array_equal(got_any, mask.any(-1).numpy())  # false
+    np.testing.assert_array_equal(got_all, mask.all(-1).numpy())  # true
+    np.testing.assert_array_equal(got_count, mask.sum(-1).numpy())
 
 
 def test_in_the_default_pipeline() -> None:
