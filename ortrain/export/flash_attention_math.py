@@ -18,7 +18,9 @@ Conventions of PyTorch's CPU kernels that the math follows (checked in
 - a float ``attn_mask`` is added to the scores; a row that it masks whole gets the output 0, the
   log-sum-exp 0 and no gradient;
 - the log-sum-exp is float32 whatever the inputs' dtype, and the products run in float32 for
-  16-bit inputs, as the kernel accumulates.
+  16-bit inputs, as the kernel accumulates;
+- grouped keys and values (``enable_gqa``: fewer key heads than query heads, a divisor of them)
+  serve query head ``h`` with key head ``h // group``; the backward sums each group's gradients.
 """
 
 from __future__ import annotations
@@ -67,6 +69,23 @@ def _scores(
     return scores, scale
 
 
+def _grouped(tensor: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """Key or value heads repeated for the query heads each serves (as ``repeat_interleave``)."""
+    batch, heads, length, width = tensor.shape
+    group = query.shape[1] // heads
+    if group == 1:
+        return tensor
+    return tensor.unsqueeze(2).expand(batch, heads, group, length, width).reshape(batch, -1, length, width)
+
+
+def _summed_over_groups(gradient: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The gradient of grouped key or value heads: each head's, summed over the queries it served."""
+    batch, heads, length, width = like.shape
+    if gradient.shape[1] == heads:
+        return gradient
+    return gradient.reshape(batch, heads, -1, length, width).sum(dim=2)
+
+
 def _probabilities(scores: torch.Tensor, logsumexp: torch.Tensor, masked: bool) -> torch.Tensor:
     if masked:  # a row masked whole has the log-sum-exp -inf: the kernel makes it 0
         logsumexp = torch.where(torch.isneginf(logsumexp), 0.0, logsumexp)
@@ -86,6 +105,7 @@ def flash_attention_forward(
     """``(output, logsumexp)`` as ``_scaled_dot_product_flash_attention_for_cpu`` returns them."""
     if dropout_p != 0.0:
         raise ValueError("the CPU flash kernel has no dropout; the math form does not either")
+    key, value = _grouped(key, query), _grouped(value, query)
     scores, _ = _scores(query, key, is_causal, attn_mask, scale)
     logsumexp = torch.logsumexp(scores, dim=-1)
     probabilities = _probabilities(scores, logsumexp, attn_mask is not None)
@@ -112,6 +132,8 @@ def flash_attention_backward(
     probabilities are rebuilt from the scores, never stored)."""
     if dropout_p != 0.0:
         raise ValueError("the CPU flash kernel has no dropout; the math form does not either")
+    grouped_key, grouped_value = key, value
+    key, value = _grouped(key, query), _grouped(value, query)
     scores, scale = _scores(query, key, is_causal, attn_mask, scale)
     probabilities = _probabilities(scores, logsumexp.to(scores.dtype), attn_mask is not None)
     grad_out = grad_out.to(scores.dtype)
@@ -123,6 +145,8 @@ def flash_attention_backward(
     grad_scores = probabilities * (grad_probabilities - row_dot) * scale
     grad_query = torch.matmul(grad_scores, key.to(scores.dtype))
     grad_key = torch.matmul(grad_scores.transpose(-2, -1), query.to(scores.dtype))
+    grad_key = _summed_over_groups(grad_key, grouped_key)
+    grad_value = _summed_over_groups(grad_value, grouped_value)
     return grad_query.to(query.dtype), grad_key.to(key.dtype), grad_value.to(value.dtype)
 
 
@@ -157,8 +181,9 @@ def attention_inputs(node: torch.fx.Node) -> list[Any]:
 
 
 def math_form_applies(node: torch.fx.Node) -> bool:
-    """Whether a flash node can be replaced by its math form: no dropout, and query, key and value
-    of one batch and head count (a broadcast or grouped head layout stays in PyTorch's kernel)."""
+    """Whether a flash node can be replaced by its math form: no dropout, query, key and value of
+    one batch, and key and value of one head count, the query's or a divisor of it (grouped heads,
+    ``enable_gqa``; until wave 41 they stayed in PyTorch's kernel)."""
     if node.op != "call_function" or node.target not in MATH_FORMS:
         return False
     dropout_at = 6 if node.target is FLASH_BACKWARD else 3
@@ -170,5 +195,10 @@ def math_form_applies(node: torch.fx.Node) -> bool:
         return False
     query, key, value = tensors
     # Sizes compared as expressions: equal symbols, not equal hints, and no guard added.
-    leading = [tuple(str(s) for s in t.shape[:2]) for t in (query, key, value)]
-    return leading[0] == leading[1] == leading[2] and str(key.shape[-2]) == str(value.shape[-2])
+    batches = [str(t.shape[0]) for t in (query, key, value)]
+    heads = [t.shape[1] for t in (query, key, value)]
+    if str(heads[1]) != str(heads[2]) or len(set(batches)) != 1 or str(key.shape[-2]) != str(value.shape[-2]):
+        return False
+    if str(heads[0]) == str(heads[1]):
+        return True
+    return all(isinstance(h, int) for h in heads) and heads[1] > 0 and heads[0] % heads[1] == 0

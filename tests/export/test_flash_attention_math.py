@@ -18,9 +18,12 @@ from ortrain.export.flash_attention_math import (
 from ortrain.export.fx_to_onnx import ExportError, export_graph
 
 
-def _inputs(queries: int, keys: int, dtype: torch.dtype, masked: bool) -> tuple:
+def _inputs(queries: int, keys: int, dtype: torch.dtype, masked: bool, kv_heads: int = 6) -> tuple:
     generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 3, n, 8, generator=generator).to(dtype) for n in (queries, keys, keys))
+    q, k, v = (
+        torch.randn(2, heads, n, 8, generator=generator).to(dtype)
+        for heads, n in ((6, queries), (kv_heads, keys), (kv_heads, keys))
+    )
     mask = None
     if masked:
         mask = torch.randn(queries, keys, generator=generator).to(dtype)
@@ -32,10 +35,11 @@ def _inputs(queries: int, keys: int, dtype: torch.dtype, masked: bool) -> tuple:
 @pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "mask"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize(("queries", "keys"), [(5, 7), (7, 5), (6, 6)])
+@pytest.mark.parametrize("kv_heads", [6, 2, 1], ids=["heads", "grouped", "one-kv-head"])
 def test_math_form_equals_the_kernels(
-    queries: int, keys: int, causal: bool, masked: bool, dtype: torch.dtype
+    queries: int, keys: int, causal: bool, masked: bool, dtype: torch.dtype, kv_heads: int
 ) -> None:
-    q, k, v, mask = _inputs(queries, keys, dtype, masked)
+    q, k, v, mask = _inputs(queries, keys, dtype, masked, kv_heads)
     output, logsumexp = FLASH_FORWARD(q, k, v, 0.0, causal, attn_mask=mask, scale=0.3)
     math_output, math_logsumexp = flash_attention_forward(q, k, v, 0.0, causal, attn_mask=mask, scale=0.3)
     tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-6}
@@ -47,7 +51,7 @@ def test_math_form_equals_the_kernels(
         grad_out, q, k, v, output, logsumexp, 0.0, causal, attn_mask=mask, scale=0.3
     )
     for name, got, expected in zip(("query", "key", "value"), math_grads, grads, strict=True):
-        assert got.dtype == expected.dtype
+        assert got.dtype == expected.dtype and got.shape == expected.shape
         torch.testing.assert_close(got, expected, **tolerance, msg=lambda m, n=name: f"grad of {n}: {m}")
 
 
@@ -82,10 +86,20 @@ def test_the_causal_mask_is_added_not_selected() -> None:
     torch.testing.assert_close(graph(q, k, v)[0], FLASH_FORWARD(q, k, v, 0.0, True)[0], rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize(("dropout_p", "kv_heads"), [(0.1, 3), (0.0, 1)], ids=["dropout", "broadcast-heads"])
-def test_no_math_form_is_never_exported(dropout_p: float, kv_heads: int) -> None:
+def test_grouped_heads_have_a_math_form() -> None:
+    """Hugging Face passes ``enable_gqa`` when no mask is built (Llama, Mistral, Qwen2 with
+    grouped key-value heads): the kernel reads fewer key heads than query heads."""
+    graph = _flash_graph(kv_heads=1)
+    (node,) = [n for n in graph.graph.nodes if n.target is FLASH_FORWARD]
+    assert math_form_applies(node)
+    assert inline_math_forms(graph) == 1
+    q, k, v = torch.randn(2, 3, 6, 8), torch.randn(2, 1, 6, 8), torch.randn(2, 1, 6, 8)
+    torch.testing.assert_close(graph(q, k, v)[0], FLASH_FORWARD(q, k, v, 0.0, True)[0])
+
+
+def test_no_math_form_is_never_exported() -> None:
     """torch.onnx's translation returns a log-sum-exp of zeros: such a node must stay in PyTorch."""
-    graph = _flash_graph(dropout_p, kv_heads)
+    graph = _flash_graph(dropout_p=0.1)
     (node,) = [n for n in graph.graph.nodes if n.target is FLASH_FORWARD]
     assert not math_form_applies(node)
     with pytest.raises(ExportError, match="has no math form here"):
