@@ -20,15 +20,19 @@ def hf_masks_traceable() -> Iterator[None]:
     """Make ``transformers.masking_utils`` build masks without data-dependent checks.
 
     Hugging Face masks call ``padding_mask.all()`` unless they believe they are being traced, and
-    their check misses AOTAutograd's functional tensors.
+    their check misses AOTAutograd's functional tensors: ``is_tracing`` answers ``True``.
+
+    ``is_torchdynamo_exporting`` is left alone: without a padding mask nothing is read, and Hugging
+    Face then builds no mask, so that each attention layer's own ``is_causal`` applies, as in eager.
+    Until wave 41 it answered ``True`` too, a causal mask was always built, and a decoder made
+    bidirectional (``self_attn.is_causal = False``, as LLM2Vec does) trained causal (loss 4.834
+    where eager gave 4.841).
     """
     masking_utils = sys.modules.get("transformers.masking_utils")
     with contextlib.ExitStack() as stack:
-        if masking_utils is not None:
-            for name in ("is_tracing", "is_torchdynamo_exporting"):
-                if hasattr(masking_utils, name):
-                    patched = _true_on_this_thread(getattr(masking_utils, name))
-                    stack.enter_context(mock.patch.object(masking_utils, name, patched))
+        if masking_utils is not None and hasattr(masking_utils, "is_tracing"):
+            patched = _true_on_this_thread(masking_utils.is_tracing)
+            stack.enter_context(mock.patch.object(masking_utils, "is_tracing", patched))
         yield
 
 

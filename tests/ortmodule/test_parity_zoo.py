@@ -72,6 +72,24 @@ def test_hf_gpt2_lm_head() -> None:
     _assert_parity(model, batches, lambda m, b: m(input_ids=b, labels=b).loss)
 
 
+def test_hf_llama_made_bidirectional_attends_both_ways() -> None:
+    """``self_attn.is_causal = False`` on every layer (LLM2Vec's bidirectional decoder), batches
+    without a mask: eager builds no mask and each layer's flag applies. Until wave 41 the capture
+    made Hugging Face build a causal mask anyway, and the model trained causal (loss 4.834 where
+    eager gave 4.841). Grouped key-value heads: the attention runs in ONNX Runtime's math form."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config)
+    for layer in model.model.layers:
+        layer.self_attn.is_causal = False
+    batches = [torch.randint(1, 128, (2, 10)) for _ in range(STEPS)]
+    _assert_parity(model, batches, lambda m, b: m(input_ids=b, labels=b).loss, max_captures=1)
+
+
 def test_hf_bert_sequence_classification_with_padding_mask() -> None:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
