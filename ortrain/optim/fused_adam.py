@@ -46,6 +46,10 @@ def state_dtype_for(param_dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if param_dtype in _LOW_PRECISION else param_dtype
 
 
+# torch.optim.Adam's options that FusedAdam does not implement: refused, never ignored.
+_UNSUPPORTED = ("amsgrad", "maximize")
+
+
 class FusedAdam(torch.optim.Optimizer):
     """Adam with decoupled or L2 weight decay, updating all parameters with multi-tensor kernels.
 
@@ -99,6 +103,15 @@ class FusedAdam(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        # The constructor's groups come through here too. A group asking for ``amsgrad`` or
+        # ``maximize`` is refused as a saved state with them is (until wave 41 such a group was
+        # taken, and ``maximize=True`` descended).
+        unsupported = [key for key in _UNSUPPORTED if param_group.get(key)]
+        if unsupported:
+            raise ValueError(
+                f"a parameter group with {' and '.join(f'{k}=True' for k in unsupported)}: FusedAdam "
+                "does not implement it; use torch.optim.Adam / AdamW for this group's algorithm"
+            )
         param_group.setdefault("step", 0)
         super().add_param_group(param_group)
 
@@ -218,7 +231,7 @@ class FusedAdam(torch.optim.Optimizer):
         another ``optim``) lacks ``bias_correction`` (a KeyError at the next step) and the group's
         step count (its parameters count theirs). One saved with ``amsgrad`` or ``maximize`` is
         refused: FusedAdam has neither, and would go on as another algorithm (or climb the loss)."""
-        unsupported = [key for key in ("amsgrad", "maximize") if group.get(key)]
+        unsupported = [key for key in _UNSUPPORTED if group.get(key)]
         if unsupported:
             raise ValueError(
                 f"this optimizer state was saved with {' and '.join(f'{k}=True' for k in unsupported)}, "

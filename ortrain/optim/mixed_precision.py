@@ -132,23 +132,53 @@ class MixedPrecisionOptimizer:
         # fp32 model parameters, updated in place by the wrapped optimizer.
         self.fp32_params: list[Tensor] = []
         for group in optimizer.param_groups:
-            for i, p in enumerate(group["params"]):
-                if p.dtype not in LOW_PRECISION_DTYPES:
-                    self.fp32_params.append(p)
-                    continue
-                master = p.detach().clone().float().requires_grad_(p.requires_grad)
-                group["params"][i] = master
-                # State created before wrapping moves to the master, in fp32.
-                if p in optimizer.state:
-                    optimizer.state[master] = {
-                        k: v.float() if isinstance(v, Tensor) and v.is_floating_point() else v
-                        for k, v in optimizer.state.pop(p).items()
-                    }
-                self.model_params.append(p)
-                self.master_params.append(master)
+            self._take_over(group)
         self._unscaled = False
         self._overflow = False
         self.last_step_skipped = False
+
+    def _take_over(self, group: dict[str, Any]) -> None:
+        """Give ``group``'s low-precision parameters fp32 masters in the wrapped optimizer."""
+        for i, p in enumerate(group["params"]):
+            if p.dtype not in LOW_PRECISION_DTYPES:
+                self.fp32_params.append(p)
+                continue
+            master = p.detach().clone().float().requires_grad_(p.requires_grad)
+            group["params"][i] = master
+            # State created before wrapping moves to the master, in fp32.
+            if p in self.optimizer.state:
+                self.optimizer.state[master] = {
+                    k: v.float() if isinstance(v, Tensor) and v.is_floating_point() else v
+                    for k, v in self.optimizer.state.pop(p).items()
+                }
+            self.model_params.append(p)
+            self.master_params.append(master)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group (unfrozen layers, a new head) to the wrapped optimizer, with fp32 masters."""
+        self.optimizer.add_param_group(param_group)
+        self._take_over(self.optimizer.param_groups[-1])
+
+    def _check_groups(self) -> None:
+        """Refuse a low-precision parameter added to the wrapped optimizer behind the wrapper's back:
+        it would be stepped on the scaled gradients, without a master or an overflow check (wave 41:
+        a bf16 weight moved by 11.5 where 0.011 was due)."""
+        known = len(self.master_params) + len(self.fp32_params)
+        if sum(len(group["params"]) for group in self.optimizer.param_groups) == known:
+            return
+        ours = {id(p) for p in self.master_params + self.fp32_params}
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) in ours:
+                    continue
+                if p.dtype in LOW_PRECISION_DTYPES:
+                    raise RuntimeError(
+                        f"a {p.dtype} parameter of shape {tuple(p.shape)} was added to the wrapped optimizer "
+                        "directly (wrapper.optimizer.add_param_group): add it with wrapper.add_param_group, "
+                        "which gives it an fp32 master and unscales its gradient"
+                    )
+                self.fp32_params.append(p)  # an fp32 parameter is its own master
+                ours.add(id(p))
 
     # ---- torch.optim.Optimizer surface ------------------------------------------------------------
     @property
@@ -188,8 +218,13 @@ class MixedPrecisionOptimizer:
         inv_scale = 1.0 / self.loss_scaler.scale
         copies: dict[tuple[torch.device, torch.dtype], tuple[list[Tensor], list[Tensor]]] = {}
         master_grads: list[Tensor] = []
+        self._check_groups()
         for master, p in zip(self.master_params, self.model_params, strict=True):
             if p.grad is None:
+                # No gradient this step (a frozen or unused layer; the model's grads cleared by
+                # ``model.zero_grad()``, not the wrapper's): the optimizer must not step it on the
+                # previous step's master gradient (until wave 41 it did).
+                master.grad = None
                 continue
             master.grad = torch.empty_like(master)
             master_grads.append(master.grad)

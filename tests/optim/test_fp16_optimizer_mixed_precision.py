@@ -174,3 +174,47 @@ def test_multi_tensor_checks_match_per_tensor_reference() -> None:
         broken[2][3] = bad
         assert bool(nonfinite_flag([*broken, None]))
     assert not bool(nonfinite_flag([]))
+
+
+def test_a_parameter_without_a_gradient_is_not_stepped_on_an_old_one() -> None:
+    """The model's gradients cleared with ``model.zero_grad()`` (not the wrapper's) and a layer that
+    gets none this step: until wave 41 its master kept the previous step's gradient and SGD moved
+    the weight again (by 0.111 where eager moves it by 0)."""
+    model = _model(torch.bfloat16)
+    optimizer = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), init_scale=8.0)
+    x, y = _data()
+    optimizer.backward(_loss(model, x, y))
+    optimizer.step()
+    model.zero_grad(set_to_none=True)
+    head = model[2].weight
+    before = head.detach().clone()
+    optimizer.backward(_loss(model, x, y))
+    head.grad = None  # this step's loss does not reach the head (a frozen or skipped layer)
+    optimizer.step()
+    torch.testing.assert_close(head.detach(), before, rtol=0, atol=0)
+
+
+def test_groups_added_later_get_masters_and_a_direct_one_is_refused() -> None:
+    """A group added through the wrapper (layers unfrozen late) trains through fp32 masters like
+    the first ones; one added to the wrapped optimizer directly, where schedulers attach, was
+    stepped on the scaled gradient without a master (until wave 41: a weight moved by 11.5 where
+    0.011 was due) and is now refused with what to call instead."""
+    torch.manual_seed(0)
+    body, head = torch.nn.Linear(4, 4).to(torch.bfloat16), torch.nn.Linear(4, 1).to(torch.bfloat16)
+    reference = copy.deepcopy(head).float()
+    optimizer = FP16_Optimizer(torch.optim.SGD(body.parameters(), lr=0.01), init_scale=1024.0)
+    optimizer.add_param_group({"params": list(head.parameters()), "lr": 0.01})
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.01)
+    x = torch.randn(8, 4)
+    features = body(x.to(torch.bfloat16)).detach()
+    optimizer.backward(head(features).float().square().mean())
+    reference(features.float()).square().mean().backward()
+    optimizer.step()
+    reference_optimizer.step()
+    torch.testing.assert_close(head.weight.float(), reference.weight, rtol=2e-2, atol=2e-3)
+
+    late = torch.nn.Parameter(torch.zeros(1, 4, dtype=torch.bfloat16))
+    optimizer.optimizer.add_param_group({"params": [late]})
+    late.grad = torch.ones_like(late)
+    with pytest.raises(RuntimeError, match=r"add it with wrapper\.add_param_group"):
+        optimizer.step()

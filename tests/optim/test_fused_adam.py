@@ -298,6 +298,19 @@ def test_a_torch_state_saved_with_an_option_fused_adam_lacks_is_refused(option: 
         FusedAdam([p.detach().clone() for p in params]).load_state_dict(optimizer.state_dict())
 
 
+@pytest.mark.parametrize("option", ["amsgrad", "maximize"])
+def test_a_group_asking_for_an_option_fused_adam_lacks_is_refused(option: str) -> None:
+    """Until wave 41 a group's ``maximize=True`` (in the constructor's groups or added later) was
+    taken and ignored: FusedAdam descended where torch.optim.Adam climbs."""
+    p, q = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match=f"a parameter group with {option}=True: FusedAdam does not"):
+        FusedAdam([{"params": [p], option: True}], lr=0.1)
+    optimizer = FusedAdam([p], lr=0.1)
+    with pytest.raises(ValueError, match=f"{option}=True"):
+        optimizer.add_param_group({"params": [q], option: True})
+    optimizer.add_param_group({"params": [q], option: False})  # asked off: FusedAdam's own algorithm
+
+
 def _steps_with_gaps(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], steps: int) -> None:
     """Gradients for some parameters only: the first at every step, the second at every other
     step (a head trained on every other batch), the third from step 4 on (unfrozen late)."""
