@@ -242,6 +242,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.nll_loss_backward.default] = losses.nll_loss_backward
     table[aten.nll_loss2d_backward.default] = losses.nll_loss_backward
     table[aten.mean.default] = math_ops.mean_of_nothing
+    table[aten.any.dims] = math_ops.truth_over_no_dimensions
+    table[aten.all.dims] = math_ops.truth_over_no_dimensions
     table[aten.mean.dim] = math_ops.mean_of_nothing
     table[aten.var.correction] = math_ops.spread_of_nothing
     table[aten.mul.Scalar] = math_ops.mul_by_symbolic_scalar

@@ -467,6 +467,15 @@ def nextafter(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return value.to(x.dtype)
 
 
+def truth_over_no_dimensions(input: torch.Tensor, dim: Any = None, keepdim: bool = False) -> Any:
+    """``any``/``all`` with ``dim=()`` reduce nothing in PyTorch (each element's truth, the input's
+    shape); ONNX's ``ReduceMax`` without axes reduces every axis, so the graph returned a scalar
+    (a broadcast against it trained silently, a returned one failed on its rank; wave 41)."""
+    if dim is None or len(dim) != 0 or input.dim() == 0:
+        return NotImplemented
+    return input.to(torch.bool) if input.dtype == torch.bool else input != 0
+
+
 def mean_of_nothing(
     input: torch.Tensor,
     dim: list[int] | None = None,

@@ -80,3 +80,28 @@ def test_the_loss_backwards_match_eager_in_bfloat16(loss: str, monkeypatch: pyte
     wrapped(x, y, valid).backward()
     eager(x, y, valid).backward()
     torch.testing.assert_close(wrapped.linear.weight.grad, eager.linear.weight.grad)
+
+
+class _TruthOverNoDimensions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x * self.w
+        keep = (h > 0).any(dim=()) & (h > -3).all(dim=())  # generic code handed an empty dims tuple
+        return (h * keep).sum(), keep
+
+
+def test_any_and_all_over_no_dimensions_reduce_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``any(dim=())`` is each element's truth in PyTorch; ONNX's reduction without axes reduces
+    them all, and until wave 41 the graph's scalar broadcast into a wrong loss (or failed on its rank)."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    eager = _TruthOverNoDimensions()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.tensor([[1.0, -2.0, 3.0, -4.0], [-1.0, 2.0, -3.0, 4.0]])
+    (got, got_keep), (expected, expected_keep) = wrapped(x), eager(x)
+    got.backward()
+    expected.backward()
+    assert torch.equal(got_keep, expected_keep) and got.item() == expected.item()
+    torch.testing.assert_close(wrapped.module.w.grad, eager.w.grad)
