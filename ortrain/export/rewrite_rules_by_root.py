@@ -67,8 +67,25 @@ def rewrite_rules_tried_by_root_operator() -> Iterator[None]:
     """While exporting: onnxscript's default rewrite rules, each tried only on its root operator
     and matching its constants exactly."""
     original = rewriter._DEFAULT_REWRITE_RULES
-    rewriter._DEFAULT_REWRITE_RULES = _filtered_rules(original)
+    filtered = _filtered_rules(original)
+    rewriter._DEFAULT_REWRITE_RULES = filtered
     try:
         yield
     finally:
         rewriter._DEFAULT_REWRITE_RULES = original
+        _forget_last_matches(filtered)
+
+
+# What an onnxscript matcher keeps of its last match: the graph it matched in, the node, the
+# bindings. The default rules are module-level objects, so each kept the last graph exported
+# (every node, every constant: the tiny T5's two graphs, 6.6 MiB of constants alone) alive for
+# the life of the process (wave 41).
+_LAST_MATCH = ("_graph", "_current_node", "_match", "_tracer")
+
+
+def _forget_last_matches(rules: tuple[Any, ...]) -> None:
+    for rule in rules:
+        matcher = getattr(rule, "_matcher", None)
+        for name in _LAST_MATCH:
+            if name in getattr(matcher, "__dict__", {}):
+                setattr(matcher, name, None)

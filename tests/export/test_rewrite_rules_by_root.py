@@ -71,3 +71,20 @@ def test_a_rule_is_not_matched_on_other_operators(monkeypatch: pytest.MonkeyPatc
     assert split.try_rewrite(model, model.graph, add) is None
     with pytest.raises(AssertionError, match="another operator"):  # a Slice does reach the matcher
         split.try_rewrite(model, model.graph, first_slice)
+
+
+def test_no_rule_keeps_the_last_graph_it_matched_in() -> None:
+    """onnxscript's matchers kept their last match (graph, node, bindings); the default rules live
+    as long as the process, so every export's last graph, constants and all, did too (wave 41)."""
+    import gc
+    import weakref
+
+    with rewrite_rules_tried_by_root_operator():
+        rules = rewriter._DEFAULT_REWRITE_RULES
+        model = _two_slices_of_one_tensor()
+        optimizer.optimize_ir(model)
+    graph = weakref.ref(model.graph)
+    del model
+    gc.collect()
+    assert graph() is None
+    assert all(getattr(getattr(r, "_matcher", None), "_graph", None) is None for r in rules)
