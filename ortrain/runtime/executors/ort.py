@@ -99,6 +99,16 @@ def session_options() -> ort.SessionOptions:
 DISABLED_OPTIMIZERS = ["ConstantFolding", "GatherSliceToSplitFusion"]
 
 
+def _release_model_bytes(session: ort.InferenceSession) -> None:
+    """Drop the serialized model the Python session keeps to re-create itself on another provider
+    after a failure (onnxruntime's own comment: "holding the memory indefinitely"; the tiny T5's
+    seven sessions kept 10.4 MiB of copies). ortrain does not use that fallback: a failing run
+    raises, and ortrain's fallback policy answers it, so it is turned off first."""
+    session.disable_fallback()
+    if getattr(session, "_model_bytes", None) is not None:
+        session._model_bytes = None
+
+
 class OrtSessionRunner:
     """A callable ``list of arguments -> list of outputs`` over one ONNX Runtime session."""
 
@@ -132,6 +142,7 @@ class OrtSessionRunner:
                 providers=[(provider, options)],
                 disabled_optimizers=DISABLED_OPTIMIZERS,
             )
+            _release_model_bytes(self.session)
             ort_profile.track(self.session)
             self._input_names = [i.name for i in self.session.get_inputs()]
             self._output_names = [o.name for o in self.session.get_outputs()]
