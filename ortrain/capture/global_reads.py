@@ -28,6 +28,7 @@ a global only it read, went unseen.
 from __future__ import annotations
 
 import inspect
+import site
 import sys
 import sysconfig
 import types
@@ -352,13 +353,22 @@ def _global_read(
             todo.append(_function(value) or _function(getattr(type(value), "forward", None)))
     elif isinstance(value, types.ModuleType) and not _is_module_library(value):
         # ``settings.TEMPERATURE``, ``helpers.act(x)``, ``pkg.sub.SCALE``: the attributes of an
-        # imported module named in the same code, each read as a global of that module (until
-        # wave 41 only plain values were: a helper called as ``helpers.act(x)`` was not walked,
-        # and a global it read changed under the graph unseen).
+        # imported module named in the same code. Of the user's own modules (not installed ones)
+        # each is read as a global of that module, code included (until wave 41 only plain values
+        # were: a helper called as ``helpers.act(x)`` was not walked, and a global it read changed
+        # under the graph unseen); of an installed package, its plain values only (pytest's
+        # assertion rewriting names its helpers' module in every ``assert``, and their state
+        # changes at every call).
         module_namespace = vars(value)
+        own = _is_users_module(value)
         for attribute in names:
-            if attribute in module_namespace and not attribute.startswith("__"):
+            if attribute not in module_namespace or attribute.startswith("__"):
+                continue
+            if own:
                 yield from _global_read(module_namespace, attribute, names, todo, code_found, found)
+            elif is_watched(module_namespace[attribute]) and (id(module_namespace), attribute) not in found:
+                found.add((id(module_namespace), attribute))
+                yield f"global {value.__name__}.{attribute}", module_namespace, attribute
 
 
 def _closure_reads(
@@ -376,6 +386,18 @@ def _closure_reads(
         elif name in namespace and is_watched(value) and (id(cell), name) not in found:
             found.add((id(cell), name))
             yield f"closure variable {function.__qualname__}.{name}", namespace, name
+
+
+_INSTALLED = tuple(
+    {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
+    | set(getattr(site, "getsitepackages", list)())
+)
+
+
+def _is_users_module(module: types.ModuleType) -> bool:
+    """A module of the user's own (a file outside site-packages, or one made at run time)."""
+    path = getattr(module, "__file__", None) or ""
+    return not path.startswith(_INSTALLED)
 
 
 def _is_module_library(module: types.ModuleType) -> bool:
