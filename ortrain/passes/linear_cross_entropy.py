@@ -253,6 +253,11 @@ def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, *, sparse: bool, chunked
         b = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
         if value(x) is None or value(x).dtype != torch.float32 or value(w) is None or value(w).dim() != 2:
             continue
+        # Each row of logits one row of the head's input: a head of K x V outputs viewed as K rows
+        # of V classes (multi-token prediction) is not this loss (wave 41: fused, it trained on a
+        # softmax over K x V classes, loss 4.73 where eager gave 4.03).
+        if str(logits.shape[-1]) != str(value(w).shape[0]):
+            continue
         # The logits stay only where something besides this loss reads them (a returned output).
         loss_chain = {node, *views}
         others = [u for v in (linear, *views) for u in v.users if u not in loss_chain]
@@ -261,7 +266,8 @@ def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, *, sparse: bool, chunked
         gather_first = sparse and not others and not chunked_gathers
         with graph.inserting_before(node):
             if gather_first:  # the gather label sparsity writes, which the compute optimizer can move
-                rows = graph.call_function(aten.view.default, (x, [-1, value(x).shape[-1]]))
+                # A reshape: the head's input may be a transposed view (a sequence-first model).
+                rows = graph.call_function(aten.reshape.default, (x, [-1, value(x).shape[-1]]))
                 # the compute optimizer reads the selected tensor's shape off its meta
                 rows.meta["val"] = value(x).reshape(-1, value(x).shape[-1])
                 x, target = gather_counted_rows(graph, rows, target, ignore_index)
