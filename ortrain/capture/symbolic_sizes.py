@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Sequence
 
 import sympy
+import torch
 from torch.utils._sympy.functions import CeilDiv as SizeCeilDiv
 from torch.utils._sympy.functions import CeilToInt as SizeCeil
 from torch.utils._sympy.functions import FloorDiv as SizeFloorDiv
@@ -46,4 +47,7 @@ def size_function(symbols: Sequence[sympy.Symbol], exprs: Sequence[sympy.Expr]) 
     ]
     printer = PythonPrinter()
     body = ", ".join(f"int({printer.doprint(e)})" for e in renamed)
-    return eval(f"lambda {', '.join(names)}: [{body}]", {"math": math})
+    # The printer writes ``torch.sym_float(...)`` for a true division (``interpolate``'s
+    # ``scale_factor=0.5``: ``math.trunc(0.5*torch.sym_float(s0))``); until wave 41 the formula
+    # knew no ``torch``, and such a model fell back to PyTorch on its first new size.
+    return eval(f"lambda {', '.join(names)}: [{body}]", {"math": math, "torch": torch})

@@ -32,3 +32,13 @@ def test_size_functions_evaluate_floor_division_remainder_ceiling_and_max() -> N
             max(length, count) * 2 + 1,
             5,
         ]
+
+
+def test_a_size_scaled_by_a_float_evaluates() -> None:
+    """``interpolate(scale_factor=0.5)``'s output size, ``trunc(0.5 * float(s0))``: PyTorch prints
+    it with ``torch.sym_float``, which the formula's namespace lacked until wave 41 (NameError)."""
+    from torch.utils._sympy.functions import ToFloat, TruncToInt
+
+    t = sympy.Symbol("s0", integer=True, positive=True)
+    formula = size_function([t], [TruncToInt(sympy.Float(0.5) * ToFloat(t))])
+    assert [formula(n)[0] for n in (4, 7, 10)] == [2, 3, 5]
