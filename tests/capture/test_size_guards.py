@@ -43,3 +43,11 @@ def test_static_captures_assume_nothing_and_guards_survive_pickling(
     copy = pickle.loads(pickle.dumps(dynamic.size_guards))
     assert isinstance(copy, SizeGuards) and copy.code == dynamic.size_guards.code
     assert not copy([torch.randn(2, 20, 4)]) and copy([torch.randn(2, 10, 4)])
+
+
+def test_a_guard_that_divides_by_zero_for_an_input_does_not_hold_for_it() -> None:
+    """torch writes a guard's conditions in an order of its own: ``2 % (2 * (T // 3)) != 0`` came
+    before ``6 <= T``, and a T of 2 raised ZeroDivisionError out of the step (wave 41)."""
+    guards = SizeGuards("(2 % (2*(L['t0'].size()[1] // 3))) != 0 and 6 <= L['t0'].size()[1]")
+    assert guards([torch.zeros(2, 9, 4)])
+    assert not guards([torch.zeros(2, 2, 4)])
