@@ -105,3 +105,30 @@ def test_any_and_all_over_no_dimensions_reduce_nothing(monkeypatch: pytest.Monke
     expected.backward()
     assert torch.equal(got_keep, expected_keep) and got.item() == expected.item()
     torch.testing.assert_close(wrapped.module.w.grad, eager.w.grad)
+
+
+class _EmptySlice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        return h[:, : x.shape[1] // 3].sum(1).sum() + h.square().mean()
+
+
+def test_the_gradient_through_an_empty_slice_is_zero_as_in_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``h[:, :T // 3]`` for a T under 3 is empty; its backward expands a gradient of 1 row to 0 rows,
+    an ``Expand`` ONNX Runtime's ExpandElimination dropped, and the run failed (wave 41)."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    torch.manual_seed(0)
+    eager = _EmptySlice()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for length in (2, 6, 1):
+        x = torch.randn(2, length, 4)
+        got, expected = wrapped(x), eager(x)
+        got.backward()
+        expected.backward()
+        torch.testing.assert_close(got, expected)
+        for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(a.grad, b.grad)
