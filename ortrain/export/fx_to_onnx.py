@@ -25,6 +25,7 @@ import torch
 from torch.export import Dim
 
 from ortrain.capture.lazy_recompile import compile_now, deep_copy
+from ortrain.capture.memory_layouts import dense_dim_order, size_hint
 from ortrain.capture.number_inputs import numbers_as_tensors
 from ortrain.capture.size_carriers import carry_free_sizes
 from ortrain.capture.symbolic_sizes import (
@@ -38,7 +39,7 @@ from ortrain.capture.symbolic_sizes import (
     SizePythonMod,
     SizeTrueDiv,
 )
-from ortrain.capture.view_ops import RESHAPES
+from ortrain.capture.view_ops import RELAYOUTS, RESHAPES
 from ortrain.export import direct_translation
 from ortrain.export.double_precision_constants import numbers_as_operands, python_floats_as_double
 from ortrain.export.exporter_decompositions import lean_decomposition
@@ -72,7 +73,7 @@ class OutputSource:
 
     # "number": a number the graph computes from tensor values (``.item()``), returned by ONNX
     # as a 0-d tensor and handed back as the Python number the FX graph returns.
-    kind: Literal["onnx", "input", "same", "none", "size", "view", "output_size", "number"]
+    kind: Literal["onnx", "input", "same", "none", "size", "view", "strided", "output_size", "number"]
     index: int = -1  # onnx output / graph input / earlier output, by kind
     # For "size": a formula over input sizes and data-dependent sizes (``output_symbol_sources``).
     expr: sympy.Expr | None = None
@@ -82,6 +83,61 @@ class OutputSource:
     # For "output_size": a size known only once the graph ran (a data-dependent, "unbacked" size,
     # such as the number of rows a mask selects), read as dim ``dim`` of onnx output ``index``.
     dim: int = -1
+    # For "strided": a view of the output ``index`` (contiguous) with ``shape`` as sizes,
+    # ``strides`` and storage ``offset``, formulas over the input sizes (see _strided_view_base).
+    strides: tuple[sympy.Expr, ...] = ()
+    offset: sympy.Expr | None = None
+
+
+aten = torch.ops.aten
+
+# Ops whose result views their first argument's elements: reshapes, reorderings, selections.
+_STRIDED_VIEWS = RELAYOUTS | {
+    aten.select.int,
+    aten.slice.Tensor,
+    aten.narrow.default,
+    aten.diagonal.default,
+    aten.unfold.default,
+    aten.as_strided.default,
+}
+
+
+def _strided_view_base(
+    node: torch.fx.Node, contiguous: dict[torch.fx.Node, int], sources: dict[sympy.Symbol, tuple[int, int]]
+) -> tuple[int, tuple[sympy.Expr, ...], tuple[sympy.Expr, ...], sympy.Expr] | None:
+    """(the position of the contiguous output ``node`` views, its sizes, strides and storage offset)
+    for an output that selects from another output with sizes that change between calls
+    (``h, h[:, -1]``; ``h[:, : T // 2]``).
+
+    AOTAutograd remakes such an output from its base after every call. With fixed sizes it replays
+    the view; with symbolic ones it takes the base's elements at the strides and offset of the
+    tensor the graph returned for it. ONNX Runtime returns a contiguous copy, so the remade view
+    read the base at the copy's strides: ``h[:, -1]`` came back as ``h[:, 0]``-like rows of
+    other positions, with gradients to match (wave 41). Returned as the view itself, it is
+    eager's. The base must be contiguous at offset 0 in the trace, as ONNX Runtime returns it."""
+    base = node
+    while base.op == "call_function" and base.target in _STRIDED_VIEWS:
+        if not isinstance(base.args[0], torch.fx.Node):
+            return None
+        base = base.args[0]
+        if base in contiguous:
+            break
+    value, base_value = node.meta.get("val"), base.meta.get("val")
+    if base is node or base not in contiguous or not isinstance(value, torch.Tensor):
+        return None
+    if not isinstance(base_value, torch.Tensor):
+        return None
+    if dense_dim_order(base_value) != tuple(range(base_value.dim())):
+        return None
+    if size_hint(base_value.storage_offset()) != 0:
+        return None
+    sizes = tuple(_expr(v) for v in value.shape)
+    strides = tuple(_expr(v) for v in value.stride())
+    offset = _expr(value.storage_offset())
+    free = set().union(*(e.free_symbols for e in (*sizes, *strides, offset)))
+    if not free or not free <= sources.keys():
+        return None  # fixed: AOTAutograd replays the view itself
+    return contiguous[base], sizes, strides, offset
 
 
 def _reshape_base(node: torch.fx.Node, sources: dict[sympy.Symbol, tuple[int, int]]) -> torch.fx.Node | None:
@@ -304,6 +360,10 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
     onnx_index: dict[torch.fx.Node, int] = {}
     first_seen: dict[torch.fx.Node, int] = {}
     output_symbols: dict[sympy.Symbol, tuple[int, int]] = {}
+    # Outputs that come back contiguous (ONNX outputs and reshapes of them), by their first position,
+    # and the outputs that select from another tensor, which may be a view of one of them.
+    contiguous_outputs: dict[torch.fx.Node, int] = {}
+    selections: list[tuple[int, torch.fx.Node]] = []
 
     def onnx_output(node: torch.fx.Node) -> int:
         if node not in onnx_index:
@@ -354,8 +414,21 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
                 outputs.append(source)
             else:
                 outputs.append(OutputSource("view", index=onnx_output(base), shape=shape))
+                contiguous_outputs.setdefault(out, position)
+        elif out.op == "call_function" and out.target in _STRIDED_VIEWS:
+            outputs.append(OutputSource("none"))  # decided below, once every contiguous output is known
+            selections.append((position, out))
         else:
             outputs.append(OutputSource("onnx", index=onnx_output(out)))
+            contiguous_outputs.setdefault(out, position)
+    for position, out in selections:
+        strided = _strided_view_base(out, contiguous_outputs, sources)
+        if strided is None:
+            outputs[position] = OutputSource("onnx", index=onnx_output(out))
+        else:
+            index, sizes, strides, offset = strided
+            source = OutputSource("strided", index=index, shape=sizes, strides=strides, offset=offset)
+            outputs[position] = source
     output_node.args = (tuple(onnx_nodes),)
     for node in placeholders:
         if isinstance(node.meta.get("val"), torch.SymInt):

@@ -35,7 +35,7 @@ from ortrain.capture.size_carriers import carried
 from ortrain.capture.symbolic_sizes import size_function
 from ortrain.export.element_types import ONNX_ELEMENT_TYPES
 from ortrain.export.flash_attention_math import math_form_applies
-from ortrain.export.fx_to_onnx import ExportedGraph, ExportError
+from ortrain.export.fx_to_onnx import ExportedGraph, ExportError, OutputSource
 from ortrain.export.onnx_translations import fx_origins
 from ortrain.passes.pipeline import Pass, run_passes
 from ortrain.runtime import ort_profile
@@ -106,6 +106,16 @@ def session_options() -> ort.SessionOptions:
 DISABLED_OPTIMIZERS = ["ConstantFolding", "GatherSliceToSplitFusion", "ExpandElimination"]
 
 
+def _formulas(source: OutputSource) -> tuple[sympy.Expr, ...]:
+    """The size formulas of an output: a view's shape, a size, a strided view's sizes, strides
+    and storage offset."""
+    if source.kind == "size":
+        return (source.expr,)
+    if source.kind == "strided":
+        return (*source.shape, *source.strides, source.offset)
+    return source.shape
+
+
 def _release_model_bytes(session: ort.InferenceSession) -> None:
     """Drop the serialized model the Python session keeps to re-create itself on another provider
     after a failure (onnxruntime's own comment: "holding the memory indefinitely"; the tiny T5's
@@ -127,13 +137,11 @@ class OrtSessionRunner:
         self._device_type = "cuda" if device.type == "cuda" else "cpu"
         self._device_id = device.index or 0
         self._sizes = [
-            self._size_formula(s.shape if s.kind == "view" else (s.expr,))
-            if s.kind in ("view", "size")
-            else None
+            self._size_formula(_formulas(s)) if s.kind in ("view", "size", "strided") else None
             for s in exported.outputs
         ]
         self._needs_sizes = any(
-            s.kind == "size" or any(e.free_symbols for e in s.shape) for s in exported.outputs
+            s.kind == "size" or any(e.free_symbols for e in _formulas(s)) for s in exported.outputs
         )
         self.session: ort.InferenceSession | None = None
         self._random = False
@@ -204,13 +212,15 @@ class OrtSessionRunner:
         produced = self._run_session(args) if self.session is not None else []
         results: list[Any] = []
         values = self._symbol_values(args, produced) if self._needs_sizes else []
+        later: list[int] = []  # views of other outputs, and second names, once those are known
         for source, sizes in zip(self.exported.outputs, self._sizes, strict=True):
             if source.kind == "onnx":
                 results.append(produced[source.index])
             elif source.kind == "input":
                 results.append(args[source.index])
-            elif source.kind == "same":
-                results.append(results[source.index])
+            elif source.kind in ("same", "strided"):
+                later.append(len(results))
+                results.append(None)
             elif source.kind == "none":
                 results.append(None)
             elif source.kind == "output_size":
@@ -223,6 +233,15 @@ class OrtSessionRunner:
                 results.append(base.reshape(sizes(values)))  # type: ignore[misc]
             else:
                 results.append(sizes(values)[0])  # type: ignore[misc]
+        for position in sorted(later, key=lambda p: self.exported.outputs[p].kind == "same"):
+            source = self.exported.outputs[position]
+            if source.kind == "same":
+                results[position] = results[source.index]
+            else:  # "strided": a view of a contiguous output, with the trace's strides and offset
+                rank = len(source.shape)
+                geometry = self._sizes[position](values)  # type: ignore[misc]
+                base = results[source.index]
+                results[position] = base.as_strided(geometry[:rank], geometry[rank : 2 * rank], geometry[-1])
         return results
 
 
