@@ -46,6 +46,10 @@ def _same(a: sympy.Expr, b: sympy.Expr) -> bool:
     return sympy.simplify(a - b) == 0
 
 
+# A slice of more leading positions than this is a read of the sequence, not of a few tokens.
+_POSITIONS_READ_AT_MOST = 8
+
+
 class _CannotExpress(Exception):
     pass
 
@@ -173,15 +177,33 @@ class _Eliminator:
         return graph.call_function(aten.reshape.default, (kept, [-1]))
 
     def _note_read_position(self, node: torch.fx.Node) -> None:
-        """A select of one sequence position of a [batch, seq, features] tensor that is re-padded."""
-        if node.target is not aten.select.int or node.args[0] not in self.sparse:
+        """A select of one sequence position of a [batch, seq, features] tensor that is re-padded,
+        or a slice of a few leading positions (``h[:, :1]``, the same read written as a slice: until
+        wave 41 it read the re-padded zeros where a left-padded row has a pad)."""
+        if node.target not in (aten.select.int, aten.slice.Tensor) or node.args[0] not in self.sparse:
             return
         val = value(node.args[0])
-        dim, position = node.args[1], node.args[2]
-        if val is None or val.dim() != 3 or not isinstance(dim, int) or not isinstance(position, int):
+        dim = node.args[1] if len(node.args) > 1 else 0
+        if (
+            val is None
+            or val.dim() != 3
+            or not isinstance(dim, int)
+            or dim % 3 != 1
+            or not self.has_rows(val)
+        ):
             return
-        if dim % 3 == 1 and self.has_rows(val):
-            self.read_positions.append(position)
+        if node.target is aten.select.int:
+            if isinstance(node.args[2], int):
+                self.read_positions.append(node.args[2])
+            return
+        start = node.args[2] if len(node.args) > 2 else 0
+        end = node.args[3] if len(node.args) > 3 else None
+        step = node.args[4] if len(node.args) > 4 else 1
+        start = 0 if start is None else start
+        if isinstance(start, int) and isinstance(end, int) and isinstance(step, int) and 0 <= start < end:
+            positions = range(start, end, step)
+            if len(positions) <= _POSITIONS_READ_AT_MOST:
+                self.read_positions.extend(positions)
 
     def _make_sparse(self, node: torch.fx.Node) -> bool:
         positions = row_arguments(node, self.has_rows, leading_reshapes=True, broadcasts=self.broadcasts)

@@ -254,3 +254,32 @@ def test_model_without_sparsity_is_unchanged(monkeypatch: pytest.MonkeyPatch) ->
         assert entry.capture.forward_trace is None or entry.capture.forward_trace.changes == []
         codes.append((entry.capture.forward.graph.code, entry.capture.backward.graph.code))
     assert codes[0] == codes[1]
+
+
+class _FirstTokenClassifier(torch.nn.Module):
+    """Classifies a left-padded row on its first position, read as a slice (``x[:, :1]``)."""
+
+    def __init__(self, vocab: int = 50, width: int = 16) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(vocab, width, padding_idx=0)
+        self.position = torch.nn.Embedding(8, width)
+        self.hidden = torch.nn.Linear(width, width)
+        self.classifier = torch.nn.Linear(width, 3)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(ids) + self.position(torch.arange(ids.shape[1]))
+        first = torch.tanh(self.hidden(x))[:, :1].squeeze(1)
+        return torch.nn.functional.cross_entropy(self.classifier(first), labels)
+
+
+def test_padding_elimination_keeps_a_first_position_read_as_a_slice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``x[:, :1]`` reads what ``x[:, 0]`` reads: until wave 41 only the select kept it exact, and the
+    slice read the re-padded zeros of a left-padded row (loss 1.128 where eager gave 1.737)."""
+    _set_switches(monkeypatch, sparse=True, compute=True, embedding=True)
+    torch.manual_seed(0)
+    ids = torch.randint(1, 50, (2, 6), generator=torch.Generator().manual_seed(1))
+    ids[1, :3] = 0  # left padding
+    batches = [(ids, torch.tensor([0, 2]))] * 2
+    wrapped = _train_and_compare(_FirstTokenClassifier(), batches, lambda m, b: m(*b))
+    changes = _changes(wrapped)
+    assert any(c.startswith("padding elimination") and "position 0 kept" in c for c in changes), changes
