@@ -326,6 +326,15 @@ def _example_inputs(
         # In the captured layout: a view the graph takes of an input may rely on its strides (the
         # flash attention kernels' outputs are batch x seq x heads x dim in memory).
         if val.layout == torch.strided:
+            unknown = set().union(*(_expr(s).free_symbols for s in val.stride())) - values.keys()
+            if unknown:
+                # ``x.stride(0)`` read as a number by the forward of a dynamic capture: a size of
+                # its own, which no input's shape carries (ONNX Runtime's inputs have no strides).
+                raise ExportError(
+                    f"graph input {node.name} has strides {tuple(val.stride())} that no input size "
+                    "determines (the forward reads a stride of an input whose layout changes between "
+                    "calls); make the input contiguous before the call, or keep that part in PyTorch"
+                )
             strides = [int(_expr(s).subs(values)) for s in val.stride()]
             examples.append(torch.empty_strided(sizes, strides, dtype=val.dtype).zero_())
         else:

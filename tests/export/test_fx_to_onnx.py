@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import onnx
+import pytest
 import torch
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -203,3 +204,26 @@ def test_a_data_dependent_size_that_no_tensor_carries_is_computed_as_a_number() 
         total, pads = runner([x, keep])
         torch.testing.assert_close(total, x[keep].sum())
         assert pads == n - kept and type(pads) is int
+
+
+class _ScaledByItsStride(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * x.stride(0)
+
+
+def test_a_stride_no_size_determines_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dynamic capture of a forward that reads ``x.stride(0)`` of a strided input: the stride is
+    a size of its own that no input shape carries. Until wave 41 the export failed in sympy ("Cannot
+    convert symbols to int"), a message that named nothing."""
+    from ortrain import ORTModule
+    from ortrain.errors import ORTModuleONNXModelException
+
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    wrapped = ORTModule(_ScaledByItsStride())
+    wrapped(torch.randn(3, 8)[:, ::2])
+    with pytest.raises(ORTModuleONNXModelException, match=r"strides .* that no input size determines"):
+        wrapped(torch.randn(5, 8)[:, ::2])
