@@ -200,17 +200,17 @@ def _load(path: Path, name: str) -> Any:
     return module
 
 
-def test_user_code_change_misses(tmp_path: Path) -> None:
-    """Code the model calls lives in a file the model classes do not: every loaded file outside
-    site-packages is in the key."""
-    helper = tmp_path / "ortrain_test_helper.py"
-    model_file = tmp_path / "ortrain_test_model.py"
-    helper.write_text("def act(x):\n    return x.relu()\n")
+def _model_calling_a_helper(tmp_path: Path, name: str, helper_source: str) -> tuple[Any, nn.Module]:
+    """A helper module ``name`` written from ``helper_source``, and a Net whose forward calls its
+    ``act`` on a linear layer's output, from a file of its own: (the helper module, a Net)."""
+    helper = tmp_path / f"{name}.py"
+    model_file = tmp_path / f"{name}_model.py"
+    helper.write_text(helper_source)
     model_file.write_text(
         textwrap.dedent(
-            """
+            f"""
             import torch
-            import ortrain_test_helper
+            import {name} as helpers
 
             class Net(torch.nn.Module):
                 def __init__(self):
@@ -218,20 +218,26 @@ def test_user_code_change_misses(tmp_path: Path) -> None:
                     self.fc = torch.nn.Linear(8, 8)
 
                 def forward(self, x):
-                    return ortrain_test_helper.act(self.fc(x))
+                    return helpers.act(self.fc(x))
             """
         )
     )
+    return _load(helper, name), _load(model_file, f"{name}_model").Net()
+
+
+def test_user_code_change_misses(tmp_path: Path) -> None:
+    """Code the model calls lives in a file the model classes do not: every loaded file outside
+    site-packages is in the key."""
     try:
-        _load(helper, "ortrain_test_helper")
-        net = _load(model_file, "ortrain_test_model").Net()
+        relu = "def act(x):\n    return x.relu()\n"
+        _, net = _model_calling_a_helper(tmp_path, "ortrain_test_helper", relu)
         before = _key(net)
         assert before is not None and _key(net) == before
-        helper.write_text("def act(x):\n    return x.sigmoid()\n")
+        (tmp_path / "ortrain_test_helper.py").write_text("def act(x):\n    return x.sigmoid()\n")
         assert _key(net) != before
     finally:
         sys.modules.pop("ortrain_test_helper", None)
-        sys.modules.pop("ortrain_test_model", None)
+        sys.modules.pop("ortrain_test_helper_model", None)
 
 
 def test_model_without_source_file_is_not_cached() -> None:
@@ -428,32 +434,13 @@ def test_a_helper_called_through_its_module_is_keyed_with_what_it_reads(tmp_path
     """``helpers.act(x)``, where ``act`` reads a global of ``helpers`` set from a file at start-up:
     the function and its globals are followed through the module (until wave 41 only the module's
     plain values the forward named were)."""
-    helper = tmp_path / "ortrain_test_reads_helper.py"
-    model_file = tmp_path / "ortrain_test_reads_model.py"
-    helper.write_text("SLOPE = 0.5\n\ndef act(x):\n    return x * SLOPE\n")
-    model_file.write_text(
-        textwrap.dedent(
-            """
-            import torch
-            import ortrain_test_reads_helper as helpers
-
-            class Net(torch.nn.Module):
-                def __init__(self):
-                    super().__init__()
-                    self.fc = torch.nn.Linear(8, 8)
-
-                def forward(self, x):
-                    return helpers.act(self.fc(x))
-            """
-        )
-    )
+    source = "SLOPE = 0.5\n\ndef act(x):\n    return x * SLOPE\n"
     try:
-        helpers = _load(helper, "ortrain_test_reads_helper")
-        net = _load(model_file, "ortrain_test_reads_model").Net()
+        helpers, net = _model_calling_a_helper(tmp_path, "ortrain_test_reads_helper", source)
         before = _key(net)
         assert before is not None and _key(net) == before
         helpers.SLOPE = 0.9  # the file unchanged: a value computed at start-up
         assert _key(net) not in (None, before)
     finally:
         sys.modules.pop("ortrain_test_reads_helper", None)
-        sys.modules.pop("ortrain_test_reads_model", None)
+        sys.modules.pop("ortrain_test_reads_helper_model", None)
