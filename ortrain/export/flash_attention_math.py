@@ -107,9 +107,18 @@ def flash_attention_forward(
         raise ValueError("the CPU flash kernel has no dropout; the math form does not either")
     key, value = _grouped(key, query), _grouped(value, query)
     scores, _ = _scores(query, key, is_causal, attn_mask, scale)
-    logsumexp = torch.logsumexp(scores, dim=-1)
-    probabilities = _probabilities(scores, logsumexp, attn_mask is not None)
+    # Normalized by each row's sum, as the kernel's forward does, not as exp(scores - logsumexp):
+    # a row that a float mask hides whole with finfo.min (Hugging Face's convention) has scores of
+    # about -3.4e38, where adding log(n) to the log-sum-exp rounds away, and exp(scores - lse) gave
+    # every key the probability 1: the output was the sum of the values where eager averages them
+    # (wave 41). A row masked with -inf has the maximum -inf: 0 there, and an output of 0.
+    row_max = scores.amax(dim=-1)
+    row_max = torch.where(torch.isneginf(row_max), 0.0, row_max)  # selections over rows, not scores
+    weights = torch.exp(scores - row_max.unsqueeze(-1))
+    total = weights.sum(dim=-1)
+    probabilities = weights / torch.where(total == 0, 1.0, total).unsqueeze(-1)
     output = torch.matmul(probabilities, value.to(scores.dtype)).to(query.dtype)
+    logsumexp = torch.log(total) + row_max
     if attn_mask is not None:
         logsumexp = torch.where(torch.isneginf(logsumexp), 0.0, logsumexp)
     return output, logsumexp.to(torch.float32)

@@ -104,3 +104,23 @@ def test_no_math_form_is_never_exported() -> None:
     assert not math_form_applies(node)
     with pytest.raises(ExportError, match="has no math form here"):
         export_graph(graph, opset_version=18)
+
+
+def test_a_row_a_float_mask_hides_whole_with_the_smallest_float_averages_the_values() -> None:
+    """Hugging Face masks with ``finfo.min``, not ``-inf``: a padded query's row then has scores of
+    about -3.4e38, where ``exp(scores - logsumexp)`` made every probability 1 and the output the sum
+    of the values (wave 41); the kernel normalizes by the row's sum and averages them."""
+    q, k, v, _ = _inputs(4, 5, torch.float32, masked=False)
+    mask = torch.zeros(4, 5)
+    mask[1] = torch.finfo(torch.float32).min
+    mask[2, 3:] = torch.finfo(torch.float32).min
+    output, logsumexp = FLASH_FORWARD(q, k, v, 0.0, False, attn_mask=mask)
+    math_output, math_logsumexp = flash_attention_forward(q, k, v, 0.0, False, attn_mask=mask)
+    torch.testing.assert_close(math_output, output)
+    torch.testing.assert_close(math_output[:, :, 1], v.mean(dim=2))
+    torch.testing.assert_close(math_logsumexp, logsumexp)
+    grad_out = torch.randn(output.shape, generator=torch.Generator().manual_seed(1))
+    grads = FLASH_BACKWARD(grad_out, q, k, v, output, logsumexp, 0.0, False, attn_mask=mask)
+    math_grads = flash_attention_backward(grad_out, q, k, v, output, logsumexp, 0.0, False, attn_mask=mask)
+    for got, expected in zip(math_grads, grads, strict=True):
+        torch.testing.assert_close(got, expected)
