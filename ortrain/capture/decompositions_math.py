@@ -268,7 +268,13 @@ def _running_extreme(x: torch.Tensor, dim: int, largest: bool) -> tuple[torch.Te
     fill = torch.full_like(rows, -math.inf if largest else math.inf)
     masked = torch.where(keep, rows, fill)
     values = masked.amax(-1) if largest else masked.amin(-1)
-    hit = keep & (rows == values.unsqueeze(-1))
+    hit = rows == values.unsqueeze(-1)
+    if x.is_floating_point():
+        # Once a NaN is met the running extreme is NaN, at the last NaN so far (PyTorch's kernel);
+        # NaN equals nothing, so until wave 41 no position matched and the index was -1 (a
+        # backward scattering at it failed).
+        hit = hit | (torch.isnan(rows) & torch.isnan(values).unsqueeze(-1))
+    hit = keep & hit
     indices = torch.where(hit, position.expand(rows.shape), torch.full_like(position, -1)).amax(-1)
     return values.movedim(-1, dim), indices.movedim(-1, dim)
 

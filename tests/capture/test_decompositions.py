@@ -400,16 +400,20 @@ def test_nan_aware_extremes_copysign_and_running_extremes_match_native() -> None
         math_ops.copysign(torch.tensor([2, -3]), -1.5), torch.copysign(torch.tensor([2, -3]), -1.5)
     )
     ties = torch.tensor([[1.0, 3.0, 3.0, 2.0, 5.0, 5.0, 1.0], [0.0, -1.0, -1.0, 4.0, 4.0, -2.0, -2.0]])
-    for data in (ties, torch.randn(3, 5, 4)):
+    # NaN: the running extreme is NaN from the first one on, at the last NaN so far (wave 41: -1).
+    nans = torch.tensor(
+        [[1.0, math.nan, 3.0, math.nan, 0.5, 2.0, 1.0], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, math.nan]]
+    )
+    for data in (ties, nans, torch.randn(3, 5, 4)):
         for dim in range(data.dim()):
             for ours, native in ((math_ops.cummax, torch.cummax), (math_ops.cummin, torch.cummin)):
                 for got, want in zip(ours(data, dim), native(data, dim), strict=True):
-                    torch.testing.assert_close(got, want)
+                    torch.testing.assert_close(got, want, equal_nan=True)
         for got, want in zip(
             math_ops.aminmax(data, dim=1, keepdim=True), torch.aminmax(data, dim=1, keepdim=True), strict=True
         ):
-            torch.testing.assert_close(got, want)
-        torch.testing.assert_close(math_ops.median(data), torch.median(data))
+            torch.testing.assert_close(got, want, equal_nan=True)
+        torch.testing.assert_close(math_ops.median(data), torch.median(data), equal_nan=True)
     x = torch.randn(5, 6)
     for dim, keepdim in ((1, False), (0, True)):
         for got, want in zip(
