@@ -28,7 +28,7 @@ from typing import Any
 from onnxscript import rewriter
 from onnxscript.rewriter import _matcher
 
-from ortrain.export.exact_constant_patterns import with_exact_constants
+from ortrain.export.exact_constant_patterns import adds_zero, with_exact_constants
 
 
 def _filtered(rule: Any) -> Any:
@@ -59,7 +59,7 @@ def _filtered(rule: Any) -> Any:
 @functools.cache
 def _filtered_rules(rules: tuple[Any, ...]) -> tuple[Any, ...]:
     # and their constants matched exactly: see exact_constant_patterns
-    return tuple(_filtered(with_exact_constants(rule)) for rule in rules)
+    return tuple(_filtered(with_exact_constants(rule)) for rule in rules if not adds_zero(rule))
 
 
 @contextlib.contextmanager
