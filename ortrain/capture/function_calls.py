@@ -53,6 +53,9 @@ def _has_nested_tensor(value: Any) -> bool:
     return False
 
 
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
 def apply_as_python_op(cls: type[Function], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Record one call of ``cls`` and emit it as an ``ortrain::python_op`` node."""
     name = qualified_name(cls)
@@ -74,6 +77,11 @@ def apply_as_python_op(cls: type[Function], args: tuple[Any, ...], kwargs: dict[
         tensor_positions=positions,
         needs_grad=needs_grad,
         keep_ctx=torch.is_grad_enabled() and any(needs_grad),
+        autocast=tuple(
+            (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+            for device in _AUTOCAST_DEVICES
+            if torch.is_autocast_enabled(device)
+        ),
     )
     # Learn the outputs by running the forward on the traced tensors without recording it: its
     # code sees the same (functional, fake) tensors the model's code sees, closures included.

@@ -74,6 +74,18 @@ class FunctionCall:
     output_meta: list[tuple[torch.Size, torch.dtype, torch.device]] = field(default_factory=list)
     # Tensor inputs that need grad but whose gradient the Function's backward leaves as None.
     none_grads: frozenset[int] = frozenset()
+    # (device type, enabled, dtype) of the autocast regions the call was made in. The op's kernel
+    # runs below the dispatcher's autocast, so its forward would run in full precision where
+    # eager's runs in the region's (wave 41: a bf16 region's LSTM returned float32, an RNN's
+    # weight gradient 12 % off): it enters them again (:meth:`forward_precision`).
+    autocast: tuple[tuple[str, bool, torch.dtype], ...] = ()
+
+    def forward_precision(self) -> contextlib.ExitStack:
+        """The autocast regions the call was made in, entered again around the forward."""
+        stack = contextlib.ExitStack()
+        for device_type, enabled, dtype in self.autocast:
+            stack.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled))
+        return stack
 
     @property
     def func_name(self) -> str:
@@ -171,7 +183,7 @@ def _learn_outputs(call: FunctionCall, inputs: list[torch.Tensor]) -> None:
     args = call.bind(clones)
     ctx = RecordingCtx(call.needs_input_grad())
     cls = call.cls
-    with no_interception():
+    with no_interception(), call.forward_precision():
         if _is_setup_context_defined(cls.setup_context):
             result = cls.forward(*args, **call.kwargs)
             cls.setup_context(ctx, tuple(args), result)

@@ -67,10 +67,12 @@ def run_forward(call: FunctionCall, inputs: list[torch.Tensor]) -> list[torch.Te
         with torch.enable_grad():
             # mark_dirty needs a non-leaf to update in place; the clone also keeps the op functional.
             args = [leaf.clone() if i in dirty_inputs else leaf for i, leaf in enumerate(leaves)]
-            result = call.cls.apply(*call.bind(args), **call.kwargs)
+            with call.forward_precision():
+                result = call.cls.apply(*call.bind(args), **call.kwargs)
     else:
         args = [t.clone() if i in dirty_inputs else t for i, t in enumerate(inputs)]
-        result = call.cls.apply(*call.bind(args), **call.kwargs)
+        with call.forward_precision():
+            result = call.cls.apply(*call.bind(args), **call.kwargs)
     outputs = _tensor_outputs(call, result)
     # The graph around the op is functional: an output may not alias an input.
     returned = [o.detach().clone() if _shares_memory(o, inputs) else o.detach() for o in outputs]
