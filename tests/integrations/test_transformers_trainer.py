@@ -222,6 +222,25 @@ def test_ort_trainer_fused_adam_accumulation_checkpointing_eval_save_limit_resum
         torch.testing.assert_close(value, _params(resumed.model)[name], rtol=0, atol=0)
 
 
+def test_ort_trainer_wraps_what_model_init_makes_and_refuses_options_it_cannot_apply(tmp_path: Path) -> None:
+    """``model_init`` (the Trainer's path for hyperparameter search): until wave 41 the models it
+    made trained in eager PyTorch, without a word; ``debug_options`` with a model already wrapped
+    were dropped (no ONNX file was saved)."""
+    from ortrain import DebugOptions
+    from ortrain.transformers import ORTTrainer
+
+    train = token_dataset(16)
+    reference = Trainer(model_init=lambda: tiny_gpt2(), args=_args(tmp_path / "eager"), train_dataset=train)
+    reference.train()
+    trainer = ORTTrainer(model_init=lambda: tiny_gpt2(), args=_args(tmp_path / "ort"), train_dataset=train)
+    trainer.train()
+    assert isinstance(trainer.model, ORTModule) and trainer.model._ortrain_graphs
+    for a, b in zip(_losses(trainer), _losses(reference), strict=True):
+        assert abs(a - b) <= 1e-4 * abs(b)
+    with pytest.raises(ValueError, match=r"already wrapped: pass them to ORTModule\(model, debug_options\)"):
+        ORTTrainer(model=ORTModule(tiny_gpt2()), args=_args(tmp_path / "x"), debug_options=DebugOptions())
+
+
 def test_import_ortrain_does_not_import_transformers() -> None:
     import subprocess
     import sys
