@@ -23,6 +23,14 @@ def size_hint(value: object) -> int | None:
     return None
 
 
+def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two traced values are views of one storage (fake tensors included)."""
+    try:
+        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (a functional wrapper)
+        return False
+
+
 def dense_dim_order(value: object) -> tuple[int, ...] | None:
     """The dimensions of ``value`` from outermost to innermost in memory when its elements fill one
     block without gaps or overlaps (any order of dimensions); None when they do not, or when the

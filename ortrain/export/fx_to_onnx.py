@@ -25,7 +25,7 @@ import torch
 from torch.export import Dim
 
 from ortrain.capture.lazy_recompile import compile_now, deep_copy
-from ortrain.capture.memory_layouts import dense_dim_order, size_hint
+from ortrain.capture.memory_layouts import dense_dim_order, shares_storage, size_hint
 from ortrain.capture.number_inputs import numbers_as_tensors
 from ortrain.capture.size_carriers import carry_free_sizes
 from ortrain.capture.symbolic_sizes import (
@@ -129,8 +129,8 @@ def _strided_view_base(
         return None
     if dense_dim_order(base_value) != tuple(range(base_value.dim())):
         return None
-    if size_hint(base_value.storage_offset()) != 0:
-        return None
+    if size_hint(base_value.storage_offset()) != 0 or not shares_storage(value, base_value):
+        return None  # (a reshape along the chain may have copied a non-contiguous input)
     sizes = tuple(_expr(v) for v in value.shape)
     strides = tuple(_expr(v) for v in value.stride())
     offset = _expr(value.storage_offset())
@@ -138,6 +138,18 @@ def _strided_view_base(
     if not free or not free <= sources.keys():
         return None  # fixed: AOTAutograd replays the view itself
     return contiguous[base], sizes, strides, offset
+
+
+def _selects(node: torch.fx.Node) -> bool:
+    """Whether ``node`` views its input through a chain holding more than reshapes (``h[:, -1]``,
+    ``h[:, -1:].squeeze(1)``, a transpose): a candidate for :func:`_strided_view_base`."""
+    while node.op == "call_function" and node.target in _STRIDED_VIEWS:
+        if node.target not in RESHAPES:
+            return True
+        if not isinstance(node.args[0], torch.fx.Node):
+            return False
+        node = node.args[0]
+    return False
 
 
 def _reshape_base(node: torch.fx.Node, sources: dict[sympy.Symbol, tuple[int, int]]) -> torch.fx.Node | None:
@@ -372,7 +384,7 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
     # Outputs that come back contiguous (ONNX outputs and reshapes of them), by their first position,
     # and the outputs that select from another tensor, which may be a view of one of them.
     contiguous_outputs: dict[torch.fx.Node, int] = {}
-    selections: list[tuple[int, torch.fx.Node]] = []
+    selections: list[tuple[int, torch.fx.Node, torch.fx.Node | None]] = []
 
     def onnx_output(node: torch.fx.Node) -> int:
         if node not in onnx_index:
@@ -414,26 +426,28 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
             continue
         first_seen[out] = position
         base = _reshape_base(out, sources)
-        if out.op == "placeholder":
-            outputs.append(OutputSource("input", index=sources_by_node[out]))
-        elif base is not None:
+
+        def reshaped_or_own(out: torch.fx.Node, base: torch.fx.Node | None, position: int) -> OutputSource:
+            if base is None:
+                contiguous_outputs.setdefault(out, position)
+                return OutputSource("onnx", index=onnx_output(out))
             shape = tuple(_expr(size) for size in out.meta["val"].shape)
             if base.op == "placeholder":
-                source = OutputSource("view", index=sources_by_node[base], from_input=True, shape=shape)
-                outputs.append(source)
-            else:
-                outputs.append(OutputSource("view", index=onnx_output(base), shape=shape))
-                contiguous_outputs.setdefault(out, position)
-        elif out.op == "call_function" and out.target in _STRIDED_VIEWS:
-            outputs.append(OutputSource("none"))  # decided below, once every contiguous output is known
-            selections.append((position, out))
-        else:
-            outputs.append(OutputSource("onnx", index=onnx_output(out)))
+                return OutputSource("view", index=sources_by_node[base], from_input=True, shape=shape)
             contiguous_outputs.setdefault(out, position)
-    for position, out in selections:
+            return OutputSource("view", index=onnx_output(base), shape=shape)
+
+        if out.op == "placeholder":
+            outputs.append(OutputSource("input", index=sources_by_node[out]))
+        elif _selects(out):
+            outputs.append(OutputSource("none"))  # decided below, once every contiguous output is known
+            selections.append((position, out, base))
+        else:
+            outputs.append(reshaped_or_own(out, base, position))
+    for position, out, base in selections:
         strided = _strided_view_base(out, contiguous_outputs, sources)
         if strided is None:
-            outputs[position] = OutputSource("onnx", index=onnx_output(out))
+            outputs[position] = reshaped_or_own(out, base, position)
         else:
             index, sizes, strides, offset = strided
             source = OutputSource("strided", index=index, shape=sizes, strides=strides, offset=offset)

@@ -89,6 +89,7 @@ _SELECTIONS = {
     "before-its-base": lambda h: (h[:, -1], h),
     "two-slices-of-an-intermediate": lambda h: (h[:, 1:], h[:, :1]),
     "transpose-and-slice": lambda h: (h.transpose(0, 1), h[:, 1:]),
+    "last-position-squeezed": lambda h: (h, h[:, -1:].squeeze(1)),  # a reshape after the selection
 }
 
 
