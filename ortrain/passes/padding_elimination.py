@@ -48,6 +48,7 @@ def _same(a: sympy.Expr, b: sympy.Expr) -> bool:
 
 # A slice of more leading positions than this is a read of the sequence, not of a few tokens.
 _POSITIONS_READ_AT_MOST = 8
+_TO_THE_END = 2**62  # a slice's end at or past this is "to the end" (PyTorch writes 2**63 - 1)
 
 
 class _CannotExpress(Exception):
@@ -178,8 +179,8 @@ class _Eliminator:
 
     def _note_read_position(self, node: torch.fx.Node) -> None:
         """A select of one sequence position of a [batch, seq, features] tensor that is re-padded,
-        or a slice of a few leading positions (``h[:, :1]``, the same read written as a slice: until
-        wave 41 it read the re-padded zeros where a left-padded row has a pad)."""
+        or a slice of a few leading or trailing positions (``h[:, :1]``, ``h[:, -1:]``: the same reads
+        written as slices; until wave 41 they read the re-padded zeros where a row has a pad)."""
         if node.target not in (aten.select.int, aten.slice.Tensor) or node.args[0] not in self.sparse:
             return
         val = value(node.args[0])
@@ -200,10 +201,13 @@ class _Eliminator:
         end = node.args[3] if len(node.args) > 3 else None
         step = node.args[4] if len(node.args) > 4 else 1
         start = 0 if start is None else start
-        if isinstance(start, int) and isinstance(end, int) and isinstance(step, int) and 0 <= start < end:
-            positions = range(start, end, step)
-            if len(positions) <= _POSITIONS_READ_AT_MOST:
-                self.read_positions.extend(positions)
+        if not (isinstance(start, int) and isinstance(end, int) and isinstance(step, int)):
+            return
+        if start < 0 and end >= _TO_THE_END:  # ``h[:, -1:]``: the last positions, counted from the end
+            end = 0
+        positions = range(start, end, step)
+        if (start >= 0 or end <= 0) and 0 < len(positions) <= _POSITIONS_READ_AT_MOST:
+            self.read_positions.extend(positions)
 
     def _make_sparse(self, node: torch.fx.Node) -> bool:
         positions = row_arguments(node, self.has_rows, leading_reshapes=True, broadcasts=self.broadcasts)
