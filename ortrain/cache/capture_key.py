@@ -63,7 +63,8 @@ from ortrain.capture.global_reads import (
     function_reads,
     methods_called_from_outside,
 )
-from ortrain.capture.plain_values import is_other_number, plain_form, python_attributes
+from ortrain.capture.held_objects import is_held_object
+from ortrain.capture.plain_values import is_config_type, is_other_number, plain_form, python_attributes
 from ortrain.capture.tensor_attributes import tensor_attributes
 
 logger = logging.getLogger("ortrain.cache")
@@ -163,6 +164,20 @@ def _is_code(value: Any) -> bool:
     )
 
 
+def _is_class_state(value: Any) -> bool:
+    """What the guards watch on a class (``ortrain.ortmodule.guards``): plain values, containers,
+    configuration objects and objects of the user's. A logger or a lock on the class is neither, and
+    would make every such model uncacheable (wave 41's review)."""
+    if _is_code(value):
+        return False
+    return (
+        isinstance(value, (*_PLAIN, tuple, list, dict, set, frozenset))
+        or is_other_number(type(value))
+        or is_config_type(type(value))
+        or is_held_object(value)
+    )
+
+
 def _class_attributes(cls: type, depth: int = 0) -> dict[str, Any]:
     """The values set on a module's or a held object's own classes (``Net.SCALE = cfg["scale"]``
     at start-up, ``Net.CFG = SimpleNamespace(...)``): the forward reads them as it reads the
@@ -176,7 +191,7 @@ def _class_attributes(cls: type, depth: int = 0) -> dict[str, Any]:
             continue
         for name, value in vars(klass).items():
             # ``_abc_impl``: the ABC machinery's registry of every ``abc.ABC`` subclass.
-            if not name.startswith("__") and name != "_abc_impl" and not _is_code(value):
+            if not name.startswith("__") and name != "_abc_impl" and _is_class_state(value):
                 found[name] = value
     return {name: describe(value, depth + 1) for name, value in sorted(found.items())}
 

@@ -444,3 +444,22 @@ def test_a_helper_called_through_its_module_is_keyed_with_what_it_reads(tmp_path
     finally:
         sys.modules.pop("ortrain_test_reads_helper", None)
         sys.modules.pop("ortrain_test_reads_helper_model", None)
+
+
+class _WithALoggerOnTheClass(nn.Module):
+    log = __import__("logging").getLogger("ortrain_test_model")  # not state a forward computes with
+    lock = __import__("threading").Lock()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def test_a_logger_or_lock_on_the_class_leaves_the_model_cacheable() -> None:
+    """Wave 41 keyed every value on a model's classes; a class-level logger or lock then made the
+    key undescribable, and such a model silently lost its capture cache."""
+    reference = _key(_WithALoggerOnTheClass())
+    assert reference is not None and _key(_WithALoggerOnTheClass()) == reference
