@@ -479,7 +479,8 @@ def truth_over_no_dimensions(input: torch.Tensor, dim: Any = None, keepdim: bool
     (a broadcast against it trained silently, a returned one failed on its rank; wave 41)."""
     if dim is None or len(dim) != 0 or input.dim() == 0:
         return NotImplemented
-    return input.to(torch.bool) if input.dtype == torch.bool else input != 0
+    truth = input.clone() if input.dtype == torch.bool else input != 0
+    return truth.to(torch.uint8) if input.dtype == torch.uint8 else truth  # uint8 in, uint8 out
 
 
 def mean_of_nothing(

@@ -647,3 +647,16 @@ def test_weight_norm_backward_matches_native(shape: tuple[int, ...], dim: int) -
     got = math_ops.weight_norm_interface_backward(grad_w, v, g, norms, dim)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_truth_over_no_dimensions_keeps_pytorchs_dtypes() -> None:
+    """``any``/``all`` with ``dim=()``: each element's truth, bool, or uint8 for a uint8 input."""
+    for x in (
+        torch.tensor([[0, 2], [1, 0]], dtype=torch.uint8),
+        torch.tensor([[True, False]]),
+        torch.tensor([[0.0, -0.5]]),
+        torch.tensor([[0, 3]]),
+    ):
+        for op in (torch.any, torch.all):
+            got, expected = math_ops.truth_over_no_dimensions(x, ()), op(x, dim=())
+            assert got.dtype == expected.dtype and torch.equal(got, expected)
