@@ -391,6 +391,7 @@ def _closure_reads(
 _INSTALLED = tuple(
     {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
     | set(getattr(site, "getsitepackages", list)())
+    | {site.getusersitepackages()}  # ``pip install --user``
 )
 
 

@@ -163,9 +163,6 @@ class MixedPrecisionOptimizer:
         """Refuse a low-precision parameter added to the wrapped optimizer behind the wrapper's back:
         it would be stepped on the scaled gradients, without a master or an overflow check (wave 41:
         a bf16 weight moved by 11.5 where 0.011 was due)."""
-        known = len(self.master_params) + len(self.fp32_params)
-        if sum(len(group["params"]) for group in self.optimizer.param_groups) == known:
-            return
         ours = {id(p) for p in self.master_params + self.fp32_params}
         for group in self.optimizer.param_groups:
             for p in group["params"]:
