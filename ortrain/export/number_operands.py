@@ -35,10 +35,39 @@ _PAIRED_OPERANDS: dict[Any, tuple[int, int]] = {
 }  # fmt: skip
 
 
+def _size_as_tensor_operand(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """``x % n`` with ``n`` a size of the call (``i % x.shape[0]``, a ``.Scalar`` overload whose
+    number is a symbolic size): the ``.Tensor`` overload on a 0-d tensor of it, which torchlib
+    translates (its ``.Scalar`` translation makes a constant of the number, and failed on a size
+    known only at run time: wave 41, the region then ran in PyTorch)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    packet = node.target.overloadpacket
+    if node.target._overloadname != "Scalar" or packet not in _PAIRED_OPERANDS or len(node.args) != 2:
+        return False
+    tensor, number = node.args
+    tensor_overload = getattr(packet, "Tensor", None)
+    value = tensor.meta.get("val") if isinstance(tensor, torch.fx.Node) else None
+    size = number.meta.get("val") if isinstance(number, torch.fx.Node) else None
+    if tensor_overload is None or not isinstance(value, torch.Tensor) or not isinstance(size, torch.SymInt):
+        return False
+    dtype = torch.result_type(torch.empty((1,) * min(value.dim(), 1), dtype=value.dtype), 1)
+    with gm.graph.inserting_before(node):
+        operand = gm.graph.call_function(_aten.scalar_tensor.default, (number,), {"dtype": dtype})
+    with value.fake_mode if hasattr(value, "fake_mode") else contextlib.nullcontext():
+        operand.meta["val"] = torch.scalar_tensor(size, dtype=dtype, device=value.device)
+    node.target = tensor_overload
+    node.args = (tensor, operand)
+    return True
+
+
 def tensors_for_number_operands(gm: torch.fx.GraphModule) -> int:
     """Replace the numbers held in tensor operands of ``gm``'s elementwise calls; returns how many."""
     replaced = 0
     for node in list(gm.graph.nodes):
+        if _size_as_tensor_operand(gm, node):
+            replaced += 1
+            continue
         found = _number_operand(node)
         if found is None:
             continue

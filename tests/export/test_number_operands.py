@@ -76,3 +76,28 @@ def test_a_model_with_numbers_first_trains_in_onnxruntime(monkeypatch: pytest.Mo
     (entry,) = [e for entries in wrapped._ortrain_graphs.values() for e in entries]
     for runner in (entry.capture.forward.runner, entry.capture.backward.runner):
         assert "torch" not in runner.plan.nodes_by_executor()
+
+
+class _ByItsLength(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        return x * self.w * (i % n).float()[:, None] + (i // n).float()[:, None]
+
+
+def test_an_integer_remainder_by_a_size_that_changes_runs_in_onnx_runtime(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``i % x.shape[0]`` once the length is symbolic: torchlib's ``remainder.Scalar`` made a
+    constant of the size and the export failed (wave 41: that region ran in PyTorch, or raised under
+    ``FALLBACK_DISABLE``); as ``remainder.Tensor`` of a 0-d tensor it exports, with Python's signs."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    eager = _ByItsLength()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for length in (4, 5, 7):
+        x, i = torch.randn(length, 4), torch.arange(length) * 3 - 11
+        expected, got = eager(x, i), wrapped(x, i)
+        assert torch.equal(got, expected)
