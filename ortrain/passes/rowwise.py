@@ -77,6 +77,8 @@ _RESHAPES = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 def expr(size: Any) -> sympy.Expr:
     if isinstance(size, torch.SymInt):
         return sympy.sympify(size.node.expr)
+    if isinstance(size, sympy.Basic):  # already a formula (a size the pass computed)
+        return size
     return sympy.Integer(int(size))
 
 

@@ -286,8 +286,14 @@ def test_padding_elimination_keeps_an_end_position_read_as_a_slice(
     ids = torch.randint(1, 50, (2, 6), generator=torch.Generator().manual_seed(1))
     ids[1, 3:] = 0 if last else ids[1, 3:]
     ids[1, :3] = ids[1, :3] if last else 0
-    batches = [(ids, torch.tensor([0, 2]))] * 2
+    # Shorter batches last: a capture with a symbolic length failed in the pass until wave 41
+    # ("Cannot convert symbols to int"), and the model trained in PyTorch from then on.
+    shorter = (ids[:, 1:5], ids[:, :3]) if last else (ids[:, :4], ids[:, 1:4])
+    batches = [(ids, torch.tensor([0, 2]))] * 2 + [(b, torch.tensor([1, 0])) for b in shorter]
     wrapped = _train_and_compare(_EndTokenClassifier(last), batches, lambda m, b: m(*b))
-    changes = _changes(wrapped)
+    entries = [e for group in wrapped._ortrain_graphs.values() for e in group]
+    assert len(entries) >= 2  # the first length's capture, and symbolic ones
     kept = "position -1 kept" if last else "position 0 kept"
-    assert any(c.startswith("padding elimination") and kept in c for c in changes), changes
+    for entry in entries:
+        changes = entry.capture.forward_trace.changes
+        assert any(c.startswith("padding elimination") and kept in c for c in changes), changes
