@@ -224,6 +224,34 @@ def test_group_size_not_multiple_of_world_size_keeps_chunks_inside_groups():
     assert sorted(plan[-2:].ravel().tolist()) == [28, 29, 58, 59, 88, 89, 118, 119]
 
 
+def test_group_leftovers_are_shuffled_among_the_groups_chunks():
+    """The samples left over in each group are its largest: until wave 41 their chunks came last,
+    in ascending order, the same every epoch (with group_size under world_size every sample was a
+    leftover, and shuffling did nothing)."""
+    lengths = long_tailed_lengths(4096)
+    for group_size, world_size in ((100, 64), (32, 64)):
+        sampler = LoadBalancingDistributedSampler(
+            lengths, identity, world_size=world_size, rank=0, group_size=group_size
+        )
+        plans = [sampler.plan(epoch) for epoch in (0, 1)]
+        assert not np.array_equal(plans[0], plans[1])
+        for plan in plans:
+            step_max = [max(lengths[i] for i in row.tolist()) for row in plan]
+            assert step_max != sorted(step_max)  # not a run sorted by length
+            third = len(step_max) // 3
+            assert np.mean(step_max[-third:]) < 1.5 * np.mean(step_max[:third])  # no heavy tail
+            assert sorted(plan.ravel().tolist()) == sorted(range(len(lengths)))  # each sample once
+
+
+def test_settings_changed_after_an_epoch_are_read():
+    """``sampler.seed = 1`` after an iteration: the next plan is seed 1's, as torch's sampler."""
+    sampler = LoadBalancingDistributedSampler(list(range(40)), identity, world_size=2, rank=0, seed=0)
+    list(sampler)
+    sampler.seed = 123
+    fresh = LoadBalancingDistributedSampler(list(range(40)), identity, world_size=2, rank=0, seed=123)
+    assert list(sampler) == list(fresh)
+
+
 def test_same_epoch_same_order_new_epoch_new_order_and_reiteration_works():
     sampler = LoadBalancingDistributedSampler(long_tailed_lengths(300), identity, world_size=2, rank=1)
     first = list(sampler)

@@ -42,9 +42,11 @@ class LoadBalancingDistributedSampler:
        towards uniform noise (1: an order unrelated to complexity), see below.
     3. **Chunk.** The sorted order is cut into chunks of ``world_size`` consecutive, hence
        similar, samples: one step's worth over all ranks. In group mode chunks never straddle two
-       groups; the few samples left over at the end of each group (when ``group_size`` is not a
-       multiple of ``world_size``) are pooled, sorted and chunked after the last group. A last
-       partial chunk is filled by repeating its own samples, which keeps it balanced.
+       groups; the samples left over at the end of each group (each group's largest ones, when
+       ``group_size`` is not a multiple of ``world_size``: up to ``world_size - 1`` a group) are
+       pooled, sorted and chunked, and with ``shuffle`` those chunks go to random places among
+       the groups' chunks. A last partial chunk is filled by repeating its own samples, which
+       keeps it balanced (unlike torch's ``DistributedSampler``, which repeats random samples).
     4. **Shuffle.** Without ``group_size`` the chunk order is shuffled (with ``shuffle``), which
        randomises the sequence while keeping each step balanced. With ``group_size`` the chunks
        keep their sorted order inside a group, so consecutive samples on a rank have similar
@@ -139,7 +141,7 @@ class LoadBalancingDistributedSampler:
         # with noise; equal complexities get equal keys so their order stays that of the shuffle.
         sorted_complexities = np.sort(self._complexities)
         self._quantiles = np.searchsorted(sorted_complexities, self._complexities, side="left") / max(n, 1)
-        self._plan_cache: tuple[int, np.ndarray] | None = None
+        self._plan_cache: tuple[tuple[Any, ...], np.ndarray] | None = None
         logger.debug(
             "LoadBalancingDistributedSampler: %d samples, world_size=%d, rank=%d, %d samples per rank",
             n,
@@ -166,8 +168,11 @@ class LoadBalancingDistributedSampler:
         ``r`` is rank ``r``'s sample at that step. Every rank computes the same plan.
         """
         epoch = self.epoch if epoch is None else epoch
-        if self._plan_cache is None or self._plan_cache[0] != epoch:
-            self._plan_cache = (epoch, self._compute_plan(epoch))
+        # Keyed on the public settings too: ``sampler.seed = ...`` after an epoch is read, as torch's
+        # DistributedSampler reads it at every iteration.
+        key = (epoch, self.seed, self.shuffle, self.random_level)
+        if self._plan_cache is None or self._plan_cache[0] != key:
+            self._plan_cache = (key, self._compute_plan(epoch))
         return self._plan_cache[1]
 
     def __iter__(self) -> Iterator[int]:
@@ -198,7 +203,7 @@ class LoadBalancingDistributedSampler:
             if self.shuffle:
                 chunks = chunks[rng.permutation(len(chunks))]
         else:
-            chunks = self._chunk_groups(order, keys)
+            chunks = self._chunk_groups(order, keys, rng)
 
         # Snake dealing: odd chunks are dealt in reverse so the largest sample of a chunk does
         # not always land on the last rank.
@@ -218,7 +223,7 @@ class LoadBalancingDistributedSampler:
             order = np.concatenate([order[:full], np.resize(order[full:], ws)])
         return order.reshape(-1, ws)
 
-    def _chunk_groups(self, order: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    def _chunk_groups(self, order: np.ndarray, keys: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         ws = self.world_size
         gs = self.group_size
         assert gs is not None
@@ -234,4 +239,16 @@ class LoadBalancingDistributedSampler:
         group_len = np.minimum(gs, m - group_ids * gs)
         kept = position < group_len - group_len % ws
         leftovers = order[~kept][np.argsort(keys[~kept], kind="stable")]
-        return self._chunk(np.concatenate([order[kept], leftovers]))
+        grouped, pooled = order[kept].reshape(-1, ws), self._chunk(leftovers)
+        if not self.shuffle or not len(pooled):
+            return np.concatenate([grouped, pooled])
+        # The pooled chunks hold each group's largest samples: at random places among the groups'
+        # chunks, not all at the end in ascending order, the same every epoch (wave 41: with
+        # group_size under world_size every sample was pooled, and shuffling did nothing).
+        pooled = pooled[rng.permutation(len(pooled))]
+        total = len(grouped) + len(pooled)
+        at = np.zeros(total, dtype=bool)
+        at[rng.choice(total, size=len(pooled), replace=False)] = True
+        chunks = np.empty((total, ws), dtype=order.dtype)
+        chunks[at], chunks[~at] = pooled, grouped
+        return chunks
