@@ -218,6 +218,15 @@ def runtime_options() -> RuntimeOptions:
             raise ValueError(
                 f"ORTMODULE_ONNX_OPSET_VERSION={opset} is too old; ortrain exports opset 18 or newer"
             )
+        import onnx  # here, not at import: only a process that sets the variable pays for it
+
+        newest = onnx.defs.onnx_opset_version()
+        if opset > newest:
+            # Until wave 41 such a request was dropped by the version conversion, without a word.
+            raise ValueError(
+                f"ORTMODULE_ONNX_OPSET_VERSION={opset} is newer than the installed onnx knows "
+                f"(opset {newest}); use an opset from 18 to {newest}"
+            )
     else:
         opset = DEFAULT_OPSET
     policy_raw = os.environ.get("ORTMODULE_FALLBACK_POLICY")

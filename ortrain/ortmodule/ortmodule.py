@@ -272,7 +272,6 @@ class ORTModule(nn.Module):
         super().__init__()
         debug = debug_options or DebugOptions()
         options = runtime_options()
-        announce_inactive_options(options)
         object.__setattr__(self, "_ortrain_module", module)
         object.__setattr__(self, "_ortrain_debug", debug)
         object.__setattr__(self, "_ortrain_options", options)
@@ -287,6 +286,9 @@ class ORTModule(nn.Module):
             python_log_level(debug.log_level),
             inspector_prints=options.print_input_density or options.print_memory_stats,
         )
+        # After the log output is set up: ORTMODULE_LOG_LEVEL filters these lines too (wave 41:
+        # they went to Python's last-resort handler, unprefixed, at any level).
+        announce_inactive_options(options)
         reuse_freed_memory(options.reuse_freed_memory, user_malloc_setting())
         register_hf_cache_types()
         self.training = module.training

@@ -149,3 +149,23 @@ def test_skipped_autograd_functions_are_traced_inline_by_fully_qualified_name(tm
     ops = [n for n in graph.node if n.op_type == "PythonOp"]
     names = [onnx.helper.get_attribute_value(n.attribute[0]).decode() for n in ops]
     assert names == ["_functions_b.Gelu"]
+
+
+def test_what_cannot_act_here_is_said_at_the_log_level() -> None:
+    """``ORTMODULE_LOG_LEVEL=ERROR`` silences the "no effect" warnings too; until wave 41 they were
+    printed before ortrain's log output was set up, by Python's last-resort handler, at any level
+    (a fresh process: pytest's own log handlers hide that handler)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from torch import nn; from ortrain import ORTModule; ORTModule(nn.Linear(2, 2))"
+    env = {
+        **os.environ,
+        "ORTMODULE_USE_TRITON": "1",
+        "ORTMODULE_LOG_LEVEL": "ERROR",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ORTMODULE_USE_TRITON" not in done.stderr
