@@ -51,6 +51,10 @@ def _cache(args: argparse.Namespace) -> int:
     if directory is None:
         print("no cache directory: set ORTMODULE_CACHE_DIR or pass --dir", file=sys.stderr)
         return 2
+    if not directory.is_dir():
+        # A mistyped path said "0 entries" and succeeded until wave 41.
+        print(f"{directory} is not a directory: no cache there", file=sys.stderr)
+        return 2
     lines = clear_cache(directory) if args.action == "clear" else list_cache(directory)
     print("\n".join(lines))
     return 0
@@ -85,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     cache.add_argument("action", choices=("list", "clear"))
     cache.add_argument("--dir", help="the cache directory (default: ORTMODULE_CACHE_DIR)")
     args = parser.parse_args(argv)
+    for name in ("steps", "repeats"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:  # a statistics traceback until wave 41
+            parser.error(f"--{name} must be at least 1")
+    if args.command == "bench" and args.models is not None and not args.models.strip(","):
+        parser.error("--models is empty: name at least one model")
     if args.command == "cache":
         return _cache(args)
     if args.command == "doctor":

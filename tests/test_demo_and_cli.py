@@ -16,3 +16,19 @@ def test_demo_trains_the_loss_down_and_reports_both_step_times() -> None:
     assert result.last_loss < result.first_loss - 0.3
     assert result.ort_step_ms > 0 and result.eager_step_ms > 0
     assert any("ortrain/eager" in line for line in lines)
+
+
+def test_the_command_refuses_what_it_cannot_run(tmp_path, capsys) -> None:
+    """Wave 41: a mistyped cache directory listed "0 entries" and succeeded, and ``--steps 0`` or
+    ``--repeats 0`` ended in a statistics traceback."""
+    import pytest
+
+    from ortrain.cli import main
+
+    assert main(["cache", "list", "--dir", str(tmp_path / "missing")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    for argv in (["bench", "--steps", "0"], ["bench", "--repeats", "0"], ["demo", "--steps", "-1"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        assert "must be at least 1" in capsys.readouterr().err
