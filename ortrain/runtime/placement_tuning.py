@@ -427,6 +427,6 @@ class TunedRunner:
                     measured_ms=self.report,
                 )
             except OSError as error:  # the choice stands for this run; a later one tunes again
-                logger.warning(
-                    "could not record the tuning choice in %s: %s", self._settings.results_path, error
+                tuning_results.warn_once(
+                    self._settings.results_path, "could not record the tuning choice in %s: %s", error
                 )

@@ -59,31 +59,53 @@ def tuning_key(digest: str, candidates: list[str]) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
+# Each file's trouble is said once a process: it was read and written at every graph's race, and
+# a cache directory that was a regular file gave seven warnings (wave 41).
+_warned: set[str] = set()
+
+
+def warn_once(file: Path, message: str, *args: Any) -> None:
+    """``message`` (``%s`` first: the file) at WARNING, once a process for each file."""
+    if str(file) not in _warned:
+        _warned.add(str(file))
+        logger.warning(message, file, *args)
+
+
+class _Unusable(Exception):
+    """A results file that exists but is not one ortrain can read: left as it is."""
+
+
 def _read(file: Path) -> dict[str, Any]:
     try:
         payload = json.loads(file.read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as error:
-        logger.warning("ignoring the unreadable tuning results file %s (%s); tuning again", file, error)
-        return {}
+        warn_once(file, "ignoring the unreadable tuning results file %s (%s); tuning again", error)
+        raise _Unusable from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        logger.warning("ignoring %s: not an ortrain tuning results file of format %d", file, FORMAT)
-        return {}
+        warn_once(file, "ignoring %s: not a tuning results file of format %d (left as it is)", FORMAT)
+        raise _Unusable
     entries = payload.get("entries")
     return entries if isinstance(entries, dict) else {}
 
 
 def load_choice(path: Path, key: str) -> str | None:
     """The placement name recorded for ``key``, or None."""
-    entry = _read(results_file(path)).get(key)
+    try:
+        entry = _read(results_file(path)).get(key)
+    except _Unusable:
+        return None
     return entry.get("placement") if isinstance(entry, dict) else None
 
 
 def save_choice(path: Path, key: str, placement: str, *, graph: str, measured_ms: dict[str, float]) -> None:
     file = results_file(path)
     file.parent.mkdir(parents=True, exist_ok=True)
-    entries = _read(file)
+    try:
+        entries = _read(file)
+    except _Unusable:
+        return  # the user's file, not ours: not overwritten (it was, until wave 41)
     entries[key] = {
         "placement": placement,
         "graph": graph,

@@ -178,10 +178,15 @@ def test_a_results_file_of_another_format_is_ignored_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     file = tmp_path / "old.json"
-    file.write_text(json.dumps({"format": 0, "entries": {"k": {"placement": "all-torch"}}}))
+    content = json.dumps({"format": 0, "entries": {"k": {"placement": "all-torch"}}})
+    file.write_text(content)
     with caplog.at_level(logging.WARNING, logger="ortrain.runtime"):
         assert tuning_results.load_choice(file, "k") is None
-    assert "not an ortrain tuning results file" in caplog.text
+        assert tuning_results.load_choice(file, "k") is None
+        tuning_results.save_choice(file, "k2", "onnxruntime", graph="g", measured_ms={})
+    # Said once, and the file is left as it is (wave 41: five warnings, then overwritten).
+    assert caplog.text.count("not a tuning results file") == 1
+    assert file.read_text() == content
 
 
 # ---- a model that changes while it trains (and tunes) -------------------------------------------
