@@ -234,7 +234,11 @@ def runtime_options() -> RuntimeOptions:
     tuning_path_raw = os.environ.get("ORTMODULE_TUNING_RESULTS_PATH", "").strip()
     enable_tuning = _env_switch("ORTMODULE_ENABLE_TUNING")
     tuning_results_path = Path(tuning_path_raw) if tuning_path_raw else None
-    if tuning_results_path is None and cache_raw and enable_tuning is not False:
+    # Only where the cache directory can be one: a regular file there is said once (the cache's
+    # own warning), not again for the tuning file under it (wave 41).
+    cache_path = Path(cache_raw) if cache_raw else None
+    cache_usable = cache_path is not None and not any(p.is_file() for p in (cache_path, *cache_path.parents))
+    if tuning_results_path is None and cache_usable and enable_tuning is not False:
         # The placements chosen on this machine are part of what the cache keeps: a warm process
         # then builds only the chosen one (no ONNX Runtime session for an all-torch graph).
         from ortrain.runtime.tuning_results import FILE_NAME
