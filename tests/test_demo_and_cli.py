@@ -27,6 +27,8 @@ def test_the_command_refuses_what_it_cannot_run(tmp_path, capsys) -> None:
 
     assert main(["cache", "list", "--dir", str(tmp_path / "missing")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+    assert main(["bench", "--quick", "--models", "mlp,nope"]) == 2  # before mlp runs
+    assert "unknown model(s) nope" in capsys.readouterr().err
     for argv in (["bench", "--steps", "0"], ["bench", "--repeats", "0"], ["demo", "--steps", "-1"]):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
