@@ -392,6 +392,19 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
             onnx_nodes.append(node)
         return onnx_index[node]
 
+    def reshaped_or_own(out: torch.fx.Node, base: torch.fx.Node | None, position: int) -> OutputSource:
+        """A reshape of an ONNX output or of an input (``base``), or an ONNX output of its own. What
+        ONNX Runtime returns is contiguous: a selection from it can be a view (``contiguous_outputs``);
+        an input's layout is the caller's, so a reshape of one is not listed there."""
+        if base is None:
+            contiguous_outputs.setdefault(out, position)
+            return OutputSource("onnx", index=onnx_output(out))
+        shape = tuple(_expr(size) for size in out.meta["val"].shape)
+        if base.op == "placeholder":
+            return OutputSource("view", index=sources_by_node[base], from_input=True, shape=shape)
+        contiguous_outputs.setdefault(out, position)
+        return OutputSource("view", index=onnx_output(base), shape=shape)
+
     for position, out in enumerate(raw_outputs):
         if out is None:
             outputs.append(OutputSource("none"))
@@ -426,17 +439,6 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
             continue
         first_seen[out] = position
         base = _reshape_base(out, sources)
-
-        def reshaped_or_own(out: torch.fx.Node, base: torch.fx.Node | None, position: int) -> OutputSource:
-            if base is None:
-                contiguous_outputs.setdefault(out, position)
-                return OutputSource("onnx", index=onnx_output(out))
-            shape = tuple(_expr(size) for size in out.meta["val"].shape)
-            if base.op == "placeholder":
-                return OutputSource("view", index=sources_by_node[base], from_input=True, shape=shape)
-            contiguous_outputs.setdefault(out, position)
-            return OutputSource("view", index=onnx_output(base), shape=shape)
-
         if out.op == "placeholder":
             outputs.append(OutputSource("input", index=sources_by_node[out]))
         elif _selects(out):
