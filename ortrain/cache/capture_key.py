@@ -43,7 +43,6 @@ import inspect
 import json
 import logging
 import os
-import site
 import sys
 import sysconfig
 import types
@@ -57,6 +56,7 @@ from torch.nn.modules import module as torch_module
 import ortrain
 from ortrain.cache.graph_key import tensor_digest, versions
 from ortrain.capture.global_reads import (
+    INSTALLED_ROOTS,
     CodeRead,
     Read,
     class_reads,
@@ -345,9 +345,7 @@ def describe_model(root: nn.Module, *, depth: int = 0, by_value: bool = False) -
 
 @functools.cache
 def _library_roots() -> tuple[str, ...]:
-    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    paths.update(site.getsitepackages())
-    paths.add(site.getusersitepackages())
+    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")} | set(INSTALLED_ROOTS)
     # ortrain's own files are keyed whole (ortrain_code_hash), loaded or not: what it imports
     # lazily differs between a process that exported and one that loaded from the cache.
     paths.add(str(Path(ortrain.__file__).parent))

@@ -388,7 +388,8 @@ def _closure_reads(
             yield f"closure variable {function.__qualname__}.{name}", namespace, name
 
 
-_INSTALLED = tuple(
+# Where installed packages live (also the installed part of the capture cache's library roots).
+INSTALLED_ROOTS = tuple(
     {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
     | set(getattr(site, "getsitepackages", list)())
     | {site.getusersitepackages()}  # ``pip install --user``
@@ -398,7 +399,7 @@ _INSTALLED = tuple(
 def _is_users_module(module: types.ModuleType) -> bool:
     """A module of the user's own (a file outside site-packages, or one made at run time)."""
     path = getattr(module, "__file__", None) or ""
-    return not path.startswith(_INSTALLED)
+    return not path.startswith(INSTALLED_ROOTS)
 
 
 def _is_module_library(module: types.ModuleType) -> bool:
