@@ -106,6 +106,24 @@ def apply_as_python_op(cls: type[Function], args: tuple[Any, ...], kwargs: dict[
 
 _calls_made: list[int] = []
 
+# Names of ORTMODULE_SKIPPED_AUTOGRAD_FUNCTIONS already warned about: once per process each.
+_unmatched_names_warned: set[str] = set()
+
+
+def _warn_of_skipped_names_not_called(unmatched: set[str], called: set[str]) -> None:
+    """A skipped name no Function of the capture carries is most likely misspelt: the Function it
+    meant still runs as a python op, which the user asked not to happen."""
+    for name in sorted(unmatched - _unmatched_names_warned):
+        _unmatched_names_warned.add(name)
+        logger.warning(
+            "ORTMODULE_SKIPPED_AUTOGRAD_FUNCTIONS names %s, but the model called no Function of that "
+            "name while being captured (it called: %s); check the spelling: module path and "
+            "__qualname__, as in pkg.layers.Gelu",
+            name,
+            ", ".join(sorted(called)) or "none",
+        )
+
+
 # Functions of libraries that are plain math, traced inline whatever the options say: DeepSpeed
 # ZeRO-3 replaces ``F.linear`` process-wide by a Function whose only difference from a linear is
 # gathering a partitioned weight in backward (ORTModule gathers for the whole graph: see
@@ -130,8 +148,12 @@ def intercept_functions(
     # The hook is process-wide, the capture is not: other threads' Functions run as themselves.
     capturing_thread = threading.get_ident()
 
+    called: set[str] = set()
+
     def apply(cls: type[Function], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if threading.get_ident() == capturing_thread and interception_enabled():
+            if not _is_torch_internal(cls):
+                called.add(qualified_name(cls))
             if hook is not None:
                 result = hook(cls, args, kwargs)
                 if result is not NotImplemented:
@@ -150,6 +172,8 @@ def intercept_functions(
     try:
         with hooked_apply(apply):
             yield made
+        if opaque:
+            _warn_of_skipped_names_not_called(skipped - called, called)
     finally:
         made.extend(_calls_made[first:])
         del _calls_made[first:]

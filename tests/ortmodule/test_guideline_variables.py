@@ -169,3 +169,18 @@ def test_what_cannot_act_here_is_said_at_the_log_level() -> None:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ORTMODULE_USE_TRITON" not in done.stderr
+
+
+def test_a_skipped_name_no_function_carries_is_warned_about_once(monkeypatch, caplog) -> None:
+    """A misspelt name used to be ignored without a word: the Function it meant stayed a python op."""
+    from ortrain.capture import function_calls
+
+    monkeypatch.setattr(function_calls, "_unmatched_names_warned", set())
+    monkeypatch.setenv("ORTMODULE_SKIPPED_AUTOGRAD_FUNCTIONS", "_functions_a.Gelu,_functions_a.Geluu")
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for _ in range(2):
+            ORTModule(_TwoGelus())(torch.randn(4, 6)).backward()
+    said = [r.getMessage() for r in caplog.records if "SKIPPED_AUTOGRAD_FUNCTIONS" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "_functions_a.Geluu" in said[0] and "_functions_b.Gelu" in said[0]
+    assert "names _functions_a.Gelu," not in said[0]
