@@ -96,6 +96,13 @@ class DebugOptions:
         if env_level:
             self.log_level = parse_log_level(env_level)
         self.save_path = Path(os.environ.get("ORTMODULE_SAVE_ONNX_PATH") or os.getcwd())
+        if self.save_onnx and self.save_path.exists() and not self.save_path.is_dir():
+            # Found here, not at the first graph saved: there it surfaced as a bare FileExistsError
+            # from deep inside the capture.
+            raise ValueError(
+                f"ORTMODULE_SAVE_ONNX_PATH={str(self.save_path)!r} is a file; name a directory "
+                "(created if missing) for the ONNX graphs that save_onnx=True writes"
+            )
         if self.save_onnx and not self.onnx_prefix:
             self.onnx_prefix = "ortmodule"
 

@@ -59,6 +59,15 @@ def test_save_onnx_writes_one_loadable_file_per_stage_and_mode(tmp_path, monkeyp
         onnx.checker.check_model(onnx.load(path))
 
 
+def test_save_onnx_path_naming_a_file_is_refused_upfront(tmp_path, monkeypatch) -> None:
+    a_file = tmp_path / "graphs"
+    a_file.write_text("")
+    monkeypatch.setenv("ORTMODULE_SAVE_ONNX_PATH", str(a_file))
+    with pytest.raises(ValueError, match=r"ORTMODULE_SAVE_ONNX_PATH=.*is a file; name a directory"):
+        ORTModule(nn.Linear(2, 2), DebugOptions(save_onnx=True))
+    ORTModule(nn.Linear(2, 2))(torch.randn(1, 2))  # nothing saved: the path is not read
+
+
 def test_log_level_from_environment_overrides_debug_options(monkeypatch) -> None:
     monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
     assert DebugOptions(log_level=LogLevel.ERROR).log_level is LogLevel.INFO
