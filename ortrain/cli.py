@@ -50,9 +50,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _cache(args: argparse.Namespace) -> int:
     from ortrain.cache.cache_listing import clear_cache, list_cache
-    from ortrain.ortmodule.options import runtime_options
+    from ortrain.ortmodule.options import cache_directory
 
-    directory = Path(args.dir) if args.dir else runtime_options().cache_dir
+    directory = Path(args.dir) if args.dir else cache_directory()
     if directory is None:
         print("no cache directory: set ORTMODULE_CACHE_DIR or pass --dir", file=sys.stderr)
         return 2

@@ -75,6 +75,19 @@ def extra_checks() -> list[Check]:
     return checks
 
 
+def variables_check() -> Check:
+    """The ``ORTMODULE_*`` variables as an ``ORTModule`` reads them: a bad value is a finding here,
+    not a traceback (as it was until wave 42)."""
+    from ortrain.ortmodule.options import ortmodule_variables_set, runtime_options
+
+    try:
+        runtime_options()
+    except ValueError as error:
+        return Check("variables", False, str(error))
+    names = ortmodule_variables_set()
+    return Check("variables", True, f"set: {', '.join(names)}" if names else "none set (defaults)")
+
+
 def training_check(steps: int = 4) -> Check:
     """Train a tiny MLP on ONNX Runtime (a fallback to PyTorch fails it); compare losses with eager's."""
     from ortrain.ortmodule import ORTModule
@@ -134,6 +147,10 @@ def run_doctor(report: Callable[[str], None]) -> bool:
     report("optional extras:")
     for check in extra_checks():
         report(f"  {'ok ' if check.ok else '-  '} {check.name}: {check.detail}")
+    variables = variables_check()
+    report(f"ORTMODULE_* variables:\n  {'ok ' if variables.ok else 'NO '} {variables.detail}")
+    if not variables.ok:  # every ORTModule would raise the same error: nothing to train
+        return False
     training = training_check()
     report(f"training:\n  {'ok ' if training.ok else 'NO '} {training.detail}")
     from ortrain.runtime import freed_memory_reuse

@@ -34,3 +34,18 @@ def test_the_command_refuses_what_it_cannot_run(tmp_path, capsys) -> None:
             main(argv)
         assert exit_info.value.code == 2
         assert "must be at least 1" in capsys.readouterr().err
+
+
+def test_a_bad_variable_is_a_finding_of_doctor_and_no_obstacle_to_the_cache_command(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """Until wave 42 both ended in the variable's traceback: a user could not even clear the cache."""
+    from ortrain.cli import main
+
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "5")
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path))
+    assert main(["cache", "list"]) == 0
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "NO  ORTMODULE_MEMORY_OPT_LEVEL='5' is not a level" in out
+    assert "training:" not in out

@@ -211,6 +211,18 @@ def parse_memory_opt_config(raw: str) -> tuple[RecomputeRequest, ...]:
     return tuple(_parse_plan(e) for e in entries if e.strip())
 
 
+def ortmodule_variables_set() -> list[str]:
+    """The names of the ``ORTMODULE_*`` variables set in this process, sorted (``ortrain doctor``)."""
+    return sorted(name for name in os.environ if name.startswith("ORTMODULE_"))
+
+
+def cache_directory() -> Path | None:
+    """``ORTMODULE_CACHE_DIR`` alone: ``ortrain cache`` reads nothing else, so that a bad value of
+    another variable does not stop a user from listing or clearing the cache."""
+    raw = os.environ.get("ORTMODULE_CACHE_DIR")
+    return Path(raw) if raw else None
+
+
 def runtime_options() -> RuntimeOptions:
     opset_raw = os.environ.get("ORTMODULE_ONNX_OPSET_VERSION")
     if opset_raw:
