@@ -375,6 +375,16 @@ def test_complexity_fn_returning_non_numbers_is_refused(returned, error, message
 def test_other_bad_inputs():
     with pytest.raises(TypeError, match="dataset must be map-style"):
         LoadBalancingDistributedSampler(iter(range(3)), identity, world_size=1, rank=0)
+
+    class SizedStream(torch.utils.data.IterableDataset):  # has __len__; its __getitem__ raises
+        def __iter__(self):
+            return iter(range(3))
+
+        def __len__(self) -> int:
+            return 3
+
+    with pytest.raises(TypeError, match=r"dataset must be map-style.*SizedStream"):
+        LoadBalancingDistributedSampler(SizedStream(), identity, world_size=1, rank=0)
     with pytest.raises(TypeError, match="complexity_fn must be callable"):
         LoadBalancingDistributedSampler([1, 2], 3, world_size=1, rank=0)
     sampler = LoadBalancingDistributedSampler([1, 2], identity, world_size=1, rank=0)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import numpy as np
+import torch.utils.data
 
 from ortrain.utils.data._complexities import compute_complexities
 from ortrain.utils.data._world import resolve_world
@@ -100,7 +101,10 @@ class LoadBalancingDistributedSampler:
         drop_last: bool = False,
         random_level: float = 0.0,
     ) -> None:
-        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+        # torch's IterableDataset inherits a __getitem__ that raises: one with __len__ passed the
+        # check below and failed at the first complexity with "should implement __getitem__".
+        iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        if iterable or not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
             raise TypeError(
                 f"dataset must be map-style (support len() and indexing), got {type(dataset).__name__}"
             )
