@@ -78,7 +78,7 @@ def apply_as_python_op(cls: type[Function], args: tuple[Any, ...], kwargs: dict[
         needs_grad=needs_grad,
         keep_ctx=torch.is_grad_enabled() and any(needs_grad),
         autocast=tuple(
-            (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+            (device, torch.get_autocast_dtype(device))
             for device in _AUTOCAST_DEVICES
             if torch.is_autocast_enabled(device)
         ),

@@ -74,17 +74,17 @@ class FunctionCall:
     output_meta: list[tuple[torch.Size, torch.dtype, torch.device]] = field(default_factory=list)
     # Tensor inputs that need grad but whose gradient the Function's backward leaves as None.
     none_grads: frozenset[int] = frozenset()
-    # (device type, enabled, dtype) of the autocast regions the call was made in. The op's kernel
+    # (device type, dtype) of the autocast regions enabled where the call was made. The op's kernel
     # runs below the dispatcher's autocast, so its forward would run in full precision where
     # eager's runs in the region's (wave 41: a bf16 region's LSTM returned float32, an RNN's
     # weight gradient 12 % off): it enters them again (:meth:`forward_precision`).
-    autocast: tuple[tuple[str, bool, torch.dtype], ...] = ()
+    autocast: tuple[tuple[str, torch.dtype], ...] = ()
 
     def forward_precision(self) -> contextlib.ExitStack:
         """The autocast regions the call was made in, entered again around the forward."""
         stack = contextlib.ExitStack()
-        for device_type, enabled, dtype in self.autocast:
-            stack.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled))
+        for device_type, dtype in self.autocast:
+            stack.enter_context(torch.autocast(device_type, dtype=dtype))
         return stack
 
     @property
