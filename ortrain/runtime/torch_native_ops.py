@@ -91,6 +91,14 @@ Ten kinds of nodes are PyTorch's:
   against 7 / 4), and its ``align_corners`` is not PyTorch's (outputs off by up to 1.5 where they
   were about 2; wave 37). Those forwards and every backward run in PyTorch.
 
+- **Double precision where the ONNX form has single precision**: ONNX attributes are float32, so
+  ``celu``'s alpha, ``addmm``'s alpha and beta (``Gemm``'s) and ``HardSwish``'s slope carry
+  float32 values into a float64 graph, and the series ortrain wrote for the special functions ONNX
+  lacks (``erfc``, ``erfcx``, ``log_ndtr``, ``lgamma``, ``mvlgamma``; see
+  :mod:`ortrain.capture.late_decompositions`) and onnxscript's ``sinc`` are accurate to float32:
+  on float64 tensors they were 1e-7 to 4e-6 relative off PyTorch's (1e-8 for the gradients),
+  where every other op agrees to 1e-15 (wave 42). Those nodes on float64 tensors run in PyTorch.
+
 Measured for the threshold, tiny GPT (4 layers, 4 heads of 64, batch 8; 2-core AMD EPYC, ONNX
 Runtime placement, medians of alternated processes, OpenMP policy unset), step with flash in
 PyTorch against the math form in ONNX Runtime: sequence 128 (2 MiB of probabilities per call)
@@ -217,6 +225,22 @@ ANTIALIASED_RESIZE_BACKWARDS: frozenset[object] = frozenset(
     {aten._upsample_bilinear2d_aa_backward, aten._upsample_bicubic2d_aa_backward}
 )
 
+# Whose ONNX form is float32-precise: on float64 tensors PyTorch runs them (the module's text).
+SINGLE_PRECISION_FORMS: frozenset[object] = frozenset(
+    {
+        aten.celu,
+        aten.hardswish,
+        aten.hardswish_backward,
+        aten.hardsigmoid_backward,
+        aten.sinc,
+        aten.erfc,
+        aten.special_erfcx,
+        aten.special_log_ndtr,
+        aten.lgamma,
+        aten.mvlgamma,
+    }
+)
+
 _WITH_EFFECTS = torch.ops.higher_order.with_effects
 
 # The reasons two kinds are asked about by name (is_random, reads_memory_layout).
@@ -269,12 +293,27 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
         return "antialiased resizing"
     if _packet(target) in STRIDED_VIEWS and not _contiguous_from_start(node.args[0]):
         return _STRIDED_VIEW
+    if _single_precision_form_of_doubles(node):
+        return "double precision"
     touched = _tensors_touched(node)
     if any(t.is_complex() for t in touched):
         return "complex tensor"
     if any(t.layout != torch.strided for t in touched):
         return "sparse tensor"
     return None
+
+
+def _single_precision_form_of_doubles(node: torch.fx.Node) -> bool:
+    """A float64 node whose ONNX form computes in float32 precision (see the module's text)."""
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.float64:
+        return False
+    if _packet(node.target) in SINGLE_PRECISION_FORMS:
+        return True
+    if node.target is not aten.addmm.default:
+        return False
+    scales = [node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)]
+    return any(scale != 1 for scale in scales)
 
 
 def _unsigned_left_shift(node: torch.fx.Node) -> bool:
