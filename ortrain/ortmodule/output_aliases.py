@@ -12,6 +12,14 @@ view with its size, strides and storage offset (``as_strided``: whatever view fu
 and one tensor returned twice is returned as one tensor. Outputs whose memory no other output
 holds are left alone (views of a tensor the forward does not return: writing into one changes
 nothing another output shows).
+
+Outputs that are an input of the call, a parameter or a buffer, or views of one (``return h, x``,
+``x[0]``, ``self.linear.weight``), are handed back as that tensor itself, or a view of it made
+after the node (:func:`input_aliases`, :func:`from_inputs`): the captured call runs on detached
+aliases of its tensors, so until wave 42 such an output shared the input's memory and not its
+history. A write into it (or into the input) changed both values and only one gradient
+(an embedding's gradient 2× off, silently), and a returned parameter came back as a non-leaf
+that accepted the in-place writes eager refuses.
 """
 
 from __future__ import annotations
@@ -83,4 +91,38 @@ def as_views(returned: Sequence[Any], aliases: dict[int, tuple[int, Layout]]) ->
     result = list(returned)
     for i, (j, layout) in aliases.items():
         result[i] = result[j] if layout is None else result[j].as_strided(*layout)
+    return tuple(result)
+
+
+def input_aliases(outputs: Sequence[Any], tensors: Sequence[torch.Tensor]) -> dict[int, tuple[int, Layout]]:
+    """Output position -> (the position in ``tensors`` whose memory it is, its layout there; None
+    where it is laid out as that tensor): the outputs that are the call's tensors or views of
+    them. (The captured call never returns memory of its own in an input's storage: ONNX Runtime
+    copies a graph output that is a graph input, so sharing means AOTAutograd made the output
+    as a view of the input.)"""
+    holders: dict[int, list[tuple[int, torch.Tensor]]] = {}
+    for k, t in enumerate(tensors):
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.numel() > 0:
+            holders.setdefault(t.untyped_storage().data_ptr(), []).append((k, t))
+    found: dict[int, tuple[int, Layout]] = {}
+    for i, o in enumerate(outputs):
+        if not isinstance(o, torch.Tensor) or o.layout != torch.strided or o.numel() == 0:
+            continue
+        for k, t in holders.get(o.untyped_storage().data_ptr(), ()):
+            if t.dtype != o.dtype:
+                continue
+            layout = (o.shape, o.stride(), o.storage_offset())
+            same = layout == (t.shape, t.stride(), t.storage_offset())
+            found[i] = (k, None if same else layout)
+            break
+    return found
+
+
+def from_inputs(
+    returned: Sequence[Any], aliases: dict[int, tuple[int, Layout]], tensors: Sequence[torch.Tensor]
+) -> tuple[Any, ...]:
+    """``returned`` with each output of :func:`input_aliases` made again from the tensor itself."""
+    result = list(returned)
+    for i, (k, layout) in aliases.items():
+        result[i] = tensors[k] if layout is None else tensors[k].as_strided(*layout)
     return tuple(result)

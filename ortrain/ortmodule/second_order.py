@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ortrain.capture.graph_task import backward_keeps_graph
-from ortrain.ortmodule.output_aliases import Layout, as_views, output_aliases
+from ortrain.ortmodule.output_aliases import Layout, as_views, from_inputs, input_aliases, output_aliases
 from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, unflatten
 
 
@@ -95,6 +95,8 @@ class _Recompute:
         self.leaves: list[torch.Tensor] | None = None
         # Outputs that share memory with others (see :mod:`ortrain.ortmodule.output_aliases`).
         self.aliases: dict[int, tuple[int, Layout]] = {}
+        # Outputs that are the node's tensors or views of them (input_aliases).
+        self.input_aliases: dict[int, tuple[int, Layout]] = {}
 
     def forward(self, tensors: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         self.devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
@@ -170,6 +172,7 @@ class _TwiceDifferentiable(torch.autograd.Function):
         recompute.captured = [o if o.requires_grad else None for o in outputs]
         recompute.leaves = leaves
         recompute.aliases = output_aliases(outputs)
+        recompute.input_aliases = input_aliases(outputs, tensors)
         # Saved: the tensors whose gradients the backward returns (kept on the node, a block's
         # input would outlive its backward), the call's own tensors and the parameters that
         # require grad (the recompute's inputs).
@@ -269,4 +272,6 @@ def run_twice_differentiable(
         return None
     recompute = _Recompute(run, module, parameters, spec, buffer_writes)
     returned = _TwiceDifferentiable.apply(recompute, user_inputs, *tensors)
+    if recompute.input_aliases:
+        returned = from_inputs(returned, recompute.input_aliases, tensors)
     return as_views(returned, recompute.aliases) if recompute.aliases else returned

@@ -277,3 +277,38 @@ def test_output_aliases_names_views_and_repeats_only() -> None:
     assert aliases[4] == (0, None)
     assert aliases[3] == (0, (torch.Size([4, 2]), (6, 1), 1))
     assert aliases[5][0] == 0
+
+
+class _ReturnsItsTensors(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.linear(x * 1), x, x[0], self.linear.weight
+
+
+@pytest.mark.parametrize("written", ["returned input", "input", "returned row"])
+def test_outputs_that_are_inputs_or_parameters_are_them_with_their_history(written: str) -> None:
+    """Until wave 42 such outputs shared the input's memory but not its history: a write into one
+    reached the values and not the gradient of whatever made the input (an embedding's gradient 2x
+    off), and a returned parameter was a non-leaf that accepted in-place writes."""
+    torch.manual_seed(0)
+    embedding, block = nn.Embedding(10, 4), _ReturnsItsTensors()
+    twin_embedding, wrapped = copy.deepcopy(embedding), ORTModule(copy.deepcopy(block))
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    for step in range(2):
+        grads = []
+        for emb, model in ((embedding, block), (twin_embedding, wrapped)):
+            x = emb(ids)
+            h, returned, row, weight = model(x)
+            assert returned is x and row._base is x and weight is model.linear.weight
+            with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+                weight.mul_(0.5)
+            target = {"returned input": returned, "input": x, "returned row": row}[written]
+            target.mul_(2)
+            loss = h.square().sum() + returned.square().sum() + row.sum() * 3 + x.sum()
+            loss.backward()
+            grads.append(emb.weight.grad.clone())
+            emb.zero_grad()
+        torch.testing.assert_close(grads[1], grads[0], msg=f"step {step}")
