@@ -27,6 +27,8 @@ a global only it read, went unseen.
 
 from __future__ import annotations
 
+import dis
+import functools
 import inspect
 import site
 import sys
@@ -264,6 +266,14 @@ def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
             yield from _codes(const)
 
 
+@functools.lru_cache(maxsize=4096)
+def _globals_loaded(code: types.CodeType) -> frozenset[str]:
+    """The names ``code`` loads as globals. ``co_names`` also holds every attribute name it uses:
+    until wave 42 ``self.b`` made a script's global ``b`` (a loop variable) a read of the forward,
+    and each of its values captured a graph again."""
+    return frozenset(i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME"))
+
+
 def _function(value: Any) -> types.FunctionType | None:
     if isinstance(value, staticmethod | classmethod):
         value = value.__func__
@@ -314,7 +324,8 @@ def _walk(
                     if not methods and other_names is not None:
                         other_names.add(name)
                     continue
-                yield from _global_read(namespace, name, names, todo, code_found, found)
+                if name in _globals_loaded(code):
+                    yield from _global_read(namespace, name, names, todo, code_found, found)
         yield from _closure_reads(function, todo, found)
 
 

@@ -410,3 +410,21 @@ def test_the_globals_of_code_patched_in_are_watched(
     assert len(reasons) == 3, reasons
     assert f"method {owner.__name__}.{method} was replaced" in reasons[1]
     assert f"global {__name__}.DEPTH changed from 1.0 to 2.0" in reasons[2]
+
+
+lin = 3  # a global named like an attribute the forward reads
+
+
+class _ReadsAnAttributeNamedLikeAGlobal(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+def test_an_attribute_name_is_not_a_global_read() -> None:
+    """``self.lin`` put ``lin`` in the code's names: until wave 42 a script's global of that name (a
+    loop variable: ``for b in sizes``, ``self.b``) was watched, and each of its values captured again."""
+    assert global_reads(_ReadsAnAttributeNamedLikeAGlobal) == ()
