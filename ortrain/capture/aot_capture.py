@@ -38,6 +38,7 @@ from ortrain.capture.module_paths import annotate_module_paths
 from ortrain.capture.output_layouts import traced_layouts
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import python_op, python_op_grad, release_calls
+from ortrain.capture.shared_submodules import shared_submodules_restored
 from ortrain.capture.size_guards import SizeGuards
 from ortrain.capture.stale_gradients import stale_gradients_set_aside
 from ortrain.capture.subclass_views import subclasses_as_plain_tensors
@@ -265,6 +266,7 @@ def capture(
         stack.enter_context(data_assignments_as_copies(module))
         stack.enter_context(subclasses_as_plain_tensors())  # see capture/subclass_views.py
         stack.enter_context(annotate_module_paths(module))
+        stack.enter_context(shared_submodules_restored())
         # ctc_loss, recurrent layers: see capture/function_overrides.py
         stack.enter_context(function_overrides(recurrent_as_python_ops=opaque_functions))
         stack.enter_context(cumulative_batch_norm_traceable())
