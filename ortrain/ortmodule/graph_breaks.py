@@ -28,6 +28,7 @@ from ortrain.capture.dynamo_backend import (
 )
 from ortrain.capture.dynamo_regions import close_region, open_region
 from ortrain.ortmodule.fallback import ORTModuleFallbackException, ORTModuleTorchModelException
+from ortrain.ortmodule.guards import global_hook_ids
 from ortrain.ortmodule.options import DebugOptions, RuntimeOptions
 
 logger = logging.getLogger("ortrain.ortmodule")
@@ -43,11 +44,24 @@ class GraphBreakPath:
         from ortrain.backend import OrtrainBackend
 
         self.backend = OrtrainBackend(debug, options)
+        self.module = module
+        self.policy = options.fallback_policy
+        self.breaks: list[tuple[str, int, str]] = []
+        # Code whose graph ortrain failed to capture, which TorchDynamo runs in eager PyTorch.
+        self.eager_regions: list[str] = []
+        self._compile()
+
+    def _compile(self) -> None:
         # Each ORTModule's TorchDynamo entries apart from other instances', dropped with it: see
         # capture/dynamo_regions.py.
-        self.compiled = torch.compile(module, backend=self.backend, fullgraph=False, isolate_recompiles=True)
-        weakref.finalize(self, close_region, open_region(self.compiled))
-        self.breaks: list[tuple[str, int, str]] = []
+        self.compiled = torch.compile(
+            self.module, backend=self.backend, fullgraph=False, isolate_recompiles=True
+        )
+        self._close = weakref.finalize(self, close_region, open_region(self.compiled))
+        # TorchDynamo traces the global module hooks registered when it compiles and does not
+        # guard them: one registered later never ran (wave 42: a global forward hook doubling
+        # every Linear's output was ignored, losses and gradients those of the model without it).
+        self.global_hooks = global_hook_ids()
 
     @property
     def graph_count(self) -> int:
@@ -55,9 +69,13 @@ class GraphBreakPath:
         return self.backend.graphs_compiled
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if global_hook_ids() != self.global_hooks:
+            logger.info("the global module hooks changed: TorchDynamo traces the model again")
+            self._close()
+            self._compile()
         with graph_breaks_reported(self._report), hooks_guarded():
             try:
-                return self.compiled(*args, **kwargs)
+                outputs = self.compiled(*args, **kwargs)
             except Exception as error:
                 # Dynamo wraps what the backend raised; ORTModule's fallback policy judges ours.
                 inner = backend_failure(error)
@@ -68,6 +86,14 @@ class GraphBreakPath:
                         f"capture of a graph between graph breaks failed: {_described(inner)}"
                     ) from error
                 raise
+        if self.eager_regions and not self.policy & ORTModuleTorchModelException.policy:
+            # Under a policy without FALLBACK_UNSUPPORTED_TORCH_MODEL such code is an error, at
+            # every call (until wave 42 a warning, and the code trained in PyTorch).
+            raise ORTModuleTorchModelException(
+                f"{self.eager_regions[0]}; ORTMODULE_FALLBACK_POLICY without "
+                "FALLBACK_UNSUPPORTED_TORCH_MODEL (in the default policy) forbids that"
+            )
+        return outputs
 
     def _report(self, file: str, line: int, reason: str, eager: bool) -> None:
         if (file, line, reason) in self.breaks:
@@ -75,6 +101,8 @@ class GraphBreakPath:
         self.breaks.append((file, line, reason))
         # A break of TorchDynamo's own is how such a model trains (INFO); a graph that ortrain
         # failed to capture trains in PyTorch, which the user should hear of once.
+        if eager:
+            self.eager_regions.append(f"graph break at {file}:{line}: {reason}")
         level = logging.WARNING if eager else logging.INFO
         logger.log(level, "graph break at %s:%d `%s`: %s", file, line, source_line(file, line), reason)
 

@@ -318,7 +318,7 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
         stack.extend(reversed(children))
     for cls, (reads, code) in methods_called_from_outside([*module_classes, *walk.held_classes]).items():
         classes[(cls, "called methods")] = _read_values(reads, code, walk)
-    key = (tuple(modules), _global_hook_ids(), tuple(classes.items()))
+    key = (tuple(modules), global_hook_ids(), tuple(classes.items()))
     return ModelState(tensors, key, bool(uninitialized), tuple((walk.described or {}).values()))
 
 
@@ -653,7 +653,7 @@ def _held_entries(held: Any, depth: int, walk: _Walk, *, methods: bool) -> tuple
     return tuple(values)
 
 
-def _global_hook_ids() -> tuple[int, ...]:
+def global_hook_ids() -> tuple[int, ...]:
     tables = (
         torch_module._global_forward_hooks,
         torch_module._global_forward_pre_hooks,

@@ -287,3 +287,62 @@ def test_every_instance_of_a_model_class_trains_through_graph_breaks() -> None:
         entries = _get_cache_entries_for_region(ItemControlFlow.forward, region)
         assert entries and all(entry.code is None for entry in entries)
     torch._dynamo.reset()
+
+
+def test_a_global_module_hook_registered_later_runs_on_the_graph_break_path() -> None:
+    """TorchDynamo does not guard global module hooks: until wave 42 one registered after the model
+    went to graph breaks never ran (losses and gradients of the model without it, silently)."""
+    torch.manual_seed(0)
+    model = ItemControlFlow()
+    wrapped = ORTModule(copy.deepcopy(model))
+    batches = _item_batches()
+    x = batches[0][0]
+    torch.testing.assert_close(wrapped(x), model(x))  # on the graph-break path from here
+    assert wrapped._ortrain_graph_breaks is not None
+
+    def doubled(module: nn.Module, args: object, output: torch.Tensor) -> torch.Tensor | None:
+        return output * 2 if isinstance(module, nn.Linear) else None
+
+    handle = torch.nn.modules.module.register_module_forward_hook(doubled)
+    try:
+        for x, _ in batches:
+            want, got = model(x), wrapped(x)
+            torch.testing.assert_close(got, want)
+            want.square().sum().backward()
+            got.square().sum().backward()
+        for p, q in zip(model.parameters(), wrapped.module.parameters(), strict=True):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+    finally:
+        handle.remove()
+    x = batches[1][0]
+    torch.testing.assert_close(wrapped(x), model(x))  # removed: gone from the graphs too
+
+
+class _SparsePaddedEmbedding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(20, 8, sparse=True, padding_idx=0)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embedding(ids).mean(1))
+
+
+def test_eager_regions_of_the_graph_break_path_obey_the_fallback_policy(monkeypatch, caplog) -> None:
+    """A TorchDynamo graph ortrain cannot capture runs in eager PyTorch: one warning under the
+    default policy; under FALLBACK_DISABLE an error at every call (a warning until wave 42)."""
+    ids = torch.randint(0, 20, (4, 5))
+    wrapped = ORTModule(_SparsePaddedEmbedding())
+    for _ in range(2):
+        with pytest.raises(Exception, match="FALLBACK_UNSUPPORTED_TORCH_MODEL") as error:
+            wrapped(ids)
+        assert "could not capture TorchDynamo's graph" in str(error.value)
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    caplog.clear()
+    torch.manual_seed(0)
+    model = _SparsePaddedEmbedding()
+    wrapped = ORTModule(copy.deepcopy(model))
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for _ in range(2):
+            torch.testing.assert_close(wrapped(ids), model(ids))
+    assert len([r for r in caplog.records if "could not capture" in r.getMessage()]) == 1
