@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._guards import detect_fake_mode
 from torch.autograd.function import _is_setup_context_defined
 
+from ortrain.capture.fake_tracing import no_pending_unbacked_symbols
 from ortrain.capture.generator_resets import opaque_code
 
 logger = logging.getLogger("ortrain.capture")
@@ -236,10 +238,20 @@ def _grads_left_none(call: FunctionCall, ctx: RecordingCtx, outputs: list[Any]) 
     if not any(call.needs_grad):
         return frozenset()
     grads = [torch.ones_like(o) if isinstance(o, torch.Tensor) else None for o in outputs]
+    fake_mode = detect_fake_mode([o for o in outputs if isinstance(o, torch.Tensor)])
     try:
         # Quietly: a backward that cannot run on fake tensors is expected, and handled below.
-        with no_interception(), torch.no_grad(), warnings.catch_warnings():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(no_interception())
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(warnings.catch_warnings())
             warnings.simplefilter("ignore")
+            if fake_mode is not None and fake_mode.shape_env is not None:
+                # A backward that logs ``grad.abs().mean().item()`` makes an unbacked symbol here,
+                # which no graph returns: left pending, AOTAutograd's trace failed on it
+                # (PendingUnbackedSymbolNotFound) and, until wave 42, the model fell back to
+                # PyTorch for good at its first dynamic capture.
+                stack.enter_context(no_pending_unbacked_symbols(fake_mode.shape_env))
             result = call.cls.backward(ctx, *grads)
     except Exception as error:
         logger.debug(

@@ -804,3 +804,28 @@ def test_opaque_ops_run_in_the_autocast_region_of_their_call(monkeypatch: pytest
     sum(o.float().sum() for o in got).backward()
     for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad)
+
+
+class _LogsGradientNorm(torch.autograd.Function):
+    logged: ClassVar[list[Any]] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        _LogsGradientNorm.logged.append(grad.abs().mean().item())  # gradient monitoring
+        return grad * 2
+
+
+def test_a_backward_calling_item_survives_the_dynamic_capture() -> None:
+    """The fake run of such a backward left an unbacked symbol pending: the dynamic capture failed
+    on it and, until wave 42, the model fell back to PyTorch for good at its second batch size."""
+    torch.manual_seed(0)
+    batches = [torch.randn(n, 6) for n in (3, 4, 5)]
+    wrapped = train_and_compare(Wrap(lambda m, h: _LogsGradientNorm.apply(h)), batches, steps_eval=False)
+    assert not wrapped._ortrain_fallback.active
+    assert python_op_counts(wrapped)[-1] == (1, 1)
+    real = [v for v in _LogsGradientNorm.logged if isinstance(v, float)]
+    assert len(real) == 2 * len(batches)  # each real backward logged once, eager's and ortrain's
