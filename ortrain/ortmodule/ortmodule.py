@@ -430,6 +430,26 @@ class ORTModule(nn.Module):
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
         return self._ortrain_module.state_dict(*args, **kwargs)
 
+    # The state dict is the wrapped module's, so are its hooks: registered on the wrapper they
+    # were never called (wave 42: an extra entry a post hook adds was missing from checkpoints).
+    def register_state_dict_pre_hook(self, hook: Any) -> Any:
+        return self._ortrain_module.register_state_dict_pre_hook(hook)
+
+    def register_state_dict_post_hook(self, hook: Any) -> Any:
+        return self._ortrain_module.register_state_dict_post_hook(hook)
+
+    def _register_state_dict_hook(self, hook: Any) -> Any:
+        return self._ortrain_module._register_state_dict_hook(hook)
+
+    def register_load_state_dict_pre_hook(self, hook: Any) -> Any:
+        return self._ortrain_module.register_load_state_dict_pre_hook(hook)
+
+    def _register_load_state_dict_pre_hook(self, hook: Any, with_module: bool = False) -> Any:
+        return self._ortrain_module._register_load_state_dict_pre_hook(hook, with_module)
+
+    def register_load_state_dict_post_hook(self, hook: Any) -> Any:
+        return self._ortrain_module.register_load_state_dict_post_hook(hook)
+
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:  # type: ignore[override]
         return self._ortrain_module.load_state_dict(state_dict, strict=strict, assign=assign)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -482,3 +482,26 @@ def test_margin_losses_take_no_gradient_at_a_zero_hinge(breaks: bool) -> None:
     torch.testing.assert_close(inputs[1].grad, inputs[0].grad)
     torch.testing.assert_close(wrapped.module.scale.grad, eager.scale.grad)
     assert inputs[0].grad[0, 2] == 0
+
+
+def test_state_dict_hooks_registered_on_the_wrapper_run() -> None:
+    """The state dict is the wrapped module's: until wave 42 hooks registered on the wrapper never ran."""
+    model = ORTModule(nn.Linear(2, 2))
+    fired: list[str] = []
+
+    def add_entry(module: nn.Module, state: dict[str, Any], prefix: str, metadata: Any) -> None:
+        fired.append("post")
+        state[prefix + "extra"] = torch.tensor(1.0)
+
+    def drop_entry(module: nn.Module, state: dict[str, Any], prefix: str, *rest: Any) -> None:
+        fired.append("load pre")
+        state.pop(prefix + "extra", None)
+
+    model.register_state_dict_pre_hook(lambda *args: fired.append("pre"))
+    model.register_state_dict_post_hook(add_entry)
+    model.register_load_state_dict_pre_hook(drop_entry)
+    model.register_load_state_dict_post_hook(lambda *args: fired.append("load post"))
+    state = model.state_dict()
+    assert "extra" in state
+    model.load_state_dict(state)
+    assert fired == ["pre", "post", "load pre", "load post"]
