@@ -182,7 +182,10 @@ def linear_cross_entropy(
     if grad_b is not None and bias is not None:
         terms.append((bias * grad_b).sum())
     carrier = torch.stack(terms).sum()
-    return loss + (carrier - carrier.detach())
+    # Selected, not multiplied, when no label counts: with the Trainer's sum divided by
+    # ``num_items_in_batch`` = 0 the loss's gradient is inf, and inf times the zero gradients made
+    # every gradient of the model NaN (wave 42), where eager's nll_loss backward writes zeros.
+    return loss + torch.where(count > 0, carrier - carrier.detach(), torch.zeros_like(carrier))
 
 
 def _loss_arguments(node: torch.fx.Node) -> tuple[Any, int, int, float]:

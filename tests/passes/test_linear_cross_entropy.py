@@ -62,6 +62,25 @@ def test_loss_and_gradients_equal_eager_in_chunks(
         torch.testing.assert_close(t.grad, grad, msg=lambda m, n=name: f"{n}: {m}")  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("sparse", [True, False])
+def test_a_sum_divided_by_no_counted_labels_gives_zero_gradients_as_eager(sparse: bool) -> None:
+    """The Hugging Face Trainer's ``sum / num_items_in_batch`` with nothing counted: the loss's
+    gradient is inf. Until wave 42 it multiplied the zero gradients (NaN in every gradient of the
+    model); eager's backward writes zeros."""
+    x, w, b, target = _inputs(0.0, bias=True)
+    expected = F.cross_entropy(F.linear(x, w, b), target, reduction="sum") / torch.tensor(0.0)
+    expected.backward()
+    grads = [t.grad.clone() for t in (x, w, b)]  # type: ignore[union-attr]
+    assert all(not g.any() for g in grads)
+    for t in (x, w, b):
+        t.grad = None  # type: ignore[union-attr]
+    got = lce.linear_cross_entropy(x, w, b, None, target, 2, -100, 0.0, sparse) / torch.tensor(0.0)
+    got.backward()
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    for name, t, grad in zip("xwb", (x, w, b), grads, strict=True):
+        torch.testing.assert_close(t.grad, grad, msg=lambda m, n=name: f"{n}: {m}")  # type: ignore[union-attr]
+
+
 def test_only_what_requires_grad_gets_a_gradient() -> None:
     x, w, _, target = _inputs(0.5, bias=False)
     w.requires_grad_(False)
