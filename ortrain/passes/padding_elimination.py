@@ -165,12 +165,22 @@ class _Eliminator:
 
     def _kept_mask(self) -> torch.fx.Node:
         """The flat ``[batch * seq]`` mask of the tokens the sparse rows hold: the real ones, every
-        position of a row that is all padding, and the sequence positions a select reads."""
+        position of a row that is all padding, each pad right before a real token, and the sequence
+        positions a select reads."""
         graph = self.graph
         real = graph.call_function(aten.ne.Scalar, (self.ids, self.pad))
         some_real = graph.call_function(aten.any.dim, (real, 1, True))
         all_padding = graph.call_function(aten.logical_not.default, (some_real,))
         kept = graph.call_function(aten.logical_or.default, (real, all_padding))
+        # The pad right before a real token: a causal LM that shifts its labels inside reads that
+        # position's output for the token's label (wave 42: a hole of pads in a row made the
+        # token after it be scored on the re-padded zeros, loss and gradients off).
+        following = graph.call_function(aten.slice.Tensor, (real, 1, 1, _TO_THE_END))
+        first = graph.call_function(aten.select.int, (real, 1, 0))
+        none = graph.call_function(aten.zeros_like.default, (first,))
+        beyond = graph.call_function(aten.unsqueeze.default, (none, 1))
+        next_real = graph.call_function(aten.cat.default, ([following, beyond], 1))
+        kept = graph.call_function(aten.logical_or.default, (kept, next_real))
         for position in sorted(set(self.read_positions)):
             column = graph.call_function(aten.select.int, (kept, 1, position))
             every_row = graph.call_function(aten.ones_like.default, (column,))

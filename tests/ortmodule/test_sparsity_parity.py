@@ -297,3 +297,35 @@ def test_padding_elimination_keeps_an_end_position_read_as_a_slice(
     for entry in entries:
         changes = entry.capture.forward_trace.changes
         assert any(c.startswith("padding elimination") and kept in c for c in changes), changes
+
+
+@pytest.mark.parametrize("padding", ["hole", "left"])
+def test_padding_elimination_keeps_the_pad_a_shifted_label_reads(
+    monkeypatch: pytest.MonkeyPatch, padding: str
+) -> None:
+    """A causal LM shifts its labels inside: the pad right before a real token is scored on that
+    token's label. Until wave 42 padding elimination gave it the re-padded zeros (a hole of pads in
+    a row, or OPT's left padding: losses and gradients off, silently)."""
+    transformers = pytest.importorskip("transformers")
+    _set_switches(monkeypatch, sparse=True, compute=True, embedding=True)
+    torch.manual_seed(0)
+    config = transformers.OPTConfig(
+        vocab_size=100, hidden_size=32, ffn_dim=64, num_hidden_layers=2, word_embed_proj_dim=32,
+        num_attention_heads=4, max_position_embeddings=64, pad_token_id=1,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+    )  # fmt: skip
+    generator = torch.Generator().manual_seed(3)
+    batches = []
+    for _ in range(2):
+        ids = torch.randint(2, 100, (3, 10), generator=generator)
+        mask = torch.ones_like(ids)
+        if padding == "hole":
+            mask[1, 4:6] = 0
+        else:
+            mask[1, :4] = 0
+            mask[2, :7] = 0
+        ids[mask == 0] = 1
+        labels = ids.masked_fill(mask == 0, IGNORE)
+        batches.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
+    wrapped = _train_and_compare(transformers.OPTForCausalLM(config), batches, lambda m, b: m(**b).loss)
+    assert any(c.startswith("padding elimination") for c in _changes(wrapped))
