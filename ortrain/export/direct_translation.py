@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.fake_tracing import copy_before, trace_on_values
 from ortrain.capture.late_decompositions import decomposed_for_export, late_decompositions
+from ortrain.export.double_precision_sizes import sizes_as_double
 from ortrain.export.exporter_decompositions import (
     node_needs_decomposition,
     onnx_decomposition_table,
@@ -68,6 +69,7 @@ def translate(gm: torch.fx.GraphModule, *, opset_version: int) -> Any:
     decompose_late_ops(gm)
     _decompose_untranslated(gm, translated_operators(registry), lambda: onnx_decomposition_table(registry)[1])
     tensors_for_number_operands(gm)  # again: `rsub(x, 1.0)` decomposes to `sub(1.0, x)`
+    sizes_as_double(gm)  # again: batch norm's backward decomposes to numbers of its sizes
     insert_type_promotion_nodes(gm)
     gm = _fx_passes.remove_assertion_nodes(gm)
     _materialize_constants(gm)

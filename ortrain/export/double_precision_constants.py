@@ -37,7 +37,7 @@ _installed = False
 _install_lock = threading.Lock()
 
 
-def _all_floats_double(gm: torch.fx.GraphModule) -> bool:
+def all_floats_double(gm: torch.fx.GraphModule) -> bool:
     dtypes = {
         value.dtype
         for node in gm.graph.nodes
@@ -78,7 +78,7 @@ def _install() -> None:
 def python_floats_as_double(gm: torch.fx.GraphModule) -> Iterator[None]:
     """Translate ``gm``'s Python floats as DOUBLE constants meanwhile, if its floating tensors are
     all float64 (else nothing changes)."""
-    if not _all_floats_double(gm):
+    if not all_floats_double(gm):
         yield
         return
     _install()
@@ -113,7 +113,7 @@ _ATTRIBUTE_FORMS = {
 def numbers_as_operands(gm: torch.fx.GraphModule) -> int:
     """In a graph whose floating tensors are all float64, write the nodes whose translations
     make their numbers float32 attributes as arithmetic on operands; returns how many."""
-    if not _all_floats_double(gm):
+    if not all_floats_double(gm):
         return 0
     return rewrite_nodes(gm, _with_operands)
 

@@ -22,6 +22,7 @@ import onnx
 import onnx_ir
 import sympy
 import torch
+from torch._guards import detect_fake_mode
 from torch.export import Dim
 
 from ortrain.capture.lazy_recompile import compile_now, deep_copy
@@ -41,7 +42,12 @@ from ortrain.capture.symbolic_sizes import (
 )
 from ortrain.capture.view_ops import RELAYOUTS, RESHAPES
 from ortrain.export import direct_translation
-from ortrain.export.double_precision_constants import numbers_as_operands, python_floats_as_double
+from ortrain.export.double_precision_constants import (
+    all_floats_double,
+    numbers_as_operands,
+    python_floats_as_double,
+)
+from ortrain.export.double_precision_sizes import sizes_as_double
 from ortrain.export.exporter_decompositions import lean_decomposition
 from ortrain.export.factory_dtypes import spell_out_factory_dtypes
 from ortrain.export.flash_attention_math import NoMathForm
@@ -55,7 +61,7 @@ from ortrain.export.op_signatures import op_signatures_shared
 from ortrain.export.rewrite_rules_by_root import rewrite_rules_tried_by_root_operator
 from ortrain.export.size_floor_division import exact_floor_divisions
 from ortrain.export.slice_backward_copies import copy_slice_backwards
-from ortrain.export.spelled_out_math import spell_out_math
+from ortrain.export.spelled_out_math import call_with_value, spell_out_math
 
 logger = logging.getLogger("ortrain.export")
 
@@ -414,6 +420,14 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
         if isinstance(out.meta.get("val"), (torch.SymFloat, torch.SymBool)) or (
             isinstance(out.meta.get("val"), torch.SymInt) and _computed_from_values(out, sources)
         ):
+            if isinstance(out.meta["val"], torch.SymFloat) and all_floats_double(gm):
+                # A float64 model's number (a scale ``1 / n`` saved for the backward): as a float64
+                # tensor, which double_precision_sizes computes in float64, not in float32.
+                with graph.inserting_before(output_node):
+                    out = call_with_value(
+                        graph, aten.scalar_tensor.default, (out,), {"dtype": torch.float64},
+                        fake_mode=detect_fake_mode([n.meta.get("val") for n in placeholders]),
+                    )  # fmt: skip
             outputs.append(OutputSource("number", index=onnx_output(out)))
             continue
         if isinstance(out.meta.get("val"), torch.SymInt):
@@ -499,6 +513,7 @@ def _translate(
     spell_out_math(gm)  # the operators whose translations lose PyTorch's answers (see the module)
     copy_slice_backwards(gm)  # a slice's backward as a Pad, not a scatter between two transposes
     numbers_as_operands(gm)  # float64 graphs: no float32 attributes (double_precision_constants)
+    sizes_as_double(gm)  # float64 graphs: numbers computed from sizes in float64 (double_precision_sizes)
     propagate_nan(gm)  # ONNX Runtime's max/min reductions skip NaN (see the module)
     exact_floor_divisions(gm)  # onnxscript's floordiv of sizes truncates (see the module)
     if DIRECT_TRANSLATION:
