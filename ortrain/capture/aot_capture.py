@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from ortrain.capture.capture_package import GraphCode, recording_entries
+from ortrain.capture.causal_mask_detection import causal_masks_read_as_given
 from ortrain.capture.checkpointing import CheckpointRegions
 from ortrain.capture.cumulative_batch_norm import cumulative_batch_norm_traceable
 from ortrain.capture.data_assignments import data_assignments_as_copies
@@ -267,6 +268,7 @@ def capture(
         stack.enter_context(subclasses_as_plain_tensors())  # see capture/subclass_views.py
         stack.enter_context(annotate_module_paths(module))
         stack.enter_context(shared_submodules_restored())
+        stack.enter_context(causal_masks_read_as_given())
         # ctc_loss, recurrent layers: see capture/function_overrides.py
         stack.enter_context(function_overrides(recurrent_as_python_ops=opaque_functions))
         stack.enter_context(cumulative_batch_norm_traceable())
