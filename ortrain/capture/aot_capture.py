@@ -34,6 +34,7 @@ from ortrain.capture.fake_mode_release import forget_real_tensors, graph_fake_mo
 from ortrain.capture.forward_rewrite import ForwardRewrite, ForwardTrace, rewrite_forward
 from ortrain.capture.function_calls import intercept_functions
 from ortrain.capture.function_overrides import function_overrides
+from ortrain.capture.input_metadata_changes import refuse_metadata_changes
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig, MemoryReport
 from ortrain.capture.module_paths import annotate_module_paths
 from ortrain.capture.output_layouts import traced_layouts
@@ -302,6 +303,9 @@ def capture(
             stack, traced_module, tuple(example), decompositions=decomposition_table()
         )
         _skip_unread_graph_logs(joint)
+        names = [*joint.params_spec, *joint.buffers_spec]
+        names += [f"input {i}" for i in range(len(joint._aot_state.fw_metadata.input_info) - len(names))]
+        refuse_metadata_changes(joint._aot_state.fw_metadata.input_info, names)
         reports: list[MemoryReport] = []
         entries: list[Any] = []
         if package:

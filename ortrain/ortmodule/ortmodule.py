@@ -31,6 +31,7 @@ from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.functorch_transforms import functorch_transform_active
 from ortrain.capture.generator_resets import GeneratorResetError, refusing_generator_resets, user_forward
 from ortrain.capture.huggingface import register_hf_cache_types
+from ortrain.capture.input_metadata_changes import InputMetadataChangeError
 from ortrain.capture.lazy_recompile import graph_modules_compiled_on_first_call
 from ortrain.capture.memoized_functions import memoized_functions_unwrapped
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
@@ -955,6 +956,12 @@ class ORTModule(nn.Module):
         if isinstance(error, (PythonRandomnessError, GeneratorResetError)):
             logger.info(
                 "%s; the model trains through TorchDynamo's graph breaks, which draw at every step", error
+            )
+        elif (changed := _first(exception_chain(error), InputMetadataChangeError)) is not None:
+            logger.info(
+                "%s; the model trains through TorchDynamo's graph breaks, whose runtime makes that "
+                "change to the caller's tensor at every step",
+                changed,
             )
         elif isinstance(error, AutogradHookError):
             logger.info(

@@ -346,3 +346,32 @@ def test_eager_regions_of_the_graph_break_path_obey_the_fallback_policy(monkeypa
         for _ in range(2):
             torch.testing.assert_close(wrapped(ids), model(ids))
     assert len([r for r in caplog.records if "could not capture" in r.getMessage()]) == 1
+
+
+class _TransposesItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.t_()  # (3, n) -> (n, 3), the caller's tensor too
+        return self.linear(x)
+
+
+def test_a_forward_changing_its_inputs_shape_in_place_trains_through_graph_breaks() -> None:
+    """Until wave 42 the caller's tensor came back with the new shape over contiguous strides
+    (values scrambled) and every backward failed on a version counter."""
+    torch.manual_seed(0)
+    model = _TransposesItsInput()
+    wrapped = ORTModule(copy.deepcopy(model))
+    for step, n in enumerate((4, 4, 5)):
+        given_eager = torch.arange(3.0 * n).view(3, n) + step
+        given_ort = given_eager.clone()
+        want, got = model(given_eager), wrapped(given_ort)
+        torch.testing.assert_close(got, want)
+        assert given_ort.shape == given_eager.shape and given_ort.stride() == given_eager.stride()
+        torch.testing.assert_close(given_ort, given_eager)
+        want.square().sum().backward()
+        got.square().sum().backward()
+        torch.testing.assert_close(wrapped.linear.weight.grad, model.linear.weight.grad)
+    assert wrapped._ortrain_graph_breaks is not None
