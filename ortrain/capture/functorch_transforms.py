@@ -13,3 +13,13 @@ import torch
 
 def functorch_transform_active() -> bool:
     return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def any_batched(tensors: object) -> bool:
+    """Whether any of ``tensors`` is a vmap batched tensor, which has no storage of its own:
+    ``autograd.grad(..., is_grads_batched=True)`` hands a backward such gradients (through
+    PyTorch's older vmap, which leaves functorch's interpreter stack empty)."""
+    return any(
+        isinstance(t, torch.Tensor) and not torch._C._has_storage(t)
+        for t in tensors  # type: ignore[attr-defined]
+    )

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ortrain.capture.functorch_transforms import any_batched, functorch_transform_active
 from ortrain.capture.graph_task import backward_keeps_graph
 from ortrain.ortmodule.output_aliases import Layout, as_views, from_inputs, input_aliases, output_aliases
 from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, unflatten
@@ -188,7 +189,12 @@ class _TwiceDifferentiable(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         recompute: _Recompute = ctx.recompute
         keep = backward_keeps_graph()
-        if torch.is_grad_enabled():  # create_graph=True
+        # Under vmap (``autograd.grad(..., is_grads_batched=True)``, ``jacobian(vectorize=True)``)
+        # the gradients are functorch's batched tensors, which no captured graph can take (wave 42:
+        # "Cannot access data pointer" from ONNX Runtime's executor): the recompute in PyTorch
+        # differentiates them, as it does for create_graph=True.
+        batched = not torch.is_grad_enabled() and (functorch_transform_active() or any_batched(grads))
+        if torch.is_grad_enabled() or batched:
             # Unpacked here only: unpacking checks that no saved tensor was written in place since
             # the forward, which the recompute needs. The first-order backward reads none of them
             # (its captured graph checks what it saved itself), and checking them all refused a
@@ -198,7 +204,8 @@ class _TwiceDifferentiable(torch.autograd.Function):
             n_wanted, n_inputs = ctx.counts
             wanted, user_inputs = saved[:n_wanted], saved[n_wanted : n_wanted + n_inputs]
             trained = saved[n_wanted + n_inputs :]
-            outputs, wanted = _recomputed(recompute, user_inputs, trained, wanted, len(grads))
+            with torch.enable_grad() if batched else contextlib.nullcontext():
+                outputs, wanted = _recomputed(recompute, user_inputs, trained, wanted, len(grads))
         elif recompute.captured is None:
             raise RuntimeError(
                 "Trying to backward through the graph a second time: an ORTModule call's captured "

@@ -287,3 +287,19 @@ def test_hooks_on_parameters_and_inputs_run_once() -> None:
         results.append(([p.grad for p in model.parameters()], sorted(calls)))
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-7)
     assert results[1][1] == results[0][1]
+
+
+def test_batched_vector_jacobian_products_match_eager() -> None:
+    """``autograd.grad(..., is_grads_batched=True)`` and ``jacobian(vectorize=True)`` hand the
+    backward vmap's batched gradients: until wave 42 ONNX Runtime's executor failed on them
+    ("Cannot access data pointer of Tensor that doesn't have storage")."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
+    wrapped = ORTModule(copy.deepcopy(model))
+    x = torch.randn(2, 4, requires_grad=True)
+    products = torch.eye(6).reshape(6, 2, 3)
+    (want,) = torch.autograd.grad(model(x), x, products, is_grads_batched=True)
+    (got,) = torch.autograd.grad(wrapped(x), x, products, is_grads_batched=True)
+    torch.testing.assert_close(got, want)
+    jacobian = torch.autograd.functional.jacobian
+    torch.testing.assert_close(jacobian(wrapped, x, vectorize=True), jacobian(model, x, vectorize=True))
