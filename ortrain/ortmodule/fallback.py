@@ -9,6 +9,7 @@ upstream's, alone or joined with ``|``. The policy enum and the exceptions live 
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable
 
 from ortrain.errors import (
     FallbackPolicy,
@@ -54,6 +55,8 @@ class FallbackManager:
     def __init__(self, policy: FallbackPolicy) -> None:
         self.policy = policy
         self.reason: ORTModuleFallbackException | None = None
+        # Graph keys whose capture failed while other graphs of the model run (see handle_one_graph).
+        self.graphs_in_pytorch: dict[Hashable, ORTModuleFallbackException] = {}
 
     @property
     def active(self) -> bool:
@@ -69,3 +72,20 @@ class FallbackManager:
             "(ORTMODULE_FALLBACK_POLICY=FALLBACK_DISABLE makes this an error). Cause: %s",
             error,
         )
+
+    def handle_one_graph(self, key: Hashable, error: ORTModuleFallbackException) -> bool:
+        """A capture failed for one graph key while the model's other graphs run on ONNX Runtime
+        (a force-field model, ``autograd.grad`` inside its forward, captures for training and fails
+        in ``eval()``): under a policy that allows falling back, calls with that key run in PyTorch
+        and the others stay; until wave 42 the model trained in PyTorch for good. False where the
+        policy forbids it."""
+        if not (self.policy & error.policy):
+            return False
+        self.graphs_in_pytorch[key] = error
+        logger.warning(
+            "ORTModule could not capture this call's graph, whose calls run in PyTorch from now on; "
+            "the model's other graphs stay on ONNX Runtime "
+            "(ORTMODULE_FALLBACK_POLICY=FALLBACK_DISABLE makes this an error). Cause: %s",
+            error,
+        )
+        return True

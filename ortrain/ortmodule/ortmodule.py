@@ -352,6 +352,7 @@ class ORTModule(nn.Module):
 
     def _invalidate(self) -> None:
         self._ortrain_graphs.clear()
+        self._ortrain_fallback.graphs_in_pytorch.clear()  # the changed model may capture
 
     def reset_graphs(self) -> None:
         """Drop every captured graph and its sessions; the next call captures again.
@@ -555,6 +556,8 @@ class ORTModule(nn.Module):
         if self._ortrain_graph_breaks is not None:
             return self._ortrain_graph_breaks(args, kwargs)
         call, state, key = self._guard(args, kwargs)
+        if key in self._ortrain_fallback.graphs_in_pytorch:
+            return self._ortrain_module(*args, **kwargs)
         if state.uninitialized:
             logger.info("lazy modules have no parameters yet: this step runs in PyTorch, which makes them")
             return self._ortrain_module(*args, **kwargs)
@@ -597,6 +600,13 @@ class ORTModule(nn.Module):
                 if self._switch_to_graph_breaks():
                     return self._run_on_ort(args, kwargs)
                 self._raise_if_user_error(args, kwargs)
+                failure = sys.exc_info()[1]
+                if (
+                    cache
+                    and isinstance(failure, ORTModuleFallbackException)
+                    and self._ortrain_fallback.handle_one_graph(key, failure)
+                ):
+                    return self._ortrain_module(*args, **kwargs)
                 raise
             if changes:
                 return self._after_a_capture_changed_the_model(

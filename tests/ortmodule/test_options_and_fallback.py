@@ -437,3 +437,49 @@ def test_a_run_time_failure_that_pytorch_accepts_falls_back(monkeypatch, caplog)
     with caplog.at_level(logging.WARNING, logger="ortrain"):
         torch.testing.assert_close(wrapped(x), inner(x))
     assert "simulated ONNX Runtime failure" in caplog.text
+
+
+class _Energy(nn.Module):
+    """A force field: forces are the energy's gradient, taken inside the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(3, 16)
+        self.out = nn.Linear(16, 1)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.enable_grad():
+            positions = positions.detach().requires_grad_(True)
+            energy = self.out(torch.tanh(self.hidden(positions))).sum()
+            forces = -torch.autograd.grad(energy, positions, create_graph=self.training)[0]
+        return energy, forces
+
+
+def test_a_graph_that_fails_to_capture_runs_in_pytorch_alone(monkeypatch, caplog) -> None:
+    """Its eval() capture fails (the inner backward frees what the capture's own backward reads):
+    until wave 42 the model then trained in PyTorch for good; now only eval() calls do."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    torch.manual_seed(0)
+    model = _Energy()
+    wrapped = ORTModule(copy.deepcopy(model))
+    positions = torch.randn(5, 3)
+
+    def step(m: nn.Module) -> torch.Tensor:
+        energy, forces = m(positions)
+        loss = (energy - 1) ** 2 + forces.square().mean()
+        loss.backward()
+        return loss
+
+    torch.testing.assert_close(step(wrapped), step(model))
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for _ in range(2):
+            wrapped.eval()
+            model.eval()
+            for got, want in zip(wrapped(positions), model(positions), strict=True):
+                torch.testing.assert_close(got, want)
+            wrapped.train()
+            model.train()
+            torch.testing.assert_close(step(wrapped), step(model))
+    assert len([r for r in caplog.records if "could not capture this call's graph" in r.getMessage()]) == 1
+    assert not wrapped._ortrain_fallback.active
+    assert type(wrapped(positions)[0].grad_fn).__name__ == "_TwiceDifferentiableBackward"
