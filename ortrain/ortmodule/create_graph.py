@@ -34,10 +34,11 @@ def _before_backward(grad_outputs: Any) -> None:
     logger.warning(
         "backward(create_graph=True) through an ORTModule graph that cannot be recomputed in "
         "PyTorch (the model writes into its input in place, reads a tensor that requires grad and "
-        "is neither its parameter nor an input, or calls opaque autograd Functions or reentrant "
-        "checkpoints): its gradients come from the captured backward graph and cannot be "
-        "differentiated again (a second backward raises 'does not currently support double "
-        "backward'). For a second-order term, run that forward on the plain model, `wrapped.module`."
+        "is neither its parameter nor an input, calls opaque autograd Functions or reentrant "
+        "checkpoints, or trains through TorchDynamo's graph breaks): its gradients come from the "
+        "captured backward graph and cannot be differentiated again (a second backward raises "
+        "'does not currently support double backward'). For a second-order term, run that "
+        "forward on the plain model, `wrapped.module`."
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from ortrain.capture.data_assignments import IN_PLACE_ADVICE
 from ortrain.capture.dynamo_backend import (
@@ -27,6 +28,7 @@ from ortrain.capture.dynamo_backend import (
     source_line,
 )
 from ortrain.capture.dynamo_regions import close_region, open_region
+from ortrain.ortmodule.create_graph import watch_for_create_graph
 from ortrain.ortmodule.fallback import ORTModuleFallbackException, ORTModuleTorchModelException
 from ortrain.ortmodule.guards import global_hook_ids
 from ortrain.ortmodule.options import DebugOptions, RuntimeOptions
@@ -86,6 +88,9 @@ class GraphBreakPath:
                         f"capture of a graph between graph breaks failed: {_described(inner)}"
                     ) from error
                 raise
+        # AOTAutograd's graphs cannot be differentiated twice: a gradient penalty hears why at its
+        # first backward, as on the whole-graph path (wave 42: only torch.compile's own error).
+        watch_for_create_graph(pytree.tree_leaves(outputs))
         if self.eager_regions and not self.policy & ORTModuleTorchModelException.policy:
             # Under a policy without FALLBACK_UNSUPPORTED_TORCH_MODEL such code is an error, at
             # every call (until wave 42 a warning, and the code trained in PyTorch).

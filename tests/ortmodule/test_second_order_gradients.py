@@ -303,3 +303,30 @@ def test_batched_vector_jacobian_products_match_eager() -> None:
     torch.testing.assert_close(got, want)
     jacobian = torch.autograd.functional.jacobian
     torch.testing.assert_close(jacobian(wrapped, x, vectorize=True), jacobian(model, x, vectorize=True))
+
+
+class _CriticWithItem(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        return h * 2 if h.mean().item() > 0 else h  # data-dependent: graph breaks
+
+
+def test_a_gradient_penalty_through_graph_breaks_says_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TorchDynamo's graphs cannot be differentiated twice: until wave 42 a WGAN-GP critic on that
+    path got torch.compile's error alone, with no pointer to ``wrapped.module``."""
+    monkeypatch.setattr(create_graph, "_warned", False)
+    wrapped = ORTModule(_CriticWithItem())
+    x = torch.randn(3, 4, requires_grad=True)
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        (grad,) = torch.autograd.grad(wrapped(x).sum(), x, create_graph=True)
+    assert wrapped._ortrain_graph_breaks is not None
+    warnings = [r.getMessage() for r in caplog.records if "create_graph=True" in r.getMessage()]
+    assert len(warnings) == 1 and "graph breaks" in warnings[0] and "wrapped.module" in warnings[0]
+    with pytest.raises(RuntimeError, match="double backward"):
+        grad.pow(2).sum().backward()
