@@ -415,6 +415,11 @@ def export_graph(gm: torch.fx.GraphModule, *, opset_version: int) -> ExportedGra
         if out is None:
             outputs.append(OutputSource("none"))
             continue
+        if isinstance(out, int) and not isinstance(out, bool):
+            # A size TorchDynamo's graph returns as the number it was specialized to (Funnel's
+            # ``seq_len``): handed back as that number (wave 42: refused, the region in PyTorch).
+            outputs.append(OutputSource("size", expr=sympy.Integer(out)))
+            continue
         if not isinstance(out, torch.fx.Node):
             raise ExportError(f"graph output {position} is a constant {out!r}, which ortrain does not expect")
         if isinstance(out.meta.get("val"), (torch.SymFloat, torch.SymBool)) or (

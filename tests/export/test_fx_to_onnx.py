@@ -227,3 +227,18 @@ def test_a_stride_no_size_determines_is_refused_by_name(monkeypatch: pytest.Monk
     wrapped(torch.randn(3, 8)[:, ::2])
     with pytest.raises(ORTModuleONNXModelException, match=r"strides .* that no input size determines"):
         wrapped(torch.randn(5, 8)[:, ::2])
+
+
+def test_a_constant_int_output_comes_back_as_that_number() -> None:
+    """TorchDynamo may return a size it specialized as a plain int (Funnel's ``seq_len``): until
+    wave 42 the export refused it and the whole region ran in PyTorch."""
+    gm = make_fx(lambda x: (torch.tanh(x),))(torch.randn(3, 4))
+    output = gm.graph.output_node()
+    output.args = ((*output.args[0], 8),)
+    gm.recompile()
+    exported = export_graph(gm, opset_version=18)
+    runner = OrtSessionRunner(exported, device=torch.device("cpu"))
+    x = torch.randn(3, 4)
+    result, size = runner([x])
+    torch.testing.assert_close(result, torch.tanh(x))
+    assert size == 8 and type(size) is int
