@@ -48,6 +48,7 @@ from ortrain.export.exporter_decompositions import (
 )
 from ortrain.export.flash_attention_math import MATH_FORMS, NoMathForm, laid_out_like, math_form_applies
 from ortrain.export.number_operands import tensors_for_number_operands
+from ortrain.export.numel_as_sizes import numel_as_sizes
 from ortrain.export.onnx_translations import torchlib_registry
 from ortrain.export.recorded_type_promotion import insert_type_promotion_nodes
 
@@ -173,6 +174,7 @@ def _decompose_untranslated(
 
     def checked_trace(table: dict[Any, Any], call: _DecompositionCall) -> torch.fx.GraphModule:
         decomposed = call.trace(table)
+        numel_as_sizes(decomposed)
         for inner in decomposed.graph.nodes:
             if inner.op == "call_function" and _needs_decomposition(inner, translated):
                 raise Unsupported(f"the decomposition of {call.node.target} leaves {inner.target}")
