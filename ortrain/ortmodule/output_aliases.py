@@ -94,17 +94,21 @@ def as_views(returned: Sequence[Any], aliases: dict[int, tuple[int, Layout]]) ->
     return tuple(result)
 
 
-def input_aliases(outputs: Sequence[Any], tensors: Sequence[torch.Tensor]) -> dict[int, tuple[int, Layout]]:
-    """Output position -> (the position in ``tensors`` whose memory it is, its layout there; None
-    where it is laid out as that tensor): the outputs that are the call's tensors or views of
-    them. (The captured call never returns memory of its own in an input's storage: ONNX Runtime
-    copies a graph output that is a graph input, so sharing means AOTAutograd made the output
-    as a view of the input.)"""
+# Output position -> (the position in ``tensors`` whose memory it is, its layout there or None
+# where it is laid out as that tensor, whether the output requires grad).
+InputAliases = dict[int, tuple[int, Layout, bool]]
+
+
+def input_aliases(outputs: Sequence[Any], tensors: Sequence[torch.Tensor]) -> InputAliases:
+    """The outputs that are the call's tensors or views of them (see :data:`InputAliases`); a
+    detached one (``x.detach()``) is detached again. (The captured call never returns memory of
+    its own in an input's storage: ONNX Runtime copies a graph output that is a graph input, so
+    sharing means AOTAutograd made the output as a view of the input.)"""
     holders: dict[int, list[tuple[int, torch.Tensor]]] = {}
     for k, t in enumerate(tensors):
         if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.numel() > 0:
             holders.setdefault(t.untyped_storage().data_ptr(), []).append((k, t))
-    found: dict[int, tuple[int, Layout]] = {}
+    found: InputAliases = {}
     for i, o in enumerate(outputs):
         if not isinstance(o, torch.Tensor) or o.layout != torch.strided or o.numel() == 0:
             continue
@@ -113,16 +117,17 @@ def input_aliases(outputs: Sequence[Any], tensors: Sequence[torch.Tensor]) -> di
                 continue
             layout = (o.shape, o.stride(), o.storage_offset())
             same = layout == (t.shape, t.stride(), t.storage_offset())
-            found[i] = (k, None if same else layout)
+            found[i] = (k, None if same else layout, o.requires_grad)
             break
     return found
 
 
 def from_inputs(
-    returned: Sequence[Any], aliases: dict[int, tuple[int, Layout]], tensors: Sequence[torch.Tensor]
+    returned: Sequence[Any], aliases: InputAliases, tensors: Sequence[torch.Tensor]
 ) -> tuple[Any, ...]:
     """``returned`` with each output of :func:`input_aliases` made again from the tensor itself."""
     result = list(returned)
-    for i, (k, layout) in aliases.items():
-        result[i] = tensors[k] if layout is None else tensors[k].as_strided(*layout)
+    for i, (k, layout, requires_grad) in aliases.items():
+        source = tensors[k] if requires_grad or not tensors[k].requires_grad else tensors[k].detach()
+        result[i] = source if layout is None else source.as_strided(*layout)
     return tuple(result)

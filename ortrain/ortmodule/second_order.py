@@ -29,7 +29,14 @@ from torch import nn
 
 from ortrain.capture.functorch_transforms import any_batched, functorch_transform_active
 from ortrain.capture.graph_task import backward_keeps_graph
-from ortrain.ortmodule.output_aliases import Layout, as_views, from_inputs, input_aliases, output_aliases
+from ortrain.ortmodule.output_aliases import (
+    InputAliases,
+    Layout,
+    as_views,
+    from_inputs,
+    input_aliases,
+    output_aliases,
+)
 from ortrain.ortmodule.schema import Spec, flatten_inputs, flatten_outputs, unflatten
 
 
@@ -97,7 +104,7 @@ class _Recompute:
         # Outputs that share memory with others (see :mod:`ortrain.ortmodule.output_aliases`).
         self.aliases: dict[int, tuple[int, Layout]] = {}
         # Outputs that are the node's tensors or views of them (input_aliases).
-        self.input_aliases: dict[int, tuple[int, Layout]] = {}
+        self.input_aliases: InputAliases = {}
 
     def forward(self, tensors: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         self.devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})

@@ -312,3 +312,20 @@ def test_outputs_that_are_inputs_or_parameters_are_them_with_their_history(writt
             grads.append(emb.weight.grad.clone())
             emb.zero_grad()
         torch.testing.assert_close(grads[1], grads[0], msg=f"step {step}")
+
+
+class _ReturnsDetachedInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.linear(x), x.detach(), self.linear.weight.detach()[0]
+
+
+def test_detached_views_of_inputs_stay_detached() -> None:
+    wrapped = ORTModule(_ReturnsDetachedInputs())
+    x = torch.randn(3, 4, requires_grad=True)
+    _, detached, row = wrapped(x)
+    assert not detached.requires_grad and not row.requires_grad
+    assert detached.data_ptr() == x.data_ptr() and row.data_ptr() == wrapped.linear.weight.data_ptr()
