@@ -32,9 +32,11 @@ class _Model(nn.Module):
 
 
 @pytest.mark.parametrize("form", list(FORMS), ids=str)
-def test_numbers_from_open_sizes_are_float64_in_a_float64_model(form: str) -> None:
+def test_numbers_from_open_sizes_are_float64_in_a_float64_model(monkeypatch, form: str) -> None:
     """Until wave 42 they were computed in float32 (torch.onnx translates symbolic floats as
     FLOAT): gradients 3e-8 to 6e-8 relative off from the second batch size on."""
+    # Per operator only: ONNX Runtime's float64 batch norm is not PyTorch's, that node runs there.
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_ONNX_MODEL")
     torch.manual_seed(0)
     eager = _Model(FORMS[form])
     wrapped = ORTModule(copy.deepcopy(eager))
