@@ -78,8 +78,17 @@ def _padding(node: torch.fx.Node) -> torch.fx.Node | None:
     before, after = bounds[0], sizes[dim] - bounds[1]
     # constant_pad_nd's list runs from the last dimension backwards, two numbers each.
     pad = [0, 0] * (value.dim() - 1 - dim) + [before, after]
-    fake_mode = getattr(value, "fake_mode", None)
-    return call_with_value(node.graph, aten.constant_pad_nd.default, (grad, pad, 0.0), fake_mode=fake_mode)
+    return _with_the_value_of(node, aten.constant_pad_nd.default, (grad, pad, 0.0))
+
+
+def _with_the_value_of(node: torch.fx.Node, target: object, args: tuple[object, ...]) -> torch.fx.Node:
+    """A ``target(*args)`` node that stands for ``node``, with ``node``'s own value: running the
+    operator on fake values with symbolic sizes checked them against their hints and added guards
+    (``Eq(s49, 4)``): until wave 42 a graph of a fused query-key-value model was specialized to
+    the length it was captured at, and every new sequence length captured again."""
+    padded = node.graph.call_function(target, args)
+    padded.meta["val"] = node.meta["val"]
+    return padded
 
 
 def _select_padding(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -95,10 +104,10 @@ def _select_padding(node: torch.fx.Node) -> torch.fx.Node | None:
     if not isinstance(size, int) or not -size <= index < size:
         return None
     index %= size
-    fake_mode = getattr(value, "fake_mode", None)
-    widened = call_with_value(node.graph, aten.unsqueeze.default, (grad, dim), fake_mode=fake_mode)
+    widened = node.graph.call_function(aten.unsqueeze.default, (grad, dim))
+    widened.meta["val"] = value.unsqueeze(dim)  # a view's metadata: no size is compared
     pad = [0, 0] * (len(sizes) - 1 - dim) + [index, size - 1 - index]
-    return call_with_value(node.graph, aten.constant_pad_nd.default, (widened, pad, 0.0), fake_mode=fake_mode)
+    return _with_the_value_of(node, aten.constant_pad_nd.default, (widened, pad, 0.0))
 
 
 def _as_copies(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -129,4 +138,4 @@ def _as_copies(node: torch.fx.Node) -> torch.fx.Node | None:
         )
     if len(pieces) == 1:
         return None  # the whole tensor: a copy of src, which the translation handles as it is
-    return call_with_value(node.graph, aten.cat.default, (pieces, dim), fake_mode=fake_mode)
+    return _with_the_value_of(node, aten.cat.default, (pieces, dim))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 from collections.abc import Callable
 
 import onnxruntime as ort
@@ -65,3 +66,33 @@ def test_a_step_other_than_one_and_an_empty_range_stay() -> None:
     assert copy_slice_backwards(stepped) == 0
     empty = make_fx(lambda g: aten.slice_scatter(g, g[:, 5:3], 1, 5, 3), tracing_mode="fake")(g)
     assert copy_slice_backwards(empty) == 0
+
+
+class _FusedQueryKeyValue(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.project = torch.nn.Linear(32, 96)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = h.shape
+        q, k, v = self.project(h).view(batch, length, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)[:, :-1, :, 2:7]
+        return out.square().mean()
+
+
+def test_the_rewrite_keeps_sizes_symbolic() -> None:
+    """Computing the padded values on fake tensors compared a symbolic length with its hint: until
+    wave 42 the dynamic graph was specialized to one length, and every new length captured again."""
+    from ortrain import ORTModule
+
+    torch.manual_seed(0)
+    eager = _FusedQueryKeyValue()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for length in range(3, 9):
+        h = torch.randn(2, length, 32)
+        want, got = eager(h), wrapped(h)
+        want.backward()
+        got.backward()
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(wrapped.project.weight.grad, eager.project.weight.grad)
+    assert sum(len(entries) for entries in wrapped._ortrain_graphs.values()) == 2  # static, then dynamic
