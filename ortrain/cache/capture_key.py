@@ -64,7 +64,13 @@ from ortrain.capture.global_reads import (
     methods_called_from_outside,
 )
 from ortrain.capture.held_objects import is_held_object
-from ortrain.capture.plain_values import is_config_type, is_other_number, plain_form, python_attributes
+from ortrain.capture.plain_values import (
+    NOT_PLAIN,
+    is_config_type,
+    is_other_number,
+    plain_form,
+    python_attributes,
+)
 from ortrain.capture.tensor_attributes import tensor_attributes
 
 logger = logging.getLogger("ortrain.cache")
@@ -139,20 +145,62 @@ def _describe_bound(value: Any, depth: int) -> Any:
     return describe(value, depth)
 
 
+def _plain_or_kind(value: Any) -> Any:
+    """A default or a closure value: by value where plain, else by its code or its type. (Not
+    walked: a decorator's closure holds the function it wraps, which may reach itself.)"""
+    form = plain_form(value)
+    if form is not NOT_PLAIN:
+        return form
+    code = getattr(value, "__code__", None)
+    if code is not None:
+        return {"code": _code_digest(code)}
+    kind = type(value)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _values_of(function: Any) -> dict[str, Any]:
+    """The values a function's call uses besides its arguments: defaults and closure cells."""
+    cells = []
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            cells.append(_plain_or_kind(cell.cell_contents))
+        except ValueError:  # a cell not filled yet
+            cells.append(None)
+    return {
+        "defaults": [_plain_or_kind(v) for v in getattr(function, "__defaults__", None) or ()],
+        "kwdefaults": {
+            k: _plain_or_kind(v) for k, v in sorted((getattr(function, "__kwdefaults__", None) or {}).items())
+        },
+        "closure": cells,
+    }
+
+
 def _describe_code(function: Any) -> Any:
-    """A method or function by its name and code (None where the class does not define the name).
-    Its closure and defaults are left out: a decorator's closure can reach itself, and the
-    function's own values are read as globals and attributes (above)."""
+    """A method or function by its name and code (None where the class does not define the name),
+    with the defaults and closure values of it and of each decorator wrapping it (wave 42: a
+    method's ``slope=CFG["slope"]`` and ``@scaled(CFG["s"])`` read from a file, changed between
+    processes, loaded the capture made with the old value); the globals and attributes its code
+    reads are keyed apart (above)."""
     if isinstance(function, property):
         return {"property": [_describe_code(f) for f in (function.fget, function.fset, function.fdel)]}
-    target = inspect.unwrap(getattr(function, "__func__", function)) if function is not None else None
+    outer = getattr(function, "__func__", function) if function is not None else None
+    chain = []
+    while outer is not None and len(chain) < 16:
+        chain.append(outer)
+        outer = getattr(outer, "__wrapped__", None)
+    target = chain[-1] if chain else None
     code = getattr(target, "__code__", None)
     if code is None:  # None, a builtin, or a callable object (described by its class)
         if target is None:
             return None
         kind = target if isinstance(target, type | types.BuiltinFunctionType) else type(target)
         return f"{kind.__module__}.{kind.__qualname__}"
-    return {"function": f"{target.__module__}.{target.__qualname__}", "code": _code_digest(code)}
+    return {
+        "function": f"{target.__module__}.{target.__qualname__}",
+        "code": _code_digest(code),
+        "values": [_values_of(f) for f in chain],
+        "wrappers": [_code_digest(f.__code__) for f in chain[:-1] if hasattr(f, "__code__")],
+    }
 
 
 def _is_code(value: Any) -> bool:
@@ -448,6 +496,33 @@ def ortrain_code_hash() -> str:
     return digest.hexdigest()
 
 
+# Where a script may patch PyTorch before building its model (``F.gelu = ...``, ``torch.tanh =
+# ...``, ``torch.Tensor.tanh = ...``).
+_TORCH_NAMESPACES = ("torch", "torch.nn.functional", "torch.special", "torch.linalg", "torch.fft")
+
+
+def patched_torch_functions() -> dict[str, Any]:
+    """The Python functions from outside PyTorch found in its namespaces, by name, code and values:
+    a patch applied at start-up (depending on a configuration file, say) changes what a graph
+    computes, and until wave 42 a later process without it loaded the capture made with it."""
+    found: dict[str, Any] = {}
+    spaces = [(name, vars(sys.modules[name])) for name in _TORCH_NAMESPACES if name in sys.modules]
+    spaces.append(("torch.Tensor", vars(torch.Tensor)))
+    for space, namespace in spaces:
+        for name, value in namespace.items():
+            function = getattr(value, "__func__", value)
+            module = getattr(function, "__module__", None) or ""
+            if name.startswith("_") or module.startswith("torch"):  # PyTorch's own, or typing's
+                continue
+            if isinstance(function, types.FunctionType):
+                found[f"{space}.{name}"] = {
+                    "function": f"{module}.{function.__qualname__}",
+                    "code": _code_digest(function.__code__),
+                    "values": _values_of(function),
+                }
+    return found
+
+
 def global_switches() -> dict[str, Any]:
     return {
         "default dtype": str(torch.get_default_dtype()),
@@ -476,6 +551,7 @@ def capture_key(
             "argv": list(sys.argv),
             "environment": environment,
             "switches": global_switches(),
+            "patched torch": patched_torch_functions(),
         }
     except Undescribable as reason:
         logger.debug("capture not cached: the key cannot describe %s", reason)

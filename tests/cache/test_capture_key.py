@@ -463,3 +463,55 @@ def test_a_logger_or_lock_on_the_class_leaves_the_model_cacheable() -> None:
     key undescribable, and such a model silently lost its capture cache."""
     reference = _key(_WithALoggerOnTheClass())
     assert reference is not None and _key(_WithALoggerOnTheClass()) == reference
+
+
+def _scaled_by(factor: float) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    import functools
+
+    def decorate(forward: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(forward)
+        def scaled(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            return forward(self, x) * factor
+
+        return scaled
+
+    return decorate
+
+
+def _configured_model(slope: float, factor: float) -> nn.Module:
+    """A model whose method default and forward decorator come from a configuration."""
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def act(self, h: torch.Tensor, slope: float = slope) -> torch.Tensor:
+            return torch.nn.functional.leaky_relu(h, slope)
+
+        @_scaled_by(factor)
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.act(self.fc(x))
+
+    return Block()
+
+
+def test_method_defaults_and_decorator_values_miss() -> None:
+    """Read from a file at start-up and changed between processes: until wave 42 the later
+    process loaded the capture made with the old value."""
+    reference = _key(_configured_model(0.01, 1.0))
+    assert reference is not None and _key(_configured_model(0.01, 1.0)) == reference
+    assert _key(_configured_model(0.7, 1.0)) != reference
+    assert _key(_configured_model(0.01, 3.0)) != reference
+
+
+def test_a_pytorch_function_patched_by_the_script_misses(monkeypatch: pytest.MonkeyPatch) -> None:
+    reference = _key(_Block())
+    gelu = torch.nn.functional.gelu
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.nn.functional, "gelu", lambda x, approximate="none": 2 * gelu(x))
+        assert _key(_Block()) != reference
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.Tensor, "tanh", lambda self: 2 * torch.tanh(self))
+        assert _key(_Block()) != reference
+    assert _key(_Block()) == reference
