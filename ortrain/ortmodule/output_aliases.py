@@ -99,26 +99,46 @@ def as_views(returned: Sequence[Any], aliases: dict[int, tuple[int, Layout]]) ->
 InputAliases = dict[int, tuple[int, Layout, bool]]
 
 
-def input_aliases(outputs: Sequence[Any], tensors: Sequence[torch.Tensor]) -> InputAliases:
-    """The outputs that are the call's tensors or views of them (see :data:`InputAliases`); a
-    detached one (``x.detach()``) is detached again. (The captured call never returns memory of
-    its own in an input's storage: ONNX Runtime copies a graph output that is a graph input, so
-    sharing means AOTAutograd made the output as a view of the input.)"""
+def input_aliases(outputs: Sequence[Any], passed: Sequence[torch.Tensor]) -> InputAliases:
+    """The outputs that are the call's tensors or views of them (see :data:`InputAliases`), given
+    ``passed``, the tensors the captured call ran on (aliases of the node's tensors, position by
+    position); a detached one (``x.detach()``) is detached again. (The captured call never returns
+    memory of its own in an input's storage: ONNX Runtime copies a graph output that is a graph
+    input, so sharing means AOTAutograd made the output as a view of the input.)
+
+    The output's source is found by identity first (the tensor itself, or the base AOTAutograd
+    made the view of), then, for a view of a view, among the tensors whose memory holds it: two
+    inputs over one storage (``m(base[:, :4], base[:, 4:])``, ``m(x.detach(), x)``) must not be
+    mistaken for each other (wave 42's second reading: a gradient lost)."""
+    position = {id(t): k for k, t in enumerate(passed)}
     holders: dict[int, list[tuple[int, torch.Tensor]]] = {}
-    for k, t in enumerate(tensors):
+    for k, t in enumerate(passed):
         if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.numel() > 0:
             holders.setdefault(t.untyped_storage().data_ptr(), []).append((k, t))
     found: InputAliases = {}
     for i, o in enumerate(outputs):
         if not isinstance(o, torch.Tensor) or o.layout != torch.strided or o.numel() == 0:
             continue
-        for k, t in holders.get(o.untyped_storage().data_ptr(), ()):
-            if t.dtype != o.dtype:
+        layout = (o.shape, o.stride(), o.storage_offset())
+        k = position.get(id(o), position.get(id(o._base)) if o._base is not None else None)
+        if k is None:
+            first, last = _span(o)
+            candidates = [
+                (j, t)
+                for j, t in holders.get(o.untyped_storage().data_ptr(), ())
+                if t.dtype == o.dtype and _span(t)[0] <= first and last <= _span(t)[1]
+            ]
+            # The same layout first, then the same requires_grad (``x.detach()`` next to ``x``).
+            candidates.sort(
+                key=lambda c: ((c[1].shape, c[1].stride(), c[1].storage_offset()) != layout,
+                               c[1].requires_grad != o.requires_grad)
+            )  # fmt: skip
+            if not candidates:
                 continue
-            layout = (o.shape, o.stride(), o.storage_offset())
-            same = layout == (t.shape, t.stride(), t.storage_offset())
-            found[i] = (k, None if same else layout, o.requires_grad)
-            break
+            k = candidates[0][0]
+        t = passed[k]
+        same = layout == (t.shape, t.stride(), t.storage_offset())
+        found[i] = (k, None if same else layout, o.requires_grad)
     return found
 
 

@@ -172,15 +172,16 @@ class _TwiceDifferentiable(torch.autograd.Function):
                 wanted.append(t)
             ctx.positions.append(place[id(t)] if first else None)
         leaves = [t.detach().requires_grad_() for t in wanted]
+        passed = [leaves[place[id(t)]] if t.requires_grad else t for t in tensors]
         with torch.enable_grad():
-            outputs = recompute.forward([leaves[place[id(t)]] if t.requires_grad else t for t in tensors])
+            outputs = recompute.forward(passed)
         # Held on the node, not saved: the user may write into an output (the Hugging Face Trainer
         # scales its loss in place), which eager allows when nothing saved it. The backward drops
         # them unless the outer backward keeps its graph.
         recompute.captured = [o if o.requires_grad else None for o in outputs]
         recompute.leaves = leaves
         recompute.aliases = output_aliases(outputs)
-        recompute.input_aliases = input_aliases(outputs, tensors)
+        recompute.input_aliases = input_aliases(outputs, passed)
         # Saved: the tensors whose gradients the backward returns (kept on the node, a block's
         # input would outlive its backward), the call's own tensors and the parameters that
         # require grad (the recompute's inputs).

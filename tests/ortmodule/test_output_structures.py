@@ -329,3 +329,30 @@ def test_detached_views_of_inputs_stay_detached() -> None:
     _, detached, row = wrapped(x)
     assert not detached.requires_grad and not row.requires_grad
     assert detached.data_ptr() == x.data_ptr() and row.data_ptr() == wrapped.linear.weight.data_ptr()
+
+
+class _ReturnsItsSecondInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.linear(a), b
+
+
+def test_an_output_that_is_one_of_two_inputs_over_one_storage_is_that_input() -> None:
+    """``m(base[:, :4], base[:, 4:])`` returning ``b``: wave 42's first fix made it a view of ``a``
+    (the first tensor over that storage), and the gradient of ``b``'s half was lost."""
+    torch.manual_seed(0)
+    model = _ReturnsItsSecondInput()
+    wrapped = ORTModule(copy.deepcopy(model))
+    grads = []
+    for m in (model, wrapped):
+        leaf = torch.arange(24.0).view(3, 8).requires_grad_()
+        base = leaf * 1
+        a, b = base[:, :4], base[:, 4:]
+        h, returned = m(a, b)
+        assert returned is b or returned.data_ptr() == b.data_ptr()
+        (h.sum() + (returned * torch.arange(4.0)).sum()).backward()
+        grads.append(leaf.grad)
+    torch.testing.assert_close(grads[1], grads[0])
