@@ -190,6 +190,25 @@ def _fake_inputs(
     return fakes
 
 
+def _distinct_state_names(module: torch.nn.Module, names: list[str]) -> list[str]:
+    """``names`` (the parameters' then the buffers', each name of a tensor) with each tensor's first
+    name only: the order of AOTAutograd's deduplicated inputs. Until wave 42 the metadata was read
+    against every name, and a BatchNorm registered under two names failed the capture ("zip()
+    argument 2 is shorter than argument 1")."""
+    named = dict(module.named_parameters(remove_duplicate=False))
+    named.update(module.named_buffers(remove_duplicate=False))
+    seen: set[int] = set()
+    distinct = []
+    for name in names:
+        tensor = named.get(name)
+        if tensor is not None:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+        distinct.append(name)
+    return distinct
+
+
 def _skip_unread_graph_logs(joint: Any) -> None:
     """AOTAutograd renders the joint, forward and backward graphs as text for its loggers whether
     or not anyone reads them (0.1-0.2 s per capture of the tiny GPT); render them only when
@@ -303,9 +322,10 @@ def capture(
             stack, traced_module, tuple(example), decompositions=decomposition_table()
         )
         _skip_unread_graph_logs(joint)
-        names = [*joint.params_spec, *joint.buffers_spec]
-        names += [f"input {i}" for i in range(len(joint._aot_state.fw_metadata.input_info) - len(names))]
-        refuse_metadata_changes(joint._aot_state.fw_metadata.input_info, names)
+        input_info = joint._aot_state.fw_metadata.input_info
+        distinct = _distinct_state_names(traced_module, [*joint.params_spec, *joint.buffers_spec])
+        names = distinct + [f"input {i}" for i in range(len(input_info) - len(distinct))]
+        refuse_metadata_changes(input_info, names)
         reports: list[MemoryReport] = []
         entries: list[Any] = []
         if package:
@@ -317,13 +337,15 @@ def capture(
             bw_compiler=compiler("backward"),
         )
     state_names = list(joint.params_spec) + list(joint.buffers_spec)
-    user_inputs = joint._aot_state.fw_metadata.input_info[len(state_names) :]
+    # AOTAutograd's metadata holds each distinct tensor once (a module under two names: its
+    # parameters and buffers twice in the names, once there).
+    user_inputs = joint._aot_state.fw_metadata.input_info[len(distinct) :]
     mutated = frozenset(i for i, info in enumerate(user_inputs) if info.mutates_data)
-    state_args = joint._aot_state.flat_args[: len(state_names)]
-    state_info = joint._aot_state.fw_metadata.input_info[: len(state_names)]
+    state_args = joint._aot_state.flat_args[: len(distinct)]
+    state_info = joint._aot_state.fw_metadata.input_info[: len(distinct)]
     sized_on_first_use = tuple(
         name
-        for name, arg, info in zip(state_names, state_args, state_info, strict=True)
+        for name, arg, info in zip(distinct, state_args, state_info, strict=True)
         if info.mutates_data and isinstance(arg, torch.Tensor) and arg.numel() == 0
     )
     if "forward" not in slots:
