@@ -23,10 +23,12 @@ import torch
 
 from ortrain.capture.dynamo_backend import BACKEND_NAME, aot_backend, register
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
+from ortrain.ortmodule.log_output import configure_log_output
 from ortrain.ortmodule.options import (
     DebugOptions,
     RuntimeOptions,
     openmp_wait_policy,
+    python_log_level,
     runtime_options,
     user_malloc_setting,
 )
@@ -48,6 +50,14 @@ class OrtrainBackend:
         self.debug_options = debug_options or DebugOptions()
         self.options = options
         self.graphs_compiled = 0  # Dynamo graphs handed to this backend
+        # As ORTModule does: DebugOptions(log_level=...) and ORTMODULE_LOG_LEVEL set the level, and
+        # ortrain's lines get their prefix (wave 42: on this path neither, and warnings came out
+        # through Python's last-resort handler).
+        prints = options or runtime_options()
+        configure_log_output(
+            python_log_level(self.debug_options.log_level),
+            inspector_prints=prints.print_input_density or prints.print_memory_stats,
+        )
 
     def __call__(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any

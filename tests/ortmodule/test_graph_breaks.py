@@ -375,3 +375,19 @@ def test_a_forward_changing_its_inputs_shape_in_place_trains_through_graph_break
         got.square().sum().backward()
         torch.testing.assert_close(wrapped.linear.weight.grad, model.linear.weight.grad)
     assert wrapped._ortrain_graph_breaks is not None
+
+
+def test_the_backends_debug_options_set_the_log_level() -> None:
+    """Until wave 42 only ORTModule set the level: ``OrtrainBackend(DebugOptions(log_level=...))``
+    and ``ORTMODULE_LOG_LEVEL`` did nothing on the torch.compile path."""
+    from ortrain.backend import OrtrainBackend
+
+    root = logging.getLogger("ortrain")
+    before = root.level
+    try:
+        OrtrainBackend(DebugOptions(log_level=LogLevel.INFO))
+        assert root.level == logging.INFO
+        OrtrainBackend(DebugOptions(log_level=LogLevel.ERROR))
+        assert root.level == logging.ERROR
+    finally:
+        root.setLevel(before)
