@@ -60,7 +60,12 @@ class SelectedTokensProjected(nn.Module):
         return h.pow(2).sum()
 
 
-def test_rows_assigned_one_each_train_in_pytorch_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+def test_rows_assigned_one_each_train_in_pytorch_with_one_warning(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The default policy: under FALLBACK_DISABLE such a region is an error since wave 42
+    # (tests/ortmodule/test_graph_breaks.py).
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
     torch.manual_seed(0)
     eager = SelectedTokensProjected()
     wrapped = ORTModule(copy.deepcopy(eager))
