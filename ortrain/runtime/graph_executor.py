@@ -21,6 +21,7 @@ import functools
 import logging
 import operator
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,12 @@ from ortrain.errors import FallbackPolicy, ORTModuleDeviceException, ORTModuleON
 from ortrain.export.python_op_view import PythonOpNode, TorchRegionNode, ViewSegment, python_op_view
 from ortrain.passes.pipeline import Pass, StageSaver
 from ortrain.runtime.executors.base import RegionRejected, Runner, fx_target_name, fx_target_name_of
-from ortrain.runtime.executors.ort import OnnxRuntimeExecutor, OrtSessionRunner, missing_low_precision_kernel
+from ortrain.runtime.executors.ort import (
+    UNTRACED,
+    OnnxRuntimeExecutor,
+    OrtSessionRunner,
+    missing_low_precision_kernel,
+)
 from ortrain.runtime.executors.python_op import PythonOpExecutor
 from ortrain.runtime.executors.torch import TorchExecutor
 from ortrain.runtime.partitioner import Plan, Slot, Step, partition
@@ -224,12 +230,23 @@ def _refused(plan: Plan, onnxruntime: OnnxRuntimeExecutor) -> dict[str, tuple[st
 
 def _refusal_message(name: str, refused: dict[str, tuple[str, str]], *, disabled: bool) -> str:
     by_reason: dict[tuple[str, str], int] = {}
+    # A reason no single operator could be blamed for is said once, with the operators of the
+    # region it came from: until wave 42 it was repeated for each ("getitem (no Sub kernel for
+    # bfloat16 (in its translation)) x25; aten._to_copy.default (no Sub kernel ...) x24; ...").
+    untraced: dict[str, Counter[str]] = {}
     for target, why in refused.values():
-        by_reason[(target, why)] = by_reason.get((target, why), 0) + 1
-    listed = "; ".join(
+        if why.endswith(UNTRACED):
+            untraced.setdefault(why.removesuffix(UNTRACED), Counter())[target] += 1
+        else:
+            by_reason[(target, why)] = by_reason.get((target, why), 0) + 1
+    parts = [
         f"{target} ({why}){f' x{count}' if count > 1 else ''}"
         for (target, why), count in sorted(by_reason.items())
-    )
+    ]
+    for why, targets in sorted(untraced.items()):
+        among = ", ".join(f"{t}{f' x{c}' if c > 1 else ''}" for t, c in targets.most_common())
+        parts.append(f"{why}, in the translation of one of these, not told which: {among}")
+    listed = "; ".join(parts)
     if disabled:
         return (
             f"ONNX Runtime cannot run {len(refused)} operator(s) of the {name} graph: {listed}. "

@@ -387,3 +387,22 @@ def test_onnxruntime_sessions_take_pytorchs_thread_count() -> None:
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_reason_no_operator_could_be_blamed_for_is_said_once_with_its_region() -> None:
+    """Until wave 42 such a reason was repeated for every operator of the region (166 entries, 4 kB,
+    most blaming the wrong operator)."""
+    from ortrain.runtime.executors.ort import UNTRACED
+    from ortrain.runtime.graph_executor import _refusal_message
+
+    untraced = "CPUExecutionProvider has no Sub kernel for bfloat16" + UNTRACED
+    refused = {
+        "mm": ("aten.mm.default", "CPUExecutionProvider has no MatMul kernel for bfloat16"),
+        "view": ("aten.view.default", untraced),
+        "view_1": ("aten.view.default", untraced),
+        "get": ("getitem", untraced),
+    }
+    message = _refusal_message("forward", refused, disabled=True)
+    assert "aten.mm.default (CPUExecutionProvider has no MatMul kernel for bfloat16)" in message
+    assert message.count("no Sub kernel") == 1
+    assert "in the translation of one of these, not told which: aten.view.default x2, getitem" in message

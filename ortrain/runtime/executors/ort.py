@@ -47,6 +47,10 @@ from ortrain.runtime.torch_native_ops import is_torch_native
 
 logger = logging.getLogger("ortrain.runtime")
 
+# Marks a reason found in a region's translation that no single operator of it could be blamed
+# for (the refusal message groups such reasons: ortrain/runtime/graph_executor.py).
+UNTRACED = " (in its translation)"
+
 
 # The ONNX Runtime execution provider that runs a graph whose tensors live on this device type.
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -528,7 +532,7 @@ class OnnxRuntimeExecutor:
             # node sees the types the kernel lacks: an ONNX node mapped back to the wrong FX node
             # (a float32 Where blamed for a bfloat16 one) must not refuse that op everywhere.
             node = by_name.get(name)
-            if node is not None and "(in its translation)" not in why and _sees_types_of(node, why):
+            if node is not None and not why.endswith(UNTRACED) and _sees_types_of(node, why):
                 _learned_refusals[(self.provider, *_signature(node))] = why
         if reasons:
             raise RegionRejected(reasons)
@@ -561,7 +565,7 @@ class OnnxRuntimeExecutor:
                 continue
             # Not traceable to one FX node: blame the decomposed ops, else the whole region.
             for name in decomposed or sorted(names):
-                reasons.setdefault(name, f"{why} (in its translation)")
+                reasons.setdefault(name, f"{why}{UNTRACED}")
         return reasons
 
     @staticmethod
