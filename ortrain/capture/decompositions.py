@@ -255,6 +255,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.mse_loss_backward.default] = losses.mse_loss_backward
     table[aten.smooth_l1_loss_backward.default] = losses.smooth_l1_loss_backward
     table[aten.huber_loss_backward.default] = losses.huber_loss_backward
+    table[aten.roll.default] = math_ops.roll_by_a_symbolic_shift
     table[aten.mv.default] = math_ops.mv
     table[aten.addmv.default] = math_ops.addmv
     table[aten.kthvalue.default] = math_ops.kthvalue

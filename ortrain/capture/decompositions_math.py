@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch._refs
 
 aten = torch.ops.aten
 
@@ -541,3 +542,15 @@ def _symbolic_scalar_as_tensor(operation: Callable[..., Any]) -> Callable[..., A
 # PyTorch's type promotion, below this table.
 mul_by_symbolic_scalar = _symbolic_scalar_as_tensor(torch.ops.aten.mul.Tensor)
 div_by_symbolic_scalar = _symbolic_scalar_as_tensor(torch.ops.aten.div.Tensor)
+
+
+def roll_by_a_symbolic_shift(x: torch.Tensor, shifts: Any, dims: Any = ()) -> Any:
+    """``roll`` by a shift the graph leaves open (an int argument that changes between calls, which
+    TorchDynamo makes a symbol): onnxscript's translation takes the shift as an ONNX attribute,
+    which a symbol cannot be, and the whole region ran in PyTorch (wave 42). PyTorch's reference,
+    an index of ``(position - shift) % size``, is made of ops that translate. A number stays the
+    op."""
+    listed = shifts if isinstance(shifts, (list, tuple)) else (shifts,)
+    if not any(isinstance(s, torch.SymInt) for s in listed):
+        return NotImplemented
+    return torch._refs.roll(x, shifts, dims)

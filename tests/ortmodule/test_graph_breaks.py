@@ -391,3 +391,31 @@ def test_the_backends_debug_options_set_the_log_level() -> None:
         assert root.level == logging.ERROR
     finally:
         root.setLevel(before)
+
+
+class _RolledBy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, shift: int) -> torch.Tensor:
+        return self.linear(x).roll(shift, 1)
+
+
+def test_roll_by_a_changing_int_trains_through_the_backend() -> None:
+    """TorchDynamo makes the changing shift a symbol, which onnxscript's translation of ``roll``
+    takes as an attribute: until wave 42 the region ran in PyTorch (and FALLBACK_DISABLE raised)."""
+    torch.manual_seed(0)
+    model = _RolledBy()
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="ortrain")
+    try:
+        for shift in (1, 2, 3):
+            x = torch.randn(4, 16)
+            got, want = compiled(x, shift), eager(x, shift)
+            torch.testing.assert_close(got, want)
+            got.square().mean().backward()
+            want.square().mean().backward()
+            torch.testing.assert_close(model.linear.weight.grad, eager.linear.weight.grad)
+    finally:
+        torch._dynamo.reset()
