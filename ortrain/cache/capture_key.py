@@ -175,6 +175,18 @@ def _values_of(function: Any) -> dict[str, Any]:
     }
 
 
+def _methods(cls: type) -> dict[str, Any]:
+    """The methods of an object's classes with their defaults (``def apply(self, h,
+    s=CFG["s"])`` on a held object: wave 42's review found a later process loading the capture
+    made with another ``s``)."""
+    found: dict[str, Any] = {}
+    for klass in cls.__mro__[:-1]:  # not ``object``
+        for name, value in vars(klass).items():
+            if isinstance(value, (types.FunctionType, staticmethod, classmethod)) and name not in found:
+                found[name] = _describe_code(value)
+    return dict(sorted(found.items()))
+
+
 def _describe_code(function: Any) -> Any:
     """A method or function by its name and code (None where the class does not define the name),
     with the defaults and closure values of it and of each decorator wrapping it (wave 42: a
@@ -297,7 +309,13 @@ def describe(value: Any, depth: int = 0) -> Any:
             k: describe(v, depth + 1) for k, v in sorted(fields.items()) if k not in _VOLATILE_ATTRIBUTES
         }
         # ``class Cfg: scale = 1.0`` then ``Cfg.scale = ...`` at start-up: read through the instance.
-        return ["object", f"{cls.__module__}.{cls.__qualname__}", described, _class_attributes(cls, depth)]
+        return [
+            "object",
+            f"{cls.__module__}.{cls.__qualname__}",
+            described,
+            _class_attributes(cls, depth),
+            _methods(cls),
+        ]
     raise Undescribable(f"a {type(value).__module__}.{type(value).__qualname__} attribute")
 
 

@@ -515,3 +515,26 @@ def test_a_pytorch_function_patched_by_the_script_misses(monkeypatch: pytest.Mon
         patch.setattr(torch.Tensor, "tanh", lambda self: 2 * torch.tanh(self))
         assert _key(_Block()) != reference
     assert _key(_Block()) == reference
+
+
+def _model_holding_a_scaler(default: float) -> nn.Module:
+    class Scaler:
+        def apply(self, h: torch.Tensor, s: float = default) -> torch.Tensor:
+            return h * s
+
+    class Held(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.scaler = Scaler()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.scaler.apply(self.fc(x))
+
+    return Held()
+
+
+def test_a_default_of_a_held_objects_method_misses() -> None:
+    reference = _key(_model_holding_a_scaler(1.0))
+    assert reference is not None and _key(_model_holding_a_scaler(1.0)) == reference
+    assert _key(_model_holding_a_scaler(3.0)) != reference
