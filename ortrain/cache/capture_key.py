@@ -533,11 +533,7 @@ def patched_torch_functions() -> dict[str, Any]:
             if name.startswith("_") or module.startswith("torch"):  # PyTorch's own, or typing's
                 continue
             if isinstance(function, types.FunctionType):
-                found[f"{space}.{name}"] = {
-                    "function": f"{module}.{function.__qualname__}",
-                    "code": _code_digest(function.__code__),
-                    "values": _values_of(function),
-                }
+                found[f"{space}.{name}"] = _describe_code(function)
     return found
 
 
