@@ -32,7 +32,7 @@ from torch.fx._graph_pickler import GraphPickler, Options
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from ortrain.capture.lazy_recompile import compiled_on_first_call
-from ortrain.capture.output_layouts import in_traced_layouts
+from ortrain.capture.output_layouts import Layouts, in_traced_layouts
 from ortrain.capture.unused_tangents import UnreachedGradients, with_zero_tangents
 
 if TYPE_CHECKING:
@@ -46,12 +46,12 @@ _KEPT_METADATA = frozenset({"val"})
 class GraphCode(OutputCode):
     """What ortrain's compilers hand AOTAutograd: one graph and the executor that runs it."""
 
-    def __init__(self, slot: GraphSlot, output_layouts: dict[int, tuple[int, ...]] | None = None) -> None:
+    def __init__(self, slot: GraphSlot, output_layouts: Layouts | None = None) -> None:
         super().__init__()
         self.slot: GraphSlot | None = slot
         self._graph_bytes: bytes | None = None
         self._boxed_call = True
-        # Output position -> the dimension order to hand it over in (ortrain.capture.output_layouts);
+        # Output position -> the dimension order or strides to hand it over in (output_layouts);
         # plain data, saved with the cache entry.
         self.output_layouts = output_layouts or {}
 

@@ -356,3 +356,35 @@ def test_an_output_that_is_one_of_two_inputs_over_one_storage_is_that_input() ->
         (h.sum() + (returned * torch.arange(4.0)).sum()).backward()
         grads.append(leaf.grad)
     torch.testing.assert_close(grads[1], grads[0])
+
+
+class _ReturnsAnExpandedParameter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.bias = nn.Parameter(torch.randn(6))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.linear(x), self.bias[2:].expand(x.shape[0], 4)
+
+
+@pytest.mark.parametrize("wrap", ["ORTModule", "torch.compile"])
+def test_an_expanded_parameter_returned_at_a_new_batch_size_is_a_view_of_it(wrap: str) -> None:
+    """Until wave 43 AOTAutograd remade such an output with ONNX Runtime's contiguous strides,
+    past the parameter's end: the second (dynamic) capture failed and the model fell back."""
+    torch.manual_seed(0)
+    model = _ReturnsAnExpandedParameter()
+    twin = copy.deepcopy(model)
+    wrapped = ORTModule(twin) if wrap == "ORTModule" else torch.compile(twin, backend="ortrain")
+    for batch in (3, 5, 7):
+        x = torch.randn(batch, 4)
+        weights = torch.arange(float(batch))[:, None]
+        outputs = []
+        for m in (model, wrapped):
+            h, expanded = m(x)
+            assert expanded.stride() == (0, 1) and expanded.storage_offset() == 2
+            (h.sum() + (expanded * weights).sum()).backward()
+            outputs.append(expanded)
+        torch.testing.assert_close(outputs[1], outputs[0])
+        for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+            torch.testing.assert_close(b.grad, a.grad, msg=f"batch {batch}")
