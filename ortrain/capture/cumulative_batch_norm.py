@@ -40,7 +40,15 @@ def _forward_with_tensor_factor(layer: _BatchNorm, input: torch.Tensor) -> torch
     with torch.no_grad():
         factor = 1.0 / layer.num_batches_tracked.double()
         dims = [0, *range(2, input.dim())]
-        var, mean = torch.var_mean(input.double(), dim=dims, correction=1)
+        batch = input.double()
+        mean = batch.mean(dim=dims)
+        # The unbiased variance divides by n - 1 of a double count: torch.onnx translates
+        # ``var_mean``'s division by an open size in float32, which a float64 sum cannot meet in
+        # ONNX (wave 43: at a new batch size the layer ran in PyTorch, refused under
+        # FALLBACK_DISABLE).
+        count = torch.scalar_tensor(input.numel() // input.shape[1], dtype=torch.float64)
+        shape = [1, -1] + [1] * (input.dim() - 2)
+        var = (batch - mean.reshape(shape)).square().sum(dim=dims) / (count - 1)
         for running, batch in ((layer.running_mean, mean), (layer.running_var, var)):
             running.copy_(factor * batch + (1 - factor) * running.double())
     return output

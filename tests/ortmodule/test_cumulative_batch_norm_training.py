@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from _parity import assert_same_state, ort_graph_count, train_side_by_side
 from torch import nn
@@ -27,6 +28,20 @@ def test_training_with_cumulative_averages_runs_one_graph_like_eager() -> None:
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected))
     assert_same_state(wrapped, eager, atol=1e-5)
     assert wrapped._ortrain_graph_breaks is None and ort_graph_count(wrapped) == 1
+
+
+def test_cumulative_averages_at_new_batch_sizes_run_in_onnx_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dynamic capture's unbiased variance divided a float64 sum by a float32 ``n - 1`` in
+    ONNX (torch.onnx's ``var_mean``): until wave 43 the layer ran in PyTorch from the second batch
+    size on, and FALLBACK_DISABLE refused the model."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    torch.manual_seed(0)
+    batches = [(torch.randn(n, 8), torch.randint(0, 2, (n,))) for n in (16, 9, 12, 5)]
+    losses, expected, eager, wrapped = train_side_by_side(
+        _classifier(), batches, lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1])
+    )
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected))
+    assert_same_state(wrapped, eager, atol=1e-5)
 
 
 def test_swa_update_bn_on_a_wrapped_model_matches_eager() -> None:
