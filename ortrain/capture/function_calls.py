@@ -39,8 +39,11 @@ logger = logging.getLogger("ortrain.capture")
 CallHook = Callable[[type[Function], tuple[Any, ...], dict[str, Any]], Any]
 
 
-def _is_torch_internal(cls: type) -> bool:
-    return cls.__module__ == "torch" or cls.__module__.startswith("torch.")
+def _is_internal(cls: type) -> bool:
+    """PyTorch's own Functions, and the capture's (``capture/affine_grids.py``): traced inline,
+    never a user's Function made a python op."""
+    module = cls.__module__
+    return module == "torch" or module.startswith(("torch.", "ortrain.capture."))
 
 
 def _has_nested_tensor(value: Any) -> bool:
@@ -152,7 +155,7 @@ def intercept_functions(
 
     def apply(cls: type[Function], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if threading.get_ident() == capturing_thread and interception_enabled():
-            if not _is_torch_internal(cls):
+            if not _is_internal(cls):
                 called.add(qualified_name(cls))
             if hook is not None:
                 result = hook(cls, args, kwargs)
@@ -160,7 +163,7 @@ def intercept_functions(
                     return result
             if (
                 opaque
-                and not _is_torch_internal(cls)
+                and not _is_internal(cls)
                 and qualified_name(cls) not in skipped
                 and qualified_name(cls) not in TRACED_INLINE
                 and _has_nested_tensor(args)

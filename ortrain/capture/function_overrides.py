@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ortrain.capture.affine_grids import OVERRIDES as AFFINE_GRIDS
 from ortrain.capture.boolean_mask_assignment import OVERRIDES as BOOLEAN_MASK_ASSIGNMENT
 from ortrain.capture.byte_class_labels import OVERRIDES as BYTE_CLASS_LABELS
 from ortrain.capture.decompositions_ctc import ctc_loss_function
@@ -54,8 +55,15 @@ def _overrides(recurrent_as_python_ops: bool) -> dict[Callable[..., Any], Callab
 # Overrides that TorchDynamo's graphs (the graph-break path) need too. Half-precision inputs to
 # float32 norms: see capture/mixed_precision_norms.py; PyTorch's decompositions of the margin losses
 # and of nll_loss with uint8 labels: see capture/margin_losses.py, capture/byte_class_labels.py;
-# `h[mask] = row`, whose backward needs the mask's count: capture/boolean_mask_assignment.py.
-_CORRECTIONS = {**MIXED_PRECISION_NORMS, **MARGIN_LOSSES, **BYTE_CLASS_LABELS, **BOOLEAN_MASK_ASSIGNMENT}
+# `h[mask] = row`, whose backward needs the mask's count: capture/boolean_mask_assignment.py;
+# `affine_grid` at an open size: capture/affine_grids.py.
+_CORRECTIONS = {
+    **MIXED_PRECISION_NORMS,
+    **MARGIN_LOSSES,
+    **BYTE_CLASS_LABELS,
+    **BOOLEAN_MASK_ASSIGNMENT,
+    **AFFINE_GRIDS,
+}
 
 
 class _Overrides(TorchFunctionMode):

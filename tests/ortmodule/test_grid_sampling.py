@@ -52,3 +52,23 @@ def test_a_spatial_transformer_from_the_identity_trains_as_eager(mode: str, padd
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-4 * b.grad.abs().max().item())
         for optimizer in optimizers:
             optimizer.step()
+
+
+def test_a_spatial_transformer_at_new_batch_sizes_keeps_eagers_gradients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At a new batch size the capture leaves it open, and AOTAutograd's trace of affine_grid's
+    backward failed on the symbolic size (the model fell back to PyTorch until wave 43). At the
+    identity grid the sampler's gradient depends on the grid's last bit: PyTorch computes the grid
+    at every size (a decomposed grid in ONNX Runtime moved gradients by 2.7x their size)."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    torch.manual_seed(0)
+    eager = _SpatialTransformer("bilinear", "zeros")
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for batch in (2, 3, 5):
+        x, weights = torch.randn(batch, 1, 12, 12), torch.randn(batch, 1, 12, 12)
+        for model in (wrapped, eager):
+            model.zero_grad()
+            (model(x) * weights).sum().backward()
+        for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5 * b.grad.abs().max().item())
