@@ -209,6 +209,9 @@ class GraphKey(NamedTuple):
     # Per input tensor, the position of the first earlier input sharing its storage (or -1): a graph
     # captured for ``m(b, b)`` treats the two as one tensor and must not run distinct ones.
     aliasing: tuple[int, ...] = ()
+    # torch.inference_mode: a forward may branch on torch.is_inference_mode_enabled(), and a graph
+    # captured under no_grad ran under inference_mode (wave 43: the other branch, silently).
+    inference_mode: bool = False
 
     @property
     def inputs_alias(self) -> bool:
@@ -692,6 +695,7 @@ class ORTModule(nn.Module):
             opaque_functions=custom_autograd_enabled(self._ortrain_options.enable_custom_autograd),
             state=state.key,
             aliasing=_input_aliasing(call.inputs),
+            inference_mode=torch.is_inference_mode_enabled(),
         )
         return call, state, key
 
@@ -723,6 +727,8 @@ class ORTModule(nn.Module):
             return "torch.use_deterministic_algorithms was switched " + ("on" if key.deterministic else "off")
         if last.aliasing != key.aliasing:
             return "inputs that share memory changed (the same tensor passed twice, or views of one tensor)"
+        if last.inference_mode != key.inference_mode:
+            return "torch.inference_mode was switched " + ("on" if key.inference_mode else "off")
         return "custom autograd support was switched " + ("on" if key.opaque_functions else "off")
 
     def _dynamic_dims(
@@ -898,6 +904,7 @@ class ORTModule(nn.Module):
             ],
             "training": key.training,
             "grad enabled": key.grad_enabled,
+            "inference mode": key.inference_mode,
             "aliasing": key.aliasing,
             "autocast": key.autocast,
             "opaque functions": key.opaque_functions,

@@ -808,6 +808,32 @@ def test_deterministic_algorithms_switched_on_between_steps_capture_again(
     assert "torch.use_deterministic_algorithms was switched on" in caplog.text
 
 
+class _HalvedInInferenceMode(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        return h * 0.5 if torch.is_inference_mode_enabled() else h
+
+
+def test_no_grad_and_inference_mode_get_a_graph_each(caplog: pytest.LogCaptureFixture) -> None:
+    """Until wave 43 the graph captured under ``torch.no_grad()`` ran under
+    ``torch.inference_mode()`` (and the other way round): a forward branching on
+    ``torch.is_inference_mode_enabled()`` got the other branch, silently."""
+    torch.manual_seed(0)
+    eager = _HalvedInInferenceMode()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(2, 4)
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for mode in (torch.no_grad, torch.inference_mode, torch.no_grad, torch.inference_mode):
+            with mode():
+                torch.testing.assert_close(wrapped(x), eager(x))
+    assert caplog.text.count("capturing a graph:") == 2
+    assert "torch.inference_mode was switched on" in caplog.text
+
+
 def test_parameters_swapped_in_place_after_capture(monkeypatch: pytest.MonkeyPatch) -> None:
     """Wave 26: ``torch.utils.swap_tensors`` (``model.double()`` under
     ``set_swap_module_params_on_conversion``) refused the captured model's parameters: the
