@@ -283,7 +283,11 @@ def _flops(node: torch.fx.Node) -> int:
             return 0
         return 2 * _numel(node) * _hint(a.shape[-1])
     if _is_multi_output(node):
-        return sum(_flops(u) for u in node.users) or 8 * _numel(next(iter(node.args)))  # type: ignore[arg-type]
+        # Costed by what reads its results, else by its first tensor argument (not the first
+        # argument: auto_functionalized's is the operator it wraps; wave 43, a custom op writing
+        # its argument and returning None failed the capture).
+        tensors = [a for a in node.all_input_nodes if _tensor(a) is not None]
+        return sum(_flops(u) for u in node.users) or (8 * _numel(tensors[0]) if tensors else 0)
     return _FLOPS_PER_ELEMENT.get(_op_name(node), 1) * _numel(node)
 
 
