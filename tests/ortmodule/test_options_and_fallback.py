@@ -483,3 +483,63 @@ def test_a_graph_that_fails_to_capture_runs_in_pytorch_alone(monkeypatch, caplog
     assert len([r for r in caplog.records if "could not capture this call's graph" in r.getMessage()]) == 1
     assert not wrapped._ortrain_fallback.active
     assert type(wrapped(positions)[0].grad_fn).__name__ == "_TwiceDifferentiableBackward"
+
+
+class _ListArgument(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, tensors: list[torch.Tensor]) -> torch.Tensor:
+        return x * sum(t.sum() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+class _WritesItsInputAndAParameter(nn.Module):
+    """Refused by the capture (an opaque Function given tensors in a list), so it falls back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.scale = nn.Parameter(torch.ones(8))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        with torch.no_grad():
+            self.scale.mul_(0.9)
+        return self.linear(_ListArgument.apply(x, [y]) * self.scale).square().mean()
+
+
+def test_the_call_that_falls_back_writes_into_its_input_and_parameters_once(monkeypatch, caplog) -> None:
+    """Before falling back, ortrain asks eager PyTorch whether the failure is the user's: that run
+    wrote into the input and the parameter too, so until wave 43 the call's loss was eager's on
+    ``4 x`` and the scale 0.81."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    monkeypatch.setenv("ORTMODULE_ENABLE_CUSTOM_AUTOGRAD", "1")
+    torch.manual_seed(0)
+    model = _WritesItsInputAndAParameter()
+    wrapped = ORTModule(copy.deepcopy(model))
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for _ in range(2):
+            x, y = torch.randn(4, 8), torch.randn(3)
+            x_eager, x_wrapped = x.clone(), x.clone()
+            torch.testing.assert_close(wrapped(x_wrapped, y), model(x_eager, y))
+            torch.testing.assert_close(x_wrapped, x_eager)
+            torch.testing.assert_close(wrapped.scale, model.scale)
+    assert "trains it in PyTorch instead" in caplog.text
+
+
+def test_an_inference_tensor_raises_pytorchs_error_and_the_model_stays(monkeypatch) -> None:
+    """The check ran without gradients, where inference tensors pass: until wave 43 one such batch
+    sent the model to PyTorch for good under the default policy."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    wrapped = ORTModule(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+    wrapped(torch.randn(4, 8)).sum().backward()
+    with torch.inference_mode():
+        made_in_inference = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+        wrapped(made_in_inference).sum().backward()
+    assert not wrapped._ortrain_fallback.active
+    before = ort_graph_count(wrapped)
+    wrapped(torch.randn(4, 8)).sum().backward()
+    assert ort_graph_count(wrapped) == before and not wrapped._ortrain_fallback.active
