@@ -7,7 +7,7 @@ import logging
 import sys
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -177,17 +177,49 @@ class _FlatCall(nn.Module):
         return tuple(flat)
 
 
-def _input_aliasing(inputs: list[torch.Tensor]) -> tuple[int, ...]:
+def _input_aliasing(inputs: list[torch.Tensor], state: list[torch.Tensor]) -> tuple[int, ...]:
+    """Per input: the position of the first earlier input sharing its storage, ``-2 - j`` where it
+    shares the storage of the model's tensor ``j`` (``model(x, model.memory[r])``), else -1."""
     first: dict[tuple[str, int], int] = {}
+    held: dict[int, int] | None = None
     aliasing = []
     for position, tensor in enumerate(inputs):
         if tensor.layout != torch.strided or not tensor.numel():
             aliasing.append(-1)
             continue
-        storage = (str(tensor.device), tensor.untyped_storage().data_ptr())
-        aliasing.append(first.get(storage, -1))
-        first.setdefault(storage, position)
+        pointer = tensor.untyped_storage().data_ptr()
+        storage = (str(tensor.device), pointer)
+        if storage in first:
+            aliasing.append(first[storage])
+            continue
+        first[storage] = position
+        if held is None:  # the model's storages, read once per call and only for inputs with memory
+            held = {
+                t.untyped_storage().data_ptr(): j for j, t in enumerate(state) if t.layout == torch.strided
+            }
+        j = held.get(pointer)
+        aliasing.append(-2 - j if j is not None and state[j].device == tensor.device else -1)
     return tuple(aliasing)
+
+
+def _sharing_memory(aliasing: tuple[int, ...]) -> list[int]:
+    """The positions of the inputs that share memory with another input or the model's tensor."""
+    return sorted({i for i, a in enumerate(aliasing) if a != -1} | {a for a in aliasing if a >= 0})
+
+
+def _alias_layouts(inputs: list[torch.Tensor], positions: Iterable[int]) -> tuple[Any, ...]:
+    """Where each of these inputs lies in its memory (storage offset, strides), and the first input
+    that is the same tensor object: what AOTAutograd bakes into a graph whose forward writes inputs
+    that share memory (it remakes them as views of one merged base)."""
+    return tuple(
+        (
+            i,
+            inputs[i].storage_offset(),
+            inputs[i].stride(),
+            next(j for j, t in enumerate(inputs) if t is inputs[i]),
+        )
+        for i in positions
+    )
 
 
 class GraphKey(NamedTuple):
@@ -206,8 +238,9 @@ class GraphKey(NamedTuple):
     deterministic: bool
     opaque_functions: bool
     state: tuple[Any, ...]  # the model: see ortrain.ortmodule.guards
-    # Per input tensor, the position of the first earlier input sharing its storage (or -1): a graph
-    # captured for ``m(b, b)`` treats the two as one tensor and must not run distinct ones.
+    # Per input tensor, the position of the first earlier input sharing its storage, -2 - j where it
+    # shares the model's tensor j's, or -1: a graph captured for ``m(b, b)`` treats the two as one
+    # tensor and must not run distinct ones.
     aliasing: tuple[int, ...] = ()
     # torch.inference_mode: a forward may branch on torch.is_inference_mode_enabled(), and a graph
     # captured under no_grad ran under inference_mode (wave 43: the other branch, silently).
@@ -215,8 +248,8 @@ class GraphKey(NamedTuple):
 
     @property
     def inputs_alias(self) -> bool:
-        """Whether two of the call's inputs share storage."""
-        return any(first >= 0 for first in self.aliasing)
+        """Whether two of the call's inputs, or an input and the model's tensor, share storage."""
+        return any(first != -1 for first in self.aliasing)
 
 
 @dataclass
@@ -230,8 +263,29 @@ class _CompiledEntry:
     # Whether its graphs call Python objects: a reentrant checkpoint among them refuses the
     # autograd.grad that second_order.py's backward runs, so such graphs keep AOTAutograd's node.
     python_ops: bool = False
+    # Inputs sharing memory that the graphs write (``labels.masked_fill_`` on ``stream[:, i + 1:]``
+    # next to ``stream[:, i:]``, a view of a buffer the forward updates): AOTAutograd remade them
+    # from one merged base with the layouts they had at capture, so the graph holds for those
+    # layouts only (wave 43: windows at other offsets ran on the first window's memory, silently).
+    # None until the first run shows whether such inputs are written.
+    alias_layouts: tuple[Any, ...] | None = None
+    alias_writes_known: bool = False
+
+    def learn_alias_writes(
+        self, inputs: list[torch.Tensor], aliasing: tuple[int, ...], versions: list[int]
+    ) -> None:
+        """After the first run: if it wrote into inputs that share memory (their version counters,
+        which views share with their base, moved), the graph holds for their layouts only."""
+        self.alias_writes_known = True
+        positions = _sharing_memory(aliasing)
+        if any(inputs[i]._version != v for i, v in zip(positions, versions, strict=True)):
+            self.alias_layouts = _alias_layouts(inputs, positions)
 
     def matches(self, inputs: list[torch.Tensor]) -> bool:
+        if self.alias_layouts is not None:
+            positions = [layout[0] for layout in self.alias_layouts]
+            if _alias_layouts(inputs, positions) != self.alias_layouts:
+                return False
         for tensor, pattern in zip(inputs, self.sizes, strict=True):
             for size, fixed in zip(tensor.shape, pattern, strict=True):
                 if fixed is not None and size != fixed:
@@ -629,6 +683,8 @@ class ORTModule(nn.Module):
                 entry.capture, call.spec, self._ortrain_module.forward, call.inputs
             )
         entry.capture.refuse_writes_into_leaves(call.inputs)
+        learning = key.inputs_alias and not entry.alias_writes_known
+        versions = [call.inputs[i]._version for i in _sharing_memory(key.aliasing)] if learning else []
         try:
             outputs = None
             if needs_second_order_path() and not entry.capture.mutated_inputs and not entry.python_ops:
@@ -650,6 +706,8 @@ class ORTModule(nn.Module):
             raise ORTModuleONNXModelException(
                 f"ONNX Runtime failed to run the forward graph: {type(error).__name__}: {error}"
             ) from error
+        if learning:
+            entry.learn_alias_writes(call.inputs, key.aliasing, versions)
         spec = entry.output_spec
         if isinstance(spec, AssignedAttributes):
             values = len(outputs) - spec.extra_outputs
@@ -694,7 +752,7 @@ class ORTModule(nn.Module):
             deterministic=torch.are_deterministic_algorithms_enabled(),
             opaque_functions=custom_autograd_enabled(self._ortrain_options.enable_custom_autograd),
             state=state.key,
-            aliasing=_input_aliasing(call.inputs),
+            aliasing=_input_aliasing(call.inputs, state.tensors),
             inference_mode=torch.is_inference_mode_enabled(),
         )
         return call, state, key
@@ -734,7 +792,11 @@ class ORTModule(nn.Module):
     def _dynamic_dims(
         self, inputs: list[torch.Tensor], entries: list[_CompiledEntry]
     ) -> dict[int, tuple[int, ...]]:
-        """Sizes that differ from an earlier capture, or were dynamic in one, become dynamic."""
+        """Sizes that differ from an earlier capture, or were dynamic in one, become dynamic; none
+        where a graph writes inputs that share memory (AOTAutograd's merged base of such inputs
+        failed to trace with open sizes: each size captures on its own)."""
+        if any(entry.alias_layouts is not None for entry in entries):
+            return {}
         dims: dict[int, set[int]] = {}
         for entry in entries:
             for i, (tensor, pattern) in enumerate(zip(inputs, entry.sizes, strict=True)):

@@ -101,3 +101,94 @@ def test_a_changing_number_before_aliased_mutated_inputs_takes_effect() -> None:
         x, x_eager = torch.zeros(4), torch.zeros(4)
         torch.testing.assert_close(wrapped(scale, x, x), eager(scale, x_eager, x_eager))
         torch.testing.assert_close(x, x_eager)
+
+
+class _MasksItsLabels(torch.nn.Module):
+    """A language model given windows of one token stream, masking padding in its labels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(12, 8)
+        self.head = torch.nn.Linear(8, 12)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        labels.masked_fill_(labels == 0, -100)
+        logits = self.head(self.embedding(ids.clamp(min=0)))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def test_windows_of_one_stream_written_by_the_forward_are_read_where_they_lie() -> None:
+    """AOTAutograd remakes written inputs that share memory from one base with the layouts of the
+    capture: until wave 43 the windows at other offsets ran on the first window's memory (window
+    0's loss at every step, silently)."""
+    torch.manual_seed(0)
+    model = _MasksItsLabels()
+    wrapped = ORTModule(copy.deepcopy(model))
+    stream = torch.randint(0, 12, (2, 30))
+    streams = [stream, stream.clone()]
+    for start in (0, 7, 14, 0):
+        losses = []
+        for m, stream in zip((model, wrapped), streams, strict=True):
+            loss = m(stream[:, start : start + 6], stream[:, start + 1 : start + 7])
+            loss.backward()
+            losses.append(loss)
+        torch.testing.assert_close(losses[1], losses[0])
+        assert torch.equal(streams[1], streams[0])
+        torch.testing.assert_close(wrapped.head.weight.grad, model.head.weight.grad)
+
+
+def test_windows_of_one_stream_the_forward_only_reads_share_one_graph() -> None:
+    class ReadsItsLabels(_MasksItsLabels):
+        def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            logits = self.head(self.embedding(ids))
+            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+    torch.manual_seed(0)
+    model = ReadsItsLabels()
+    wrapped = ORTModule(copy.deepcopy(model))
+    stream = torch.randint(0, 12, (2, 40))
+    for start in (0, 7, 14):
+        window = (stream[:, start : start + 6], stream[:, start + 1 : start + 7])
+        torch.testing.assert_close(wrapped(*window), model(*window))
+    assert sum(len(entries) for entries in wrapped._ortrain_graphs.values()) == 1
+
+
+class _UpdatesItsMemory(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.register_buffer("memory", torch.randn(6, 4))
+
+    def forward(self, x: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        self.memory.add_(1.0)
+        return (self.linear(x) * slot.sum()).square().mean()
+
+
+def test_an_input_that_is_a_row_of_a_buffer_the_forward_writes_is_read_where_it_lies() -> None:
+    """``model(x, model.memory[r])``: the graph captured for row 0 read row 0 for every row until
+    wave 43 (the input's sharing with the model's buffer was not in the graph's key)."""
+    torch.manual_seed(0)
+    model = _UpdatesItsMemory()
+    wrapped = ORTModule(copy.deepcopy(model))
+    for row in (0, 0, 2, 3):
+        x = torch.randn(3, 4)
+        losses = [m(x, m.memory[row]) for m in (model, wrapped)]
+        for loss in losses:
+            loss.backward()
+        torch.testing.assert_close(losses[1], losses[0])
+        torch.testing.assert_close(wrapped.linear.weight.grad, model.linear.weight.grad)
+        torch.testing.assert_close(wrapped.memory, model.memory)
+
+
+def test_a_graph_for_one_tensor_twice_does_not_run_a_view_of_it_when_written() -> None:
+    """``m(a, a)`` then ``m(a, a.view(8, 4))``: AOTAutograd's graph assumes input 1 is input 0
+    (until wave 43: its assertion sent the user to PyTorch's tracker, and the model fell back)."""
+    torch.manual_seed(0)
+    model = _AddsInPlace()
+    wrapped = ORTModule(copy.deepcopy(model))
+    for second in (lambda a: a, lambda a: a.view(8, 4), lambda a: a):
+        tensors = [torch.randn(8, 4) for _ in range(2)]
+        tensors[1].copy_(tensors[0])
+        outputs = [m(a, second(a)) for m, a in zip((model, wrapped), tensors, strict=True)]
+        torch.testing.assert_close(outputs[1], outputs[0])
+        torch.testing.assert_close(tensors[1], tensors[0])
