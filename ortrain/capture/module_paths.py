@@ -20,6 +20,10 @@ import torch.fx.traceback as fx_traceback
 MODULE_KEY = "ortrain_module"
 
 # The first numbered component of a path is a layer of a repeated stack: "blocks.3.mlp.0" -> "blocks.3".
+# The ids of the global hooks above while a capture runs: not the user's, so not part of any
+# model's key (ortrain.ortmodule.guards.global_hook_ids). Another thread's model saw them come
+# and go, and two threads training their own models captured again at every step (wave 43).
+CAPTURE_HOOK_IDS: set[int] = set()
 _COMPILED_MODULE_HOOK_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
 
 _LAYER = re.compile(r"^(.*?\.\d+)(?:\.|$)")
@@ -76,6 +80,7 @@ def annotate_module_paths(root: torch.nn.Module) -> Iterator[None]:
 
     pre = torch.nn.modules.module.register_module_forward_pre_hook(enter)
     post = torch.nn.modules.module.register_module_forward_hook(leave)
+    CAPTURE_HOOK_IDS.update((pre.id, post.id))
     try:
         with warnings.catch_warnings():
             # A torch.compile'd submodule warns that global hooks fire twice: these are ortrain's
@@ -85,6 +90,7 @@ def annotate_module_paths(root: torch.nn.Module) -> Iterator[None]:
     finally:
         pre.remove()
         post.remove()
+        CAPTURE_HOOK_IDS.difference_update((pre.id, post.id))
         if active:
             active.clear()
             _set_path(None)

@@ -58,6 +58,7 @@ from ortrain.capture.global_reads import (
 from ortrain.capture.held_objects import DEPTH as HELD_DEPTH
 from ortrain.capture.held_objects import attributes as held_attributes
 from ortrain.capture.held_objects import class_attribute, is_held_object, is_pytorch_class
+from ortrain.capture.module_paths import CAPTURE_HOOK_IDS
 from ortrain.capture.plain_values import (
     CONTAINER_DEPTH,
     CONTAINER_ENTRIES,
@@ -662,7 +663,7 @@ def global_hook_ids() -> tuple[int, ...]:
     )
     if not any(tables):
         return ()
-    return tuple(hid for table in tables for hid in table)
+    return tuple(hid for table in tables for hid in table if hid not in CAPTURE_HOOK_IDS)
 
 
 def tensor_names(root: nn.Module, prefix: str = "") -> list[str]:

@@ -1088,6 +1088,20 @@ def test_two_threads_train_two_models_at_once() -> None:
     assert results == {1: None, 2: None}
 
 
+def test_a_step_while_another_model_captures_keeps_its_graph(caplog: pytest.LogCaptureFixture) -> None:
+    """A capture registers global module hooks (layer names for the memory summary) while it runs,
+    on its thread: until wave 43 they were in every model's key, and two threads training their own
+    models captured again at every step ("a global module hook was added or removed")."""
+    from ortrain.capture.module_paths import annotate_module_paths
+
+    wrapped = ORTModule(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4)))
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        wrapped(torch.randn(4, 8)).square().mean().backward()
+        with annotate_module_paths(nn.Linear(2, 2)):  # another model's capture, meanwhile
+            wrapped(torch.randn(4, 8)).square().mean().backward()
+    assert caplog.text.count("capturing a graph:") == 1
+
+
 def test_a_thread_runs_one_model_while_another_captures_it() -> None:
     """One thread keeps running a graph of a model while another thread meets new graphs of the
     same model (other batch sizes, an input that requires grad). A capture swaps the model's
