@@ -251,6 +251,11 @@ def _recomputable(node: torch.fx.Node) -> bool:
     tags = getattr(node.target, "tags", ())
     if torch.Tag.nondeterministic_seeded in tags or "rng" in str(node.target):
         return False
+    if _op_name(node).endswith("_functional"):
+        # A functionalized op that updates state (batch norm's running statistics): the forward
+        # writes its new values back into the buffer, whose version the backward's recompute then
+        # finds moved (wave 43: MEMORY_OPT_LEVEL=1 failed every backward of a model with BatchNorm).
+        return False
     # A value whose size is data-dependent (label sparsity's counted rows) stays saved: the
     # backward's decompositions cannot guard on a size known only at run time.
     return not _has_data_dependent_size(node)

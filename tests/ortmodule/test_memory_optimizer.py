@@ -276,6 +276,27 @@ def test_dropout_is_never_recomputed(monkeypatch: pytest.MonkeyPatch) -> None:
     test_parity_zoo.test_dropout_mask_is_the_same_in_forward_and_backward()
 
 
+@pytest.mark.parametrize("level", [1, 2])
+def test_batch_norm_in_training_trains_as_eager_at_every_level(
+    monkeypatch: pytest.MonkeyPatch, level: int
+) -> None:
+    """Batch norm updates its running statistics in place: recomputed in the backward, it read the
+    buffer the forward had written, and every backward failed ("modified by an inplace operation")
+    at levels 1 and 2 until wave 43."""
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", str(level))
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.LazyLinear(4)
+    )
+    model(torch.randn(2, 3, 8, 8))
+    batches = [(torch.randn(4, 3, 8, 8), torch.randint(0, 4, (4,))) for _ in range(3)]
+    losses_ort, losses_eager, eager, wrapped = train_side_by_side(
+        model, batches, lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1])
+    )
+    torch.testing.assert_close(losses_ort, losses_eager, rtol=1e-5, atol=1e-5)
+    assert_same_state(wrapped, eager)
+
+
 def test_bad_config_is_an_error_naming_the_entry(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv("ORTMODULE_MEMORY_OPT_CONFIG", "Gelu+:1:-1, Softmax+:one:2")
     with pytest.raises(ValueError, match=r"entry 'Softmax\+:one:2' is not pattern:type:count"):
