@@ -280,6 +280,41 @@ def graph_breaks_reported(report: BreakReport) -> Iterator[None]:
             lg.propagate = propagate
 
 
+# A model on the graph-break path recompiles for each mode it meets (train/eval, grad/no_grad,
+# flags in its arguments, a cache object it is given): TorchDynamo's default limit of 8 entries
+# per function was reached within a few Hugging Face evaluation calls, after which it ran that
+# function in eager PyTorch with only its own warning (wave 43's review).
+RECOMPILE_LIMIT = 64
+_LIMIT_NOTICE = "torch._dynamo hit config."
+
+
+class _LimitHandler(logging.Handler):
+    def __init__(self, report: Callable[[str], None]) -> None:
+        super().__init__(logging.WARNING)
+        self.report = report
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith(_LIMIT_NOTICE):
+            self.report(" ".join(message.splitlines()[:2]))
+
+
+@contextlib.contextmanager
+def recompile_limit_watched(report: Callable[[str], None]) -> Iterator[None]:
+    """Run TorchDynamo with a limit of :data:`RECOMPILE_LIMIT` entries per function (or the user's,
+    if higher), and call ``report(notice)`` when a function reaches it: from then on it runs in
+    eager PyTorch."""
+    limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    handler = _LimitHandler(report)
+    dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
+    dynamo_log.addHandler(handler)
+    try:
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            yield
+    finally:
+        dynamo_log.removeHandler(handler)
+
+
 def _scalar_inputs(graph: torch.fx.GraphModule) -> list[tuple[int, torch.dtype]]:
     """0-d tensor inputs and the dtype the graph was traced with. A Python float that changes
     between calls (``random.uniform(0.5, 2)``) is a 0-d input that Dynamo traces as float32 and

@@ -25,6 +25,7 @@ from ortrain.capture.dynamo_backend import (
     in_control_flow_operator,
     is_data_dependent,
     reads_outside_tensors,
+    recompile_limit_watched,
     source_line,
 )
 from ortrain.capture.dynamo_regions import close_region, open_region
@@ -75,7 +76,8 @@ class GraphBreakPath:
             logger.info("the global module hooks changed: TorchDynamo traces the model again")
             self._close()
             self._compile()
-        with graph_breaks_reported(self._report), hooks_guarded():
+        watched = recompile_limit_watched(self._limit_reached)
+        with graph_breaks_reported(self._report), hooks_guarded(), watched:
             try:
                 outputs = self.compiled(*args, **kwargs)
             except Exception as error:
@@ -110,6 +112,15 @@ class GraphBreakPath:
             self.eager_regions.append(f"graph break at {file}:{line}: {reason}")
         level = logging.WARNING if eager else logging.INFO
         logger.log(level, "graph break at %s:%d `%s`: %s", file, line, source_line(file, line), reason)
+
+    def _limit_reached(self, notice: str) -> None:
+        region = (
+            f"{notice}: TorchDynamo runs that function in eager PyTorch from now on, for the modes "
+            "it has no graph of (each train/eval, grad mode and flag argument needs one)"
+        )
+        if region not in self.eager_regions:
+            self.eager_regions.append(region)
+            logger.warning("%s", region)
 
 
 def _described(error: BaseException) -> str:

@@ -419,3 +419,44 @@ def test_roll_by_a_changing_int_trains_through_the_backend() -> None:
             torch.testing.assert_close(model.linear.weight.grad, eager.linear.weight.grad)
     finally:
         torch._dynamo.reset()
+
+
+class _Flagged(ItemControlFlow):
+    def forward(self, x: torch.Tensor, scale: bool = False, shift: bool = False) -> torch.Tensor:
+        h = super().forward(x)
+        return (h * 3 if scale else h) + (1 if shift else 0)
+
+
+def test_modes_past_dynamos_recompile_limit_run_in_ortrain_or_are_named(monkeypatch) -> None:
+    """Each train/eval, grad mode and flag argument is a TorchDynamo entry of the forward: past
+    its limit of 8 a Hugging Face model's evaluation calls ran in eager PyTorch with only
+    TorchDynamo's warning (wave 43). ortrain's limit is 64, and reaching it is an eager region:
+    one warning of ortrain's, an error under FALLBACK_DISABLE."""
+    from ortrain.capture import dynamo_backend
+
+    torch.manual_seed(0)
+    model = _Flagged()
+    wrapped = ORTModule(copy.deepcopy(model))
+    modes = [
+        (t, g, s, h)
+        for t in (True, False)
+        for g in (True, False)
+        for s in (False, True)
+        for h in (False, True)
+    ]
+    x = torch.randn(4, 8)
+
+    def call_in(mode: tuple[bool, ...], m: nn.Module) -> torch.Tensor:
+        m.train(mode[0])
+        with torch.set_grad_enabled(mode[1]):
+            return m(x, scale=mode[2], shift=mode[3])
+
+    for mode in modes:  # 16 entries: past TorchDynamo's default limit, within ortrain's
+        torch.testing.assert_close(call_in(mode, wrapped), call_in(mode, model))
+    assert not wrapped._ortrain_graph_breaks.eager_regions
+
+    monkeypatch.setattr(dynamo_backend, "RECOMPILE_LIMIT", 2)
+    wrapped = ORTModule(copy.deepcopy(model))
+    with torch._dynamo.config.patch(recompile_limit=2), pytest.raises(Exception, match="recompile_limit"):
+        for mode in modes[:4]:
+            call_in(mode, wrapped)
