@@ -194,12 +194,16 @@ def _input_aliasing(inputs: list[torch.Tensor], state: list[torch.Tensor]) -> tu
             continue
         first[storage] = position
         if held is None:  # the model's storages, read once per call and only for inputs with memory
-            held = {
-                t.untyped_storage().data_ptr(): j for j, t in enumerate(state) if t.layout == torch.strided
-            }
+            held = {p: j for j, t in enumerate(state) if (p := _storage_pointer(t)) is not None}
         j = held.get(pointer)
         aliasing.append(-2 - j if j is not None and state[j].device == tensor.device else -1)
     return tuple(aliasing)
+
+
+def _storage_pointer(tensor: torch.Tensor) -> int | None:
+    if tensor.layout != torch.strided or type(tensor) not in (torch.Tensor, nn.Parameter):
+        return None  # a subclass (a DTensor's storage is invalid to read): refused elsewhere
+    return tensor.untyped_storage().data_ptr()
 
 
 def _sharing_memory(aliasing: tuple[int, ...]) -> list[int]:
