@@ -193,7 +193,7 @@ def _input_aliasing(inputs: list[torch.Tensor], state: list[torch.Tensor]) -> tu
             aliasing.append(first[storage])
             continue
         first[storage] = position
-        if held is None:  # the model's storages, read once per call and only for inputs with memory
+        if held is None:  # the model's storages, read once per call (an input with elements)
             held = {p: j for j, t in enumerate(state) if (p := _storage_pointer(t)) is not None}
         j = held.get(pointer)
         aliasing.append(-2 - j if j is not None and state[j].device == tensor.device else -1)
@@ -769,6 +769,11 @@ class ORTModule(nn.Module):
             return "first call"
         assert isinstance(last, GraphKey)
         if last == key:
+            if any(entry.alias_layouts is not None for entry in cache.group(key)):
+                return (
+                    "inputs that share memory and that the forward writes lie elsewhere in it (other "
+                    "storage offsets or strides: pass a .clone() of the written one to share a graph)"
+                )
             return "input sizes changed"
         if last.state != key.state:
             return describe_change(self._ortrain_module, last.state, key.state)

@@ -4,6 +4,7 @@ reverse: AOTAutograd captures one input for the two, a different function of the
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -117,7 +118,9 @@ class _MasksItsLabels(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
 
 
-def test_windows_of_one_stream_written_by_the_forward_are_read_where_they_lie() -> None:
+def test_windows_of_one_stream_written_by_the_forward_are_read_where_they_lie(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """AOTAutograd remakes written inputs that share memory from one base with the layouts of the
     capture: until wave 43 the windows at other offsets ran on the first window's memory (window
     0's loss at every step, silently)."""
@@ -127,14 +130,17 @@ def test_windows_of_one_stream_written_by_the_forward_are_read_where_they_lie() 
     stream = torch.randint(0, 12, (2, 30))
     streams = [stream, stream.clone()]
     for start in (0, 7, 14, 0):
-        losses = []
+        losses: list[torch.Tensor] = []
         for m, stream in zip((model, wrapped), streams, strict=True):
-            loss = m(stream[:, start : start + 6], stream[:, start + 1 : start + 7])
+            with caplog.at_level(logging.INFO, logger="ortrain"):
+                loss = m(stream[:, start : start + 6], stream[:, start + 1 : start + 7])
             loss.backward()
             losses.append(loss)
         torch.testing.assert_close(losses[1], losses[0])
         assert torch.equal(streams[1], streams[0])
         torch.testing.assert_close(wrapped.head.weight.grad, model.head.weight.grad)
+    # Windows 7 and 14 captured (the last window 0 found its graph), saying why.
+    assert caplog.text.count("capturing a graph: inputs that share memory and that the forward writes") == 2
 
 
 def test_windows_of_one_stream_the_forward_only_reads_share_one_graph() -> None:
