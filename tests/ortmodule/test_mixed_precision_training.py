@@ -97,3 +97,25 @@ def test_autocast_training_through_graph_breaks(norm: str) -> None:
     torch.manual_seed(0)
     layer = nn.BatchNorm2d(4) if norm == "batch" else nn.GroupNorm(2, 4)
     _assert_trains_like_eager(_BreaksAfterItsNorm(layer), torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_model_with_batch_norm_stays_on_onnx_runtime(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """PyTorch's batch norm returns a half-precision model's new running statistics in its dtype
+    where the trace has float32: the ONNX Runtime region reading them refused the input, and until
+    wave 43 the model trained in PyTorch for good."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_ONNX_MODEL")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4)).to(dtype)
+    wrapped = ORTModule(copy.deepcopy(model))
+    for _ in range(3):
+        x = torch.randn(6, 8).to(dtype)
+        losses = [m(x).float().square().mean() for m in (model, wrapped)]
+        for loss in losses:
+            loss.backward()
+        torch.testing.assert_close(losses[1], losses[0])
+        torch.testing.assert_close(wrapped.module[1].running_var, model[1].running_var)
+        torch.testing.assert_close(wrapped.module[3].weight.grad, model[3].weight.grad)
+    assert not wrapped._ortrain_fallback.active
