@@ -514,6 +514,7 @@ def _translate(
     """The ONNX model of ``gm``: translated node by node where it can be (see
     :mod:`ortrain.export.direct_translation`), else through ``torch.onnx.export``."""
     spell_out_factory_dtypes(gm)  # for both paths: each translates a factory without one as float32
+    _views_as_reshapes(gm)
     refuse_negative_indices(gm)  # both translate gathers and scatters that count negatives from the end
     spell_out_math(gm)  # the operators whose translations lose PyTorch's answers (see the module)
     copy_slice_backwards(gm)  # a slice's backward as a Pad, not a scatter between two transposes
@@ -555,6 +556,20 @@ def _translate(
     except Exception as error:  # the exporter raises many types; all mean "cannot export"
         raise ExportError(*_summarize_export_error(error)) from error
     return program.model
+
+
+_VIEWS = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default})
+
+
+def _views_as_reshapes(gm: torch.fx.GraphModule) -> None:
+    """ONNX has no strides: a view is a Reshape. The exports re-trace the graph, where a view's
+    fake input can carry other strides than at capture (the output of an attention kernel PyTorch
+    runs, transposed back: "Cannot view a tensor with shape [s20, 9, 4, 8] and strides (288, 8, 72,
+    1)" at a new size, wave 43): as ``reshape`` the re-trace cannot fail on strides."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _VIEWS:
+            node.target = torch.ops.aten.reshape.default
+    gm.recompile()
 
 
 @contextlib.contextmanager

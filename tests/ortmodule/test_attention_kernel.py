@@ -276,3 +276,38 @@ def test_flash_attention_model_changed_while_training() -> None:
     for entry in entries:
         ops = [n.target for step in entry.capture.forward.runner.plan.steps for n in step.nodes]
         assert FLASH_FORWARD in ops
+
+
+class _MaskedAttentionReshaped(nn.Module):
+    """Attention under a padding mask, its heads merged by ``transpose(1, 2).reshape``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+        self.out = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, 4, 8).transpose(1, 2) for z in self.qkv(x).split(c, 2))
+        allowed = mask[:, None, None, :].bool() | torch.eye(t, dtype=torch.bool)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        return self.out(y.transpose(1, 2).reshape(b, t, c)).square().mean()
+
+
+def test_masked_attention_with_heads_merged_by_reshape_exports_at_new_sizes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The merged heads are a view where the capture's strides allow one: the export's re-trace at
+    a new size saw other strides and failed ("Cannot view a tensor with shape [s20, 9, 4, 8]"), and
+    until wave 43 the region ran in PyTorch (refused under FALLBACK_DISABLE)."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    torch.manual_seed(0)
+    model = _MaskedAttentionReshaped()
+    wrapped = ORTModule(copy.deepcopy(model))
+    for b, t in [(4, 12), (3, 9), (5, 16)]:
+        x, mask = torch.randn(b, t, 32), (torch.rand(b, t) > 0.3).long()
+        losses = [m(x, mask) for m in (model, wrapped)]
+        for loss in losses:
+            loss.backward()
+        torch.testing.assert_close(losses[1], losses[0])
+        torch.testing.assert_close(wrapped.qkv.weight.grad, model.qkv.weight.grad)
