@@ -543,3 +543,42 @@ def test_an_inference_tensor_raises_pytorchs_error_and_the_model_stays(monkeypat
     before = ort_graph_count(wrapped)
     wrapped(torch.randn(4, 8)).sum().backward()
     assert ort_graph_count(wrapped) == before and not wrapped._ortrain_fallback.active
+
+
+class _AddsPositionsInPlace(nn.Module):
+    def __init__(self, conditional: bool) -> None:
+        super().__init__()
+        self.positions = nn.Parameter(torch.randn(8))
+        self.linear = nn.Linear(8, 8)
+        self.conditional = conditional
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x += self.positions
+        if self.conditional:  # torch.cond compiles itself in eager PyTorch
+            x = torch.cond(x.sum() > 0, lambda t: t * 2, lambda t: t - 1, (x,))
+        return self.linear(_ListArgument.apply(x, [y])).square().mean()
+
+
+@pytest.mark.parametrize("conditional", [False, True])
+def test_the_call_that_falls_back_gives_eagers_gradients_through_an_input_it_writes(
+    monkeypatch, conditional: bool
+) -> None:
+    """The check before the fallback ran under gradients in wave 43's first fix: its write into the
+    input left autograd history on it, and the call's own write doubled the gradient reaching
+    ``positions``; with ``torch.cond`` the check's dispatch mode failed the call."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    monkeypatch.setenv("ORTMODULE_ENABLE_CUSTOM_AUTOGRAD", "1")
+    torch.manual_seed(0)
+    model = _AddsPositionsInPlace(conditional)
+    wrapped = ORTModule(copy.deepcopy(model))
+    embedding = nn.Embedding(10, 8)
+    ids, y = torch.randint(0, 10, (4,)), torch.randn(3)
+    losses = [m(embedding(ids) * 1, y) for m in (model, wrapped)]
+    grads = []
+    for loss in losses:
+        loss.backward()
+        grads.append(embedding.weight.grad.clone())
+        embedding.zero_grad()
+    torch.testing.assert_close(losses[1], losses[0])
+    torch.testing.assert_close(grads[1], grads[0])
+    torch.testing.assert_close(wrapped.positions.grad, model.positions.grad)
