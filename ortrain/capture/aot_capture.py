@@ -267,7 +267,7 @@ def capture(
             slots[tag] = slot
             # The forward's outputs in the layout eager gives them (see capture/output_layouts.py).
             layouts = traced_layouts(gm.graph, joint._aot_state.fw_metadata) if tag == "forward" else {}
-            return GraphCode(slot, output_layouts=layouts)
+            return GraphCode(slot, output_layouts=layouts, forward=tag == "forward")
 
         return compile_graph
 

@@ -31,6 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._graph_pickler import GraphPickler, Options
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from ortrain.capture.input_views import input_view_chains, make_views
 from ortrain.capture.lazy_recompile import compiled_on_first_call
 from ortrain.capture.output_layouts import Layouts, in_traced_layouts
 from ortrain.capture.unused_tangents import UnreachedGradients, with_zero_tangents
@@ -46,7 +47,7 @@ _KEPT_METADATA = frozenset({"val"})
 class GraphCode(OutputCode):
     """What ortrain's compilers hand AOTAutograd: one graph and the executor that runs it."""
 
-    def __init__(self, slot: GraphSlot, output_layouts: Layouts | None = None) -> None:
+    def __init__(self, slot: GraphSlot, output_layouts: Layouts | None = None, forward: bool = False) -> None:
         super().__init__()
         self.slot: GraphSlot | None = slot
         self._graph_bytes: bytes | None = None
@@ -54,6 +55,12 @@ class GraphCode(OutputCode):
         # Output position -> the dimension order or strides to hand it over in (output_layouts);
         # plain data, saved with the cache entry.
         self.output_layouts = output_layouts or {}
+        # A forward's outputs that are views of its inputs are made by PyTorch on the inputs
+        # (ortrain.capture.input_views): AOTAutograd remakes them from the input with the strides
+        # of what ONNX Runtime returned, contiguous, and ``x[:, :1].expand(b, s, d)`` (symbolic
+        # strides, which output_layouts cannot give) came back as ``x`` itself from the second,
+        # dynamic capture on (wave 43, silently).
+        self.forward = forward
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
         assert self.slot is not None, "a loaded GraphCode runs only after post_compile"
@@ -63,21 +70,36 @@ class GraphCode(OutputCode):
             # saved tensors (it cleared the autograd context's); emptied, each can be freed as soon
             # as the graph's runner drops it, as eager frees a saved tensor after its node.
             inputs.clear()
+        # A forward's inputs, kept for the views made of them (a backward's saved tensors are not:
+        # each is freed as soon as the graph's runner drops it).
+        kept = list(args) if getattr(self, "forward", False) else []
         if not any(a is None for a in args):
-            return self._laid_out(self.slot.run(args))
+            return self._laid_out(self.slot.run(args), kept)
         unreached = self._unreached()
         missing = unreached.missing(args)
         if self.slot.runner is None:
             args = with_zero_tangents(self.slot.graph, args)  # the FX graph needs real tensors
-        return self._laid_out(unreached.set_none(self.slot.run(args), missing))
+        return self._laid_out(unreached.set_none(self.slot.run(args), missing), kept)
 
-    def _laid_out(self, outputs: Any) -> Any:
+    def _laid_out(self, outputs: Any, args: list[Any]) -> Any:
         layouts = getattr(self, "output_layouts", None)  # absent on entries saved before wave 38
-        if not layouts:
+        views = self._input_views()
+        if not layouts and not views:
             return outputs
         outputs = list(outputs)
-        in_traced_layouts(layouts, outputs)
+        in_traced_layouts(layouts or {}, outputs)
+        assert self.slot is not None
+        make_views(views, self.slot.graph.graph, args, outputs)
         return outputs
+
+    def _input_views(self) -> dict[int, Any]:
+        if not getattr(self, "forward", False):  # absent on entries saved before wave 43
+            return {}
+        known = getattr(self, "_views", None)  # graph nodes: made again after a cache load
+        if known is None:
+            assert self.slot is not None
+            known = self._views = input_view_chains(self.slot.graph.graph)
+        return known
 
     def _unreached(self) -> UnreachedGradients:
         assert self.slot is not None
@@ -98,6 +120,7 @@ class GraphCode(OutputCode):
             Options(ops_filter=None, node_metadata_key_filter=_KEPT_METADATA.__contains__),
         )
         self.slot = None
+        self._views = None  # nodes of the live graph: made again from the loaded one
 
     def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
         if self.slot is not None:

@@ -388,3 +388,36 @@ def test_an_expanded_parameter_returned_at_a_new_batch_size_is_a_view_of_it(wrap
         torch.testing.assert_close(outputs[1], outputs[0])
         for a, b in zip(model.parameters(), twin.parameters(), strict=True):
             torch.testing.assert_close(b.grad, a.grad, msg=f"batch {batch}")
+
+
+class _ReturnsAnExpandedRowOfItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 6)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, s, d = x.shape
+        return self.linear(x), x[:, :1].expand(b, s, d)
+
+
+def test_an_expanded_row_of_the_input_at_new_sizes_is_that_view() -> None:
+    """Its strides are symbolic at the dynamic capture: AOTAutograd remade it from the input with
+    ONNX Runtime's contiguous strides, so until wave 43 it came back as the input itself (loss
+    0.117 against eager's 0.835), silently; PyTorch now makes the view on the call's input."""
+    torch.manual_seed(0)
+    model = _ReturnsAnExpandedRowOfItsInput()
+    wrapped = ORTModule(copy.deepcopy(model))
+    for b, s in [(2, 5), (3, 7), (2, 4)]:
+        x = torch.randn(b, s, 8)
+        results = []
+        for m in (model, wrapped):
+            leaf = x.clone().requires_grad_()
+            h, first = m(leaf)
+            loss = h.square().mean() + (first * torch.arange(s).view(1, s, 1)).mean()
+            loss.backward()
+            results.append((loss, first, leaf.grad))
+        (want, want_first, want_grad), (got, got_first, got_grad) = results
+        assert got_first.stride() == want_first.stride()
+        torch.testing.assert_close(got_first, want_first)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got_grad, want_grad)
