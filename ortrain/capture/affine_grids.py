@@ -10,7 +10,8 @@ computes, the base grid's transpose times the grid's gradient (one ``bmm``). The
 the operator, which PyTorch runs (``runtime/torch_native_ops.py``): at an identity transform the
 sampler's gradient depends on the grid's last bit, and a decomposed grid (PyTorch's own, products
 and a sum in ONNX Runtime) moved gradients by 2.7× their size. Fixed sizes keep the operator and
-its formula.
+its formula. The operator takes the size as fixed integers in its forward too, so each new image
+size still captures again (the batch size stays open).
 """
 
 from __future__ import annotations
