@@ -307,12 +307,19 @@ def recompile_limit_watched(report: Callable[[str], None]) -> Iterator[None]:
     limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     handler = _LimitHandler(report)
     dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
+    saved = dynamo_log.level, dynamo_log.propagate
+    if not dynamo_log.isEnabledFor(logging.WARNING):
+        # TorchDynamo's logs quieted (torch._logging.set_logs): its notice for our handler only.
+        dynamo_log.setLevel(logging.WARNING)
+        dynamo_log.propagate = False
     dynamo_log.addHandler(handler)
     try:
         with torch._dynamo.config.patch(recompile_limit=limit):
             yield
     finally:
         dynamo_log.removeHandler(handler)
+        dynamo_log.setLevel(saved[0])
+        dynamo_log.propagate = saved[1]
 
 
 def _scalar_inputs(graph: torch.fx.GraphModule) -> list[tuple[int, torch.dtype]]:
