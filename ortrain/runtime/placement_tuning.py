@@ -302,13 +302,43 @@ class TunedRunner:
             finally:
                 self._spent += self._clock() - start
         scale = self._scale(args)  # before the call: the runner empties ``args``
+        all_torch = next(
+            (c for c in self._candidates if c.placement.all_torch and c.runner is not None), None
+        )
+        kept = list(args) if all_torch is not None and candidate is not all_torch else None
         start = self._clock()
-        outputs = candidate.runner(args)  # type: ignore[misc]
+        try:
+            outputs = candidate.runner(args)  # type: ignore[misc]
+        except Exception as error:
+            if kept is None or all_torch is None:
+                raise
+            return self._settle_on(all_torch, kept, candidate, error)
         elapsed = self._clock() - start
         self._record(candidate, elapsed, scale)
         if self._finished():
             self._choose()
         return outputs
+
+    def _settle_on(
+        self, all_torch: _Candidate, args: list[Any], failed: _Candidate, error: Exception
+    ) -> list[Any]:
+        """A candidate that fails at run time ends the race: PyTorch runs the graph from now on.
+        (Wave 43: the default placement, built lazily mid-training, failed in ONNX Runtime at a
+        ResNet's sixth step with a size of its capture baked into a Reshape, and training
+        stopped; built at capture, it ran. Not understood yet: the race stops rather than risk it.)"""
+        logger.warning(
+            "%s graph: placement %s failed at this call (%s: %s); PyTorch runs this graph from now on",
+            self.name,
+            failed.placement.name,
+            type(error).__name__,
+            str(error).splitlines()[0][:300],
+        )
+        failed.dropped = f"failed to run: {type(error).__name__}"
+        self.chosen, self.chosen_placement = all_torch.runner, all_torch.placement
+        for candidate in self._candidates:
+            if candidate is not all_torch:
+                candidate.runner = None  # frees its sessions
+        return self.chosen(args)  # type: ignore[misc]
 
     def _default_runner(self) -> PlanRunner:
         assert self._build_default is not None

@@ -56,3 +56,15 @@ def test_the_torch_executor_runs_the_in_place_graph() -> None:
     args = _args()
     for got, want in zip(run(list(args)), _repad(*args), strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_the_torch_executor_leaves_the_graph_it_is_given_as_it_was() -> None:
+    """A whole graph the torch executor builds is the one op tuning's default placement exports
+    later: until wave 43 its views were turned into reshapes in place, and that export baked a
+    size of the capture into a Reshape (a ResNet's backward failed at its sixth step)."""
+    gm = make_fx(lambda x: (x.t().contiguous().view(-1) * 2,))(torch.randn(3, 4))
+    targets = [n.target for n in gm.graph.nodes]
+    run = TorchExecutor().build(gm, what="test", whole=True)
+    assert [n.target for n in gm.graph.nodes] == targets
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(run([x])[0], x.t().reshape(-1) * 2)

@@ -272,6 +272,34 @@ def test_a_lazy_default_is_built_on_its_turn_after_all_torch_leads() -> None:
     assert slow_torch.chosen_placement == DEFAULT
 
 
+class _FailingRunner(_FakeRunner):
+    def __call__(self, args: list[Any]) -> list[Any]:
+        args.clear()  # as a boxed runner does, before it fails
+        raise RuntimeError("cannot be reshaped to the requested shape")
+
+
+def test_a_placement_failing_at_run_time_hands_the_graph_to_pytorch(caplog: pytest.LogCaptureFixture) -> None:
+    """Wave 43: the lazily built default failed in ONNX Runtime at a ResNet's sixth step, and the
+    error ended training; the race now stops on all-torch, which has run the graph since."""
+    clock = _Clock()
+    built: dict[str, _FakeRunner] = {}
+
+    def build(placement: Placement) -> Any:
+        kind = _FakeRunner if placement.all_torch else _FailingRunner
+        built[placement.name] = kind(clock, 0.01)
+        return built[placement.name]
+
+    runner = TunedRunner(
+        "backward", lambda: build(DEFAULT), [DEFAULT, Placement(all_torch=True)], build,
+        settings=TuningSettings(enabled=None), key="k", clock=clock, lazy_default=True,  # type: ignore[arg-type]
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for _ in range(10):
+            assert runner([1.0]) == [2.0]
+    assert runner.chosen_placement == Placement(all_torch=True)
+    assert caplog.text.count("placement onnxruntime failed at this call") == 1
+
+
 def test_a_quick_graph_with_a_lazy_default_is_raced_like_any() -> None:
     runner, order = _lazy_race({"onnxruntime": 0.001, "all-torch": 0.0005}, calls=30)
     assert order[:5] == ["all-torch"] * 3 + ["onnxruntime"] * 2

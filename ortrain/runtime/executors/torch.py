@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ortrain.capture.lazy_recompile import graph_module
 from ortrain.runtime.executors.base import Runner
 from ortrain.runtime.inplace_scatter import scatter_in_place
 from ortrain.runtime.random_op_layouts import with_random_op_layouts
@@ -26,7 +27,18 @@ class TorchExecutor:
         return None
 
     def build(self, region: torch.fx.GraphModule, *, what: str, whole: bool) -> Runner:
+        given = region
         region = scatter_in_place(region)
+        if region is given and any(
+            n.op == "call_function" and n.target in _VIEWS for n in region.graph.nodes
+        ):
+            # The edits below go to a copy: ``given`` may be a whole graph that another placement
+            # exports later (op tuning builds its default lazily). Until wave 43 the default's
+            # export read reshapes of the traced sizes where the views had been, and a ResNet's
+            # backward failed at its sixth step ("cannot be reshaped to the requested shape").
+            graph = torch.fx.Graph()
+            graph.output(graph.graph_copy(given.graph, {}))
+            region = graph_module(given, graph)
         # A view becomes a reshape, which is the same view where the strides allow one and a copy
         # where they do not. Values from other executors are contiguous where the capture may
         # have seen strides (ONNX Runtime returns a transpose as a copy), and even a whole graph
