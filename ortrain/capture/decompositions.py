@@ -95,9 +95,13 @@ def input_gradient_of_any_size(
         grad_output, weight, None, stride, [0] * spatial, dilation, True, [0] * spatial, groups
     )
     tail = [max(0, stride[i] - 1 - padding[i]) for i in range(spatial)]
-    if any(tail):
-        # constant_pad_nd lists pads from the last dim backwards: (before, after) per dim.
-        full = aten.constant_pad_nd(full, [p for i in reversed(range(spatial)) for p in (0, tail[i])])
+    for i in range(spatial):
+        if tail[i]:
+            # Zeros joined on, not constant_pad_nd: traced at export on the capture's fake values,
+            # its kernel read the sizes as integers and fixed the batch size of a dynamic capture
+            # to its example value (wave 43: a ResNet's backward exported for batch 3 only).
+            zeros_shape = [*full.shape[: 2 + i], tail[i], *full.shape[3 + i :]]
+            full = torch.cat([full, full.new_zeros(zeros_shape)], dim=2 + i)
     for i in range(spatial):
         full = full.narrow(2 + i, padding[i], in_sizes[i])
     return full

@@ -95,3 +95,39 @@ def test_special_functions_run_as_pytorchs_kernels_outside_onnxruntime(
     else:
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(wrapped.module.x.grad, model.x.grad, rtol=1e-5, atol=1e-5)
+
+
+class _StridedConvolutions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.down = nn.Conv2d(8, 16, 1, stride=2)  # a 1x1 downsample: no padding, a skipped tail
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.down(torch.relu(self.stem(x)))
+        return self.head(h.mean((2, 3))).square().mean()
+
+
+def test_a_strided_convolution_keeps_the_batch_size_open_in_onnxruntime(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The input gradient's decomposition, traced at export on the capture's fake values, padded
+    with a kernel that read the sizes as integers: the batch size became the example's, each new
+    batch captured again, and op tuning's deferred export failed in ONNX Runtime at a later size
+    (wave 43, a ResNet at its sixth step)."""
+    import logging
+
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    torch.manual_seed(0)
+    model = _StridedConvolutions()
+    wrapped = ORTModule(copy.deepcopy(model))
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for batch, size in [(4, 16), (3, 20), (5, 24), (2, 17)]:
+            x = torch.randn(batch, 3, size, size)
+            losses = [m(x) for m in (model, wrapped)]
+            for loss in losses:
+                loss.backward()
+            torch.testing.assert_close(losses[1], losses[0])
+            torch.testing.assert_close(wrapped.stem.weight.grad, model.stem.weight.grad, rtol=1e-4, atol=1e-5)
+    assert caplog.text.count("capturing a graph:") == 2  # the first sizes, then all of them open
