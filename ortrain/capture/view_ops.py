@@ -23,3 +23,15 @@ RESHAPES = frozenset(
 
 # Reshapes plus reorderings and broadcasts: the output holds no element its input lacks.
 RELAYOUTS = RESHAPES | {aten.t.default, aten.transpose.int, aten.permute.default, aten.expand.default}
+
+# Views whose strides a trace recorded: a reshape is the same view where the strides allow one,
+# and a copy where they do not.
+VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})
+
+
+def views_as_reshapes(graph: torch.fx.Graph) -> bool:
+    """Turn ``graph``'s views into reshapes, in place; returns whether it had any."""
+    views = [n for n in graph.nodes if n.op == "call_function" and n.target in VIEWS]
+    for node in views:
+        node.target = aten.reshape.default
+    return bool(views)

@@ -40,7 +40,7 @@ from ortrain.capture.symbolic_sizes import (
     SizePythonMod,
     SizeTrueDiv,
 )
-from ortrain.capture.view_ops import RELAYOUTS, RESHAPES
+from ortrain.capture.view_ops import RELAYOUTS, RESHAPES, views_as_reshapes
 from ortrain.export import direct_translation
 from ortrain.export.double_precision_constants import (
     all_floats_double,
@@ -514,7 +514,11 @@ def _translate(
     """The ONNX model of ``gm``: translated node by node where it can be (see
     :mod:`ortrain.export.direct_translation`), else through ``torch.onnx.export``."""
     spell_out_factory_dtypes(gm)  # for both paths: each translates a factory without one as float32
-    _views_as_reshapes(gm)
+    # ONNX has no strides: a view is a Reshape. The exports re-trace the graph, where a view's fake
+    # input can carry other strides than at capture (an attention kernel's output, transposed
+    # back, at a new size: "Cannot view a tensor with shape [s20, 9, 4, 8]", wave 43).
+    if views_as_reshapes(gm.graph):
+        gm.recompile()
     refuse_negative_indices(gm)  # both translate gathers and scatters that count negatives from the end
     spell_out_math(gm)  # the operators whose translations lose PyTorch's answers (see the module)
     copy_slice_backwards(gm)  # a slice's backward as a Pad, not a scatter between two transposes
@@ -556,20 +560,6 @@ def _translate(
     except Exception as error:  # the exporter raises many types; all mean "cannot export"
         raise ExportError(*_summarize_export_error(error)) from error
     return program.model
-
-
-_VIEWS = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default})
-
-
-def _views_as_reshapes(gm: torch.fx.GraphModule) -> None:
-    """ONNX has no strides: a view is a Reshape. The exports re-trace the graph, where a view's
-    fake input can carry other strides than at capture (the output of an attention kernel PyTorch
-    runs, transposed back: "Cannot view a tensor with shape [s20, 9, 4, 8] and strides (288, 8, 72,
-    1)" at a new size, wave 43): as ``reshape`` the re-trace cannot fail on strides."""
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _VIEWS:
-            node.target = torch.ops.aten.reshape.default
-    gm.recompile()
 
 
 @contextlib.contextmanager

@@ -276,12 +276,12 @@ class _CompiledEntry:
     alias_writes_known: bool = False
 
     def learn_alias_writes(
-        self, inputs: list[torch.Tensor], aliasing: tuple[int, ...], versions: list[int]
+        self, inputs: list[torch.Tensor], positions: list[int], versions: list[int]
     ) -> None:
-        """After the first run: if it wrote into inputs that share memory (their version counters,
-        which views share with their base, moved), the graph holds for their layouts only."""
+        """After the first run: if it wrote into the inputs at ``positions``, which share memory
+        (their version counters, which views share with their base, moved from ``versions``), the
+        graph holds for their layouts only."""
         self.alias_writes_known = True
-        positions = _sharing_memory(aliasing)
         if any(inputs[i]._version != v for i, v in zip(positions, versions, strict=True)):
             self.alias_layouts = _alias_layouts(inputs, positions)
 
@@ -688,7 +688,8 @@ class ORTModule(nn.Module):
             )
         entry.capture.refuse_writes_into_leaves(call.inputs)
         learning = key.inputs_alias and not entry.alias_writes_known
-        versions = [call.inputs[i]._version for i in _sharing_memory(key.aliasing)] if learning else []
+        shared = _sharing_memory(key.aliasing) if learning else []
+        versions = [call.inputs[i]._version for i in shared]
         try:
             outputs = None
             if needs_second_order_path() and not entry.capture.mutated_inputs and not entry.python_ops:
@@ -711,7 +712,7 @@ class ORTModule(nn.Module):
                 f"ONNX Runtime failed to run the forward graph: {type(error).__name__}: {error}"
             ) from error
         if learning:
-            entry.learn_alias_writes(call.inputs, key.aliasing, versions)
+            entry.learn_alias_writes(call.inputs, shared, versions)
         spec = entry.output_spec
         if isinstance(spec, AssignedAttributes):
             values = len(outputs) - spec.extra_outputs

@@ -8,12 +8,11 @@ from typing import Any
 import torch
 
 from ortrain.capture.lazy_recompile import graph_module
+from ortrain.capture.view_ops import VIEWS, views_as_reshapes
 from ortrain.runtime.executors.base import Runner
 from ortrain.runtime.inplace_scatter import scatter_in_place
 from ortrain.runtime.random_op_layouts import with_random_op_layouts
 from ortrain.runtime.recorded_input_layouts import RecordedInputLayouts
-
-_VIEWS = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default})
 
 
 class TorchExecutor:
@@ -29,13 +28,10 @@ class TorchExecutor:
     def build(self, region: torch.fx.GraphModule, *, what: str, whole: bool) -> Runner:
         given = region
         region = scatter_in_place(region)
-        if region is given and any(
-            n.op == "call_function" and n.target in _VIEWS for n in region.graph.nodes
-        ):
-            # The edits below go to a copy: ``given`` may be a whole graph that another placement
-            # exports later (op tuning builds its default lazily). Until wave 43 the default's
-            # export read reshapes of the traced sizes where the views had been, and a ResNet's
-            # backward failed at its sixth step ("cannot be reshaped to the requested shape").
+        if region is given and any(n.op == "call_function" and n.target in VIEWS for n in given.graph.nodes):
+            # The edit below goes to a copy: ``given`` may be a whole graph that another placement
+            # exports later (op tuning builds its default lazily; wave 43 found the views of such a
+            # graph turned into reshapes by the time its export read it).
             graph = torch.fx.Graph()
             graph.output(graph.graph_copy(given.graph, {}))
             region = graph_module(given, graph)
@@ -46,9 +42,7 @@ class TorchExecutor:
         # `_native_batch_norm_legit_functional` returns a transposed input's output contiguous
         # where its fake kernel keeps the input's strides, so the view that transposes it back
         # failed (PatchTST: "view size is not compatible with input tensor's size and stride").
-        for node in region.graph.nodes:
-            if node.op == "call_function" and node.target in _VIEWS:
-                node.target = torch.ops.aten.reshape.default
+        views_as_reshapes(region.graph)
         region.recompile()
         if not whole:
             # For the first reason a random operator gets its inputs back in the captured layout:
