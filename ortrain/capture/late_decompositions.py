@@ -61,6 +61,9 @@ LATE_OPS = frozenset(
     {
         aten.convolution_backward.default,
         aten._native_batch_norm_legit_functional.default,
+        # Batch norm without running statistics (``F.batch_norm(x, None, None, training=True)``):
+        # torchlib's translation returns float32 statistics in a float64 model (wave 44).
+        aten._native_batch_norm_legit.no_stats,
         aten.native_batch_norm_backward.default,
         aten.silu_backward.default,
         *_SPECIAL_FUNCTIONS,
@@ -72,6 +75,7 @@ def late_decompositions() -> dict[Any, Callable[..., Any]]:
     table = get_decompositions(
         [
             aten._native_batch_norm_legit_functional,
+            aten._native_batch_norm_legit.no_stats,
             aten.native_batch_norm_backward,
             aten.silu_backward,
             aten._native_batch_norm_legit_no_training,

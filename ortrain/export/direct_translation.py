@@ -246,7 +246,39 @@ class _DecompositionCall:
             return decomposition(*args, **kwargs)
 
         # torch.onnx decomposes size-obliviously, so that a size 0 or 1 stays symbolic.
-        return trace_on_values(call, self.values, decomposition_table=table, size_oblivious=True)
+        traced = trace_on_values(call, self.values, decomposition_table=table, size_oblivious=True)
+        if _named_tuples_unpacked(traced.graph):
+            traced.recompile()
+        return traced
+
+
+def _named_tuples_unpacked(graph: torch.fx.Graph) -> int:
+    """Replace each construction of a named tuple by its fields; returns how many. A reference
+    with an ``out=`` wrapper (``torch._refs.var_mean``, the decomposition of ``var_mean`` at a
+    symbolic size) returns a named tuple that the trace records as a call of its class, which
+    no translator knows."""
+    unpacked = 0
+    for node in list(graph.nodes):
+        target = node.target
+        if node.op != "call_function" or not (isinstance(target, type) and issubclass(target, tuple)):
+            continue
+        if node.kwargs or len(node.args) != len(getattr(target, "_fields", ())):
+            continue
+        fields = tuple(node.args)
+
+        def as_fields(arg: torch.fx.Node, node: torch.fx.Node = node, fields: tuple = fields) -> Any:
+            return fields if arg is node else arg
+
+        for user in list(node.users):
+            if user.op == "call_function" and user.target is operator.getitem:
+                user.replace_all_uses_with(fields[user.args[1]])
+                graph.erase_node(user)
+            else:  # the trace's output
+                user.args = torch.fx.map_arg(user.args, as_fields)
+        if not node.users:
+            graph.erase_node(node)
+            unpacked += 1
+    return unpacked
 
 
 def _described(value: Any) -> Any:

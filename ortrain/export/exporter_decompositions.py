@@ -56,7 +56,11 @@ def node_needs_decomposition(node: torch.fx.Node, translated: set[Any]) -> bool 
     if isinstance(target, torch._ops.OpOverload):
         # A mutating op would be functionalized by the re-trace: keep it.
         return None if target._schema.is_mutable else target not in translated
-    return False if getattr(target, "__module__", None) in _SIZE_ARITHMETIC_MODULES else None
+    # Size arithmetic: Python's operators, and those torch.onnx translates (``torch.sym_float``,
+    # which a decomposition's ``sum / n`` at a symbolic ``n`` calls).
+    if target in translated or getattr(target, "__module__", None) in _SIZE_ARITHMETIC_MODULES:
+        return False
+    return None
 
 
 def needs_no_decomposition(graph_module: torch.fx.GraphModule, translated: set[Any]) -> bool:

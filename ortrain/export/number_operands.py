@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 _aten = torch.ops.aten
+_prims = torch.ops.prims
 # Elementwise operators whose two operands promote together: positions 0 and 1 (``where``: 1, 2).
 _PAIRED_OPERANDS: dict[Any, tuple[int, int]] = {
     **{
@@ -32,6 +33,8 @@ _PAIRED_OPERANDS: dict[Any, tuple[int, int]] = {
         )
     },
     _aten.where: (1, 2),
+    # A reference's decomposition at a symbolic size (``torch._refs.mean``: ``sum / n``).
+    **{packet: (0, 1) for packet in (_prims.add, _prims.sub, _prims.mul, _prims.div)},
 }  # fmt: skip
 
 
@@ -76,11 +79,12 @@ def tensors_for_number_operands(gm: torch.fx.GraphModule) -> int:
         # PyTorch's own rule for a tensor and a number (a 0-dimensional tensor of that dtype then
         # promotes with the other operand to the same dtype).
         probe = torch.empty((1,) * min(other.dim(), 1), dtype=other.dtype)
-        dtype = torch.result_type(probe, number)
+        dtype = torch.result_type(probe, _kind_of(number))
         with gm.graph.inserting_before(node):
             operand = gm.graph.call_function(_aten.scalar_tensor.default, (number,), {"dtype": dtype})
         with other.fake_mode if hasattr(other, "fake_mode") else contextlib.nullcontext():
-            operand.meta["val"] = torch.scalar_tensor(number, dtype=dtype, device=other.device)
+            value = number.meta["val"] if isinstance(number, torch.fx.Node) else number
+            operand.meta["val"] = torch.scalar_tensor(value, dtype=dtype, device=other.device)
         args = list(node.args)
         args[position] = operand
         node.args = tuple(args)
@@ -102,9 +106,26 @@ def _number_operand(node: torch.fx.Node) -> tuple[int, torch.Tensor] | None:
         number, other = node.args[position], node.args[other_position]
         if (
             isinstance(schema[position].type, torch.TensorType)
-            and isinstance(number, (bool, int, float))
+            and (isinstance(number, (bool, int, float)) or _is_symbolic_number(number))
             and isinstance(other, torch.fx.Node)
             and isinstance(other.meta.get("val"), torch.Tensor)
         ):
             return position, other.meta["val"]
     return None
+
+
+def _is_symbolic_number(operand: Any) -> bool:
+    """A node computing a number from sizes (``sym_float(s0)``), passed where a tensor goes: as a
+    0-d tensor, a float64 graph computes it in float64 (:mod:`double_precision_sizes`), where
+    torch.onnx's ``sym_float`` is float32 (a float64 batch norm at a new batch size then divided
+    double by float, which ONNX Runtime has no kernel for: wave 44)."""
+    return isinstance(operand, torch.fx.Node) and isinstance(
+        operand.meta.get("val"), (torch.SymInt, torch.SymFloat)
+    )
+
+
+def _kind_of(number: Any) -> bool | int | float:
+    """``number``, or for a symbolic one a number of its kind (what promotion reads)."""
+    if isinstance(number, torch.fx.Node):
+        return 1.0 if isinstance(number.meta["val"], torch.SymFloat) else 1
+    return number

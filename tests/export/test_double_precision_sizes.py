@@ -35,8 +35,7 @@ class _Model(nn.Module):
 def test_numbers_from_open_sizes_are_float64_in_a_float64_model(monkeypatch, form: str) -> None:
     """Until wave 42 they were computed in float32 (torch.onnx translates symbolic floats as
     FLOAT): gradients 3e-8 to 6e-8 relative off from the second batch size on."""
-    # Per operator only: ONNX Runtime's float64 batch norm is not PyTorch's, that node runs there.
-    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_ONNX_MODEL")
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
     torch.manual_seed(0)
     eager = _Model(FORMS[form])
     wrapped = ORTModule(copy.deepcopy(eager))
@@ -50,3 +49,24 @@ def test_numbers_from_open_sizes_are_float64_in_a_float64_model(monkeypatch, for
         torch.testing.assert_close(*grads, rtol=1e-14, atol=1e-300)
         eager.zero_grad()
         wrapped.zero_grad()
+
+
+def test_a_float64_batch_norm_layer_trains_in_onnx_runtime_at_new_batch_sizes(monkeypatch) -> None:
+    """Its decomposition at an open batch size divides a sum by ``sym_float(n)`` (through
+    ``torch._refs.var_mean``, whose named tuple no translator knew): torch.onnx's float32 ``n``
+    left a Div of float64 by float32, and until wave 44 the layer ran in PyTorch from the second
+    batch size on (FALLBACK_DISABLE refused the model)."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1)).double()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, wrapped)]
+    for rows in (4, 6, 5, 7):
+        x = torch.randn(rows, 8, dtype=torch.float64)
+        for model, optimizer in zip((eager, wrapped), optimizers, strict=True):
+            optimizer.zero_grad()
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+        expected = eager.state_dict()
+        for name, got in wrapped.state_dict().items():
+            torch.testing.assert_close(got, expected[name], rtol=1e-12, atol=1e-14, msg=name)
