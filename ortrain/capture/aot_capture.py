@@ -318,6 +318,11 @@ def capture(
                 # A gather of the rows a data-dependent mask selects has a size known only at run
                 # time (an unbacked size): tracing it needs fake inputs with a shape environment.
                 example = _fake_inputs(inputs, {})
+        # The backward traced outside autocast, as PyTorch recommends calling backward (and as the
+        # Trainer and accelerate do): with the forward's autocast (AOTAutograd's default), the
+        # gradient of a float32 matmul in an `autocast(enabled=False)` region came out bfloat16
+        # where eager's is float32 (wave 44). A backward under autocast is warned about at run time.
+        stack.enter_context(torch._functorch.config.patch(backward_pass_autocast="off"))
         joint = aot_autograd.aot_export_joint_with_descriptors(
             stack, traced_module, tuple(example), decompositions=decomposition_table()
         )

@@ -29,6 +29,7 @@ from ortrain.capture.dynamo_backend import (
     source_line,
 )
 from ortrain.capture.dynamo_regions import close_region, open_region
+from ortrain.ortmodule.backward_under_autocast import watch_for_backward_under_autocast
 from ortrain.ortmodule.create_graph import watch_for_create_graph
 from ortrain.ortmodule.fallback import ORTModuleFallbackException, ORTModuleTorchModelException
 from ortrain.ortmodule.guards import global_hook_ids
@@ -93,6 +94,8 @@ class GraphBreakPath:
         # AOTAutograd's graphs cannot be differentiated twice: a gradient penalty hears why at its
         # first backward, as on the whole-graph path (wave 42: only torch.compile's own error).
         watch_for_create_graph(pytree.tree_leaves(outputs))
+        if torch._C._is_any_autocast_enabled():
+            watch_for_backward_under_autocast(pytree.tree_leaves(outputs))
         if self.eager_regions and not self.policy & ORTModuleTorchModelException.policy:
             # Under a policy without FALLBACK_UNSUPPORTED_TORCH_MODEL such code is an error, at
             # every call (until wave 42 a warning, and the code trained in PyTorch).

@@ -41,6 +41,7 @@ from ortrain.capture.tracing_context import capturing
 from ortrain.errors import exception_chain
 from ortrain.inspector.runtime_inspector import RuntimeInspector
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
+from ortrain.ortmodule.backward_under_autocast import watch_for_backward_under_autocast
 from ortrain.ortmodule.create_graph import watch_for_create_graph
 from ortrain.ortmodule.distributed_wrappers import (
     refuse_data_parallel_inside,
@@ -704,6 +705,8 @@ class ORTModule(nn.Module):
             if outputs is None:
                 outputs = entry.capture(state_tensors, call.inputs)
                 watch_for_create_graph(outputs)
+            if key.autocast:
+                watch_for_backward_under_autocast(outputs)
         except RECOMPUTATION_STOPS:
             raise
         except Exception as error:
