@@ -61,7 +61,7 @@ def _install() -> None:
         def determine_input_dtype(param: Any, arg: Any, type_binding: Any) -> Any:
             dtype = chosen_by_torch(param, arg, type_binding)
             if (
-                getattr(_state, "double", False)
+                (getattr(_state, "double", False) or isinstance(arg, DoubleConstant))
                 and dtype == ir.DataType.FLOAT
                 and isinstance(arg, float)
                 and param.type_constraint not in type_binding
@@ -74,14 +74,20 @@ def _install() -> None:
         _installed = True
 
 
+class DoubleConstant(float):
+    """A Python number that becomes a DOUBLE constant in any graph (a float64 operand of size
+    arithmetic: :mod:`ortrain.export.double_precision_sizes`), where torch.onnx would round it
+    to float32 first (``scalar_tensor(1.7, dtype=float64)`` held 1.70000005)."""
+
+
 @contextlib.contextmanager
 def python_floats_as_double(gm: torch.fx.GraphModule) -> Iterator[None]:
     """Translate ``gm``'s Python floats as DOUBLE constants meanwhile, if its floating tensors are
-    all float64 (else nothing changes)."""
+    all float64 (else only the :class:`DoubleConstant` numbers)."""
+    _install()
     if not all_floats_double(gm):
         yield
         return
-    _install()
     previous = getattr(_state, "double", False)
     _state.double = True
     try:

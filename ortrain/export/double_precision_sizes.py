@@ -1,18 +1,22 @@
-"""Numbers computed from sizes, in a float64 graph, computed in float64.
+"""Numbers computed from sizes, computed in float64, as Python computes them.
 
 A graph captured with a size left open computes some numbers from it: ``var``'s backward scales
-by ``2 / (n - 1)``, ``mse_loss``'s by ``2 / numel``, batch norm's statistics by ``1 / n``. They are
-Python arithmetic on symbolic sizes (``sym_float``, ``truediv``, ``sub``) whose result becomes a
-0-d tensor (``scalar_tensor``), and torch.onnx translates that arithmetic in float32 whatever the
-graph's type: in a float64 model those gradients were 3e-8 to 6e-8 relative off eager's from the
-first dynamic capture on (wave 42), where every fixed-size graph agrees to 1e-16.
+by ``2 / (n - 1)``, ``mse_loss``'s by ``2 / numel``, batch norm's statistics by ``1 / n``,
+``interpolate``'s nearest source index by ``n / (n * scale_factor)``. They are Python arithmetic
+on symbolic sizes (``sym_float``, ``truediv``, ``sub``) whose result becomes a 0-d tensor
+(``scalar_tensor``), and torch.onnx translates that arithmetic in float32 whatever the graph's
+type. In a float64 model those gradients were 3e-8 to 6e-8 relative off eager's from the first
+dynamic capture on (wave 42), where every fixed-size graph agrees to 1e-16; in a float32 model,
+``17 / (17 * 0.6)`` in float32 is 1.6666665 where Python's is 1.6666667, and nearest
+interpolation at scale 0.6 read row 4 where eager reads row 5 (wave 44: wrong losses and
+gradients from the second image size on).
 
-In a graph whose floating tensors are all float64, each such ``scalar_tensor`` is rebuilt here as
-float64 tensor arithmetic on the integer sizes (an int64 size converts to float64 exactly), with
-the Python numbers as float64 constants; a number read from a float64 tensor (a backward's input
-the forward computed) is that tensor. :mod:`ortrain.export.fx_to_onnx` hands such a graph's
-numbers over as float64 tensors too. An expression with an operation not handled below is
-left as it was.
+Each such ``scalar_tensor`` is rebuilt here as float64 tensor arithmetic on the integer sizes (an
+int64 size converts to float64 exactly), with the Python numbers as float64 constants, and cast
+once to the ``scalar_tensor``'s dtype, as Python rounds its double once there; a number read from
+a float64 tensor (a backward's input the forward computed) is that tensor.
+:mod:`ortrain.export.fx_to_onnx` hands a float64 graph's numbers over as float64 tensors too. An
+expression with an operation not handled below is left as it was.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ortrain.export.double_precision_constants import all_floats_double
+from ortrain.export.double_precision_constants import DoubleConstant
 from ortrain.export.spelled_out_math import NodeBuilder, rewrite_nodes
 
 aten = torch.ops.aten
@@ -42,8 +46,6 @@ class _Unhandled(Exception):
 def sizes_as_double(gm: torch.fx.GraphModule) -> int:
     """Rebuild the ``scalar_tensor`` nodes of symbolic floats in float64 (see the module); returns
     how many."""
-    if not all_floats_double(gm):
-        return 0
     return rewrite_nodes(gm, _in_double)
 
 
@@ -53,13 +55,16 @@ def _in_double(node: torch.fx.Node) -> torch.fx.Node | None:
     source, value = node.args[0], node.meta.get("val")
     if not isinstance(source, torch.fx.Node) or not isinstance(source.meta.get("val"), torch.SymFloat):
         return None
-    if not isinstance(value, torch.Tensor) or value.dtype != torch.float64:
+    if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
         return None
     builder = NodeBuilder(node.graph, value)
     try:
-        return _tensor_of(builder, source)
+        number = _tensor_of(builder, source)
     except _Unhandled:
         return None
+    if value.dtype != torch.float64:
+        return builder.call(aten._to_copy.default, number, dtype=value.dtype)
+    return number
 
 
 def _tensor_of(builder: NodeBuilder, number: Any) -> torch.fx.Node:
@@ -67,7 +72,7 @@ def _tensor_of(builder: NodeBuilder, number: Any) -> torch.fx.Node:
     if isinstance(number, bool) or not isinstance(number, (int, float, torch.fx.Node)):
         raise _Unhandled(number)
     if not isinstance(number, torch.fx.Node):
-        return builder.call(aten.scalar_tensor.default, float(number), dtype=torch.float64)
+        return builder.call(aten.scalar_tensor.default, DoubleConstant(number), dtype=torch.float64)
     value = number.meta.get("val")
     if isinstance(value, torch.SymInt):  # a size, or integer arithmetic on sizes: exact as int64
         return builder.call(aten.scalar_tensor.default, number, dtype=torch.float64)

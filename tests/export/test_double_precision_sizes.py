@@ -70,3 +70,36 @@ def test_a_float64_batch_norm_layer_trains_in_onnx_runtime_at_new_batch_sizes(mo
         expected = eager.state_dict()
         for name, got in wrapped.state_dict().items():
             torch.testing.assert_close(got, expected[name], rtol=1e-12, atol=1e-14, msg=name)
+
+
+class _Resampler(nn.Module):
+    def __init__(self, scale_factor: float, mode: str) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+        self.scale_factor, self.mode = scale_factor, mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.interpolate(self.conv(x), scale_factor=self.scale_factor, mode=self.mode)
+
+
+RESAMPLINGS = [(0.6, "nearest"), (1.7, "nearest-exact"), (0.7, "bilinear")]
+
+
+@pytest.mark.parametrize(("scale_factor", "mode"), RESAMPLINGS)
+def test_interpolation_at_new_image_sizes_reads_eager_source_pixels(monkeypatch, scale_factor, mode) -> None:
+    """The source index scale ``n / (n * 0.6)`` was computed in float32 at an open size
+    (1.6666665, Python's 1.6666667): nearest interpolation read row 4 where eager reads row 5,
+    wrong losses and gradients from the second image size on, until wave 44."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    torch.manual_seed(0)
+    eager = _Resampler(scale_factor, mode)
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for height, width in ((16, 16), (20, 18), (17, 23), (5, 7)):
+        x = torch.randn(2, 2, height, width)
+        expected, got = eager(x), wrapped(x)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+        (expected * expected).mean().backward()
+        (got * got).mean().backward()
+        torch.testing.assert_close(wrapped.conv.weight.grad, eager.conv.weight.grad, rtol=1e-4, atol=1e-6)
+        eager.zero_grad()
+        wrapped.zero_grad()
