@@ -523,7 +523,7 @@ def _translate(
     spell_out_math(gm)  # the operators whose translations lose PyTorch's answers (see the module)
     copy_slice_backwards(gm)  # a slice's backward as a Pad, not a scatter between two transposes
     numbers_as_operands(gm)  # float64 graphs: no float32 attributes (double_precision_constants)
-    sizes_as_double(gm)  # float64 graphs: numbers computed from sizes in float64 (double_precision_sizes)
+    sizes_as_double(gm)  # numbers computed from sizes in float64, as Python does (double_precision_sizes)
     propagate_nan(gm)  # ONNX Runtime's max/min reductions skip NaN (see the module)
     exact_floor_divisions(gm)  # onnxscript's floordiv of sizes truncates (see the module)
     if DIRECT_TRANSLATION:
