@@ -171,3 +171,33 @@ def test_a_backward_inside_autocast_is_warned_about(caplog: pytest.LogCaptureFix
             _backward_in_autocast(wrapped, torch.randn(4, 32), backward_inside=True)
         warnings = [r for r in caplog.records if "backward() ran inside torch.autocast" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
+
+
+class _ConvThenLayerNorm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(8, 8, 3, padding=1)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.conv(x).transpose(1, 2)).float().square().mean()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_layer_norm_of_an_autocast_activation_trains(dtype: torch.dtype) -> None:
+    """PyTorch's layer norm returns float32 statistics for a half-precision input where its fake
+    kernel says half: wave 43's cast of PyTorch's outputs to the traced dtype handed them to the
+    backward's layer norm in half precision, which refused them ("expected scalar type Float but
+    found BFloat16"). Only ONNX Runtime's inputs are cast now."""
+    torch.manual_seed(0)
+    eager = _ConvThenLayerNorm()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for length in (5, 7):
+        x = torch.randn(2, 8, length)
+        for model in (eager, wrapped):
+            model.zero_grad()
+            with torch.autocast("cpu", dtype=dtype):
+                loss = model(x)
+            loss.backward()
+        for got, expected in zip(wrapped.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(got.grad, expected.grad, rtol=1e-2, atol=1e-4)

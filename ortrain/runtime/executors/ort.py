@@ -130,6 +130,9 @@ def _release_model_bytes(session: ort.InferenceSession) -> None:
         session._model_bytes = None
 
 
+_FLOATING_DTYPES = {t: d for d, t in ONNX_ELEMENT_TYPES.items() if d.is_floating_point}
+
+
 class OrtSessionRunner:
     """A callable ``list of arguments -> list of outputs`` over one ONNX Runtime session."""
 
@@ -170,6 +173,14 @@ class OrtSessionRunner:
                 zip((i.name for i in exported.model.graph.input), exported.input_positions, strict=True)
             )
             self._bound = [(name, positions[name]) for name in self._input_names]
+            # The floating dtype each input was traced with. A PyTorch kernel can return another
+            # than its fake kernel says (batch norm on bfloat16 buffers returns their new values
+            # in bfloat16 where the trace has float32), and the session refused such an input
+            # ("Unexpected input data type"), which sent the model to PyTorch (wave 43). The cast
+            # is made here, for ONNX Runtime only: PyTorch's kernels want the real dtypes (layer
+            # norm's float32 statistics of a bfloat16 input, wave 44).
+            traced = {i.name: i.type.tensor_type.elem_type for i in exported.model.graph.input}
+            self._traced_dtypes = {name: _FLOATING_DTYPES.get(traced.get(name)) for name in self._input_names}
             self._random = has_random_ops(exported.model)
 
     def _run_session(self, args: list[Any]) -> list[torch.Tensor]:
@@ -180,6 +191,10 @@ class OrtSessionRunner:
             tensor = args[position]
             if not tensor.is_contiguous():
                 tensor = tensor.contiguous()
+                keep_alive.append(tensor)
+            traced = self._traced_dtypes[name]
+            if traced is not None and tensor.dtype != traced and tensor.dtype.is_floating_point:
+                tensor = tensor.to(traced)
                 keep_alive.append(tensor)
             element_type = ONNX_ELEMENT_TYPES.get(tensor.dtype)
             if element_type is None:

@@ -52,32 +52,10 @@ class TorchExecutor:
         # The whole graph's inputs come in the captured strides.
         layouts = RecordedInputLayouts(region) if whole else None
 
-        dtypes = _traced_dtypes(region)
-
         def run(args: list[Any]) -> list[Any]:
             if layouts is not None:
                 args = layouts.restore(args)
-            outputs = list(region(*args))
-            if dtypes:
-                for position, dtype in dtypes.items():
-                    if isinstance(outputs[position], torch.Tensor) and outputs[position].dtype != dtype:
-                        outputs[position] = outputs[position].to(dtype)
-            return outputs
+            return list(region(*args))
 
         run.region = region  # type: ignore[attr-defined]
         return run
-
-
-def _traced_dtypes(region: torch.fx.GraphModule) -> dict[int, torch.dtype]:
-    """Output position -> the dtype the trace gave it, for floating outputs. A kernel can return
-    another than its fake kernel says: batch norm on bfloat16 buffers returns their new values in
-    bfloat16 where the trace has float32, and the ONNX Runtime region reading them refused the
-    input ("Unexpected input data type"), which sent the model to PyTorch (wave 43)."""
-    output = region.graph.output_node()
-    values = output.args[0] if isinstance(output.args[0], tuple | list) else (output.args[0],)
-    dtypes: dict[int, torch.dtype] = {}
-    for position, node in enumerate(values):
-        value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-        if isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
-            dtypes[position] = value.dtype
-    return dtypes
