@@ -77,6 +77,10 @@ def aot_backend(
             # (Integer inputs no tensor has as a size are carried where a region goes to ONNX
             # Runtime: ortrain.capture.size_carriers, applied by the exporter.)
             plain = torch.fx.GraphModule(graph, graph.graph)
+            if tag == "forward":
+                # `backward(retain_graph=True)` runs the backward again (wave 44: refused from the
+                # first dynamic recompile on, "compiled with non-empty donated buffers").
+                _donates_no_saved_tensor()
             scalars = _scalar_inputs(plain)
             # Outputs AOTAutograd remakes views from, with the strides returned: views of inputs
             # made by PyTorch, the others in their traced layout.
@@ -111,8 +115,21 @@ def aot_backend(
     )
     # Float32 norms for half-precision inputs, the margin losses as eager computes them: see
     # capture/function_overrides.py.
-    with COMPILE_LOCK, tracing_context(), dynamo_graph_overrides():
+    # As the whole-graph capture does (capture/aot_capture.py): the backward traced outside
+    # autocast, where PyTorch recommends calling it.
+    settings = torch._functorch.config.patch(backward_pass_autocast="off")
+    with COMPILE_LOCK, tracing_context(), dynamo_graph_overrides(), settings:
         return backend(gm, example_inputs)
+
+
+def _donates_no_saved_tensor() -> None:
+    """Clear the saved tensors AOTAutograd lists as donated to the backward being compiled (see
+    ``_donates_no_saved_tensor`` in capture/aot_capture.py): its metadata is the tracing
+    context's while the forward compiles."""
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None)
+    if metadata is not None and getattr(metadata, "bw_donated_idxs", None):
+        metadata.bw_donated_idxs = []
 
 
 def _in_fresh_thread(build: Callable[[], GraphRunner]) -> GraphRunner:

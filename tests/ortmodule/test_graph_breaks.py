@@ -466,3 +466,34 @@ def test_modes_past_dynamos_recompile_limit_run_in_ortrain_or_are_named(monkeypa
                 call_in(mode, wrapped)
     finally:
         dynamo_log.setLevel(level)
+
+
+class _TwoLossesWithABreak(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.h = nn.Linear(8, 16), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.a(x))
+        if h.sum().item() > -1e9:  # data-dependent Python: the graph-break path
+            h = h * 1.5
+        return self.h(h), h.pow(2).mean()
+
+
+def test_a_retained_graph_on_the_graph_break_path_runs_its_backward_again() -> None:
+    """AOTAutograd donated saved tensors to the backward of Dynamo's graphs, and refused
+    `retain_graph=True` from the first dynamic recompile on ("compiled with non-empty donated
+    buffers"), until wave 44; the whole-graph capture already allowed it."""
+    torch.manual_seed(0)
+    eager = _TwoLossesWithABreak()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for rows in (4, 4, 5):
+        x = torch.randn(rows, 8)
+        for model in (eager, wrapped):
+            model.zero_grad()
+            out, aux = model(x)
+            out.pow(2).mean().backward(retain_graph=True)
+            aux.backward()
+        for got, expected in zip(wrapped.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(got.grad, expected.grad, rtol=1e-5, atol=1e-7)
+    assert wrapped._ortrain_graph_breaks is not None
