@@ -202,6 +202,11 @@ def _describe_code(function: Any) -> Any:
         outer = getattr(outer, "__wrapped__", None)
     target = chain[-1] if chain else None
     code = getattr(target, "__code__", None)
+    if isinstance(target, functools.partial):
+        # ``ACT = partial(F.leaky_relu, negative_slope=CFG["slope"])``: its function and the
+        # values bound in (until wave 44 by its class alone: a slope read from a file, changed
+        # between processes, loaded the capture made with the old one).
+        return _describe_callable(target)
     if code is None:  # None, a builtin, or a callable object (described by its class)
         if target is None:
             return None

@@ -87,6 +87,35 @@ class _Cell(MutableMapping[str, Any]):
         return True
 
 
+class _ClassAttributes(MutableMapping[str, Any]):
+    """A class's attributes as a namespace (``Consts.SCALE``, looked up through its bases), read
+    and written like a module's globals."""
+
+    def __init__(self, cls: type) -> None:
+        self._cls = cls
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self._cls, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self._cls, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        try:
+            delattr(self._cls, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dir(self._cls))
+
+    def __len__(self) -> int:
+        return len(dir(self._cls))
+
+
 _LIBRARY_PREFIXES = ("torch", "ortrain", "builtins", "typing")  # top-level package names
 _STDLIB = sysconfig.get_paths()["stdlib"]
 _FUNCTIONS_AT_MOST = 400  # a bound on the walk: Hugging Face's forwards call a few dozen
@@ -342,13 +371,21 @@ def _global_read(
     value = namespace[name]
     # A module once per set of names looked up in it (code elsewhere names other attributes of the
     # same module); anything else once.
-    seen = (id(namespace), f"{name}\0{hash(names)}" if isinstance(value, types.ModuleType) else name)
+    by_names = isinstance(value, types.ModuleType) or _is_users_class(value)
+    seen = (id(namespace), f"{name}\0{hash(names)}" if by_names else name)
     if seen in found:
         return
     found.add(seen)
     label = f"{namespace.get('__name__', '?')}.{name}"
     if is_watched(value):
         yield f"global {label}", namespace, name
+    elif _is_users_class(value):
+        # ``Consts.SCALE`` (set at start-up from a file), ``Helpers.act(x)``: the class by
+        # identity, and its attributes named in the same code, values read and code walked
+        # (until wave 44 only the class's identity: a changed ``Consts.SCALE`` kept the graph of
+        # the old one, and a warm capture cache loaded it in a later process).
+        code_found.append((f"global {label}", namespace, name))
+        yield from _class_attribute_reads(value, label, names, todo, code_found, found)
     elif isinstance(value, type | types.BuiltinFunctionType):
         # ``ACT = torch.tanh`` or ``Norm = nn.LayerNorm``: nothing to walk, but what the
         # forward runs, by identity (until wave 32 a replaced one went unseen).
@@ -380,6 +417,44 @@ def _global_read(
             elif is_watched(module_namespace[attribute]) and (id(module_namespace), attribute) not in found:
                 found.add((id(module_namespace), attribute))
                 yield f"global {value.__name__}.{attribute}", module_namespace, attribute
+
+
+def _class_attribute_reads(
+    cls: type,
+    label: str,
+    names: tuple[str, ...],
+    todo: list[types.FunctionType | None],
+    code_found: list[CodeRead],
+    found: set[tuple[int, str]],
+) -> Iterator[Read]:
+    """What the code naming a global class of the user's reads of it: the attributes among
+    ``names`` that it holds, values to read and methods to walk."""
+    attributes = _ClassAttributes(cls)
+    for attribute in names:
+        if attribute.startswith("__") or (id(cls), attribute) in found:
+            continue
+        held = inspect.getattr_static(cls, attribute, _MISSING)
+        if held is _MISSING:
+            continue
+        found.add((id(cls), attribute))
+        function = _function(held)
+        if function is not None:
+            todo.append(function)
+            code_found += _method_reads(cls, attribute)
+        elif is_watched(getattr(cls, attribute, None)):
+            yield f"class attribute {label}.{attribute}", attributes, attribute
+
+
+_MISSING = object()
+
+
+def _is_users_class(value: Any) -> bool:
+    """A class defined in a module of the user's (not PyTorch's, a library's or the standard
+    library's)."""
+    if not isinstance(value, type):
+        return False
+    module = sys.modules.get(value.__module__)
+    return module is not None and _is_users_module(module) and not _is_module_library(module)
 
 
 def _closure_reads(

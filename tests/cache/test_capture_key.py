@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 import textwrap
@@ -290,6 +291,45 @@ def test_a_global_the_forward_reads_misses(monkeypatch: pytest.MonkeyPatch) -> N
     assert reference is not None and _key(_ReadsGlobal()) == reference
     monkeypatch.setattr(f"{__name__}.SHARPNESS", 2.0)
     assert _key(_ReadsGlobal()) != reference
+
+
+class _Consts:
+    SCALE = 1.0  # set from a data file at start-up
+
+
+class _Helpers:
+    @staticmethod
+    def scaled(h: torch.Tensor) -> torch.Tensor:
+        return h * _Consts.SCALE
+
+
+_ACT = functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.1)
+
+
+class _ReadsGlobalClassesAndPartials(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _ACT(_Helpers.scaled(self.fc(x))) * _Consts.SCALE
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ("_Consts.SCALE", 3.0),
+        ("_ACT", functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.3)),
+    ],
+    ids=["a global class's attribute", "a global partial's keyword"],
+)
+def test_global_classes_and_partials_the_forward_reads_miss(monkeypatch: pytest.MonkeyPatch, change) -> None:
+    """Until wave 44 a global class was keyed by its name and a global partial by its class: a
+    later process with another ``Consts.SCALE`` or slope read from a file loaded the old capture."""
+    reference = _key(_ReadsGlobalClassesAndPartials())
+    assert reference is not None and _key(_ReadsGlobalClassesAndPartials()) == reference
+    monkeypatch.setattr(f"{__name__}.{change[0]}", change[1])
+    assert _key(_ReadsGlobalClassesAndPartials()) != reference
 
 
 class _Scaler:

@@ -110,6 +110,46 @@ def test_a_changed_global_is_seen(monkeypatch: pytest.MonkeyPatch, caplog: pytes
     assert f"global {__name__}.ACTIVATION changed from 'tanh' to 'relu'" in reasons[3]
 
 
+class _Consts:
+    SCALE = 1.0  # set at start-up from a file, as scripts do
+
+
+class _Holder:
+    k = 1.0
+
+
+class _StaticHelpers:
+    @staticmethod
+    def shift(h: torch.Tensor) -> torch.Tensor:
+        return h + _Holder.k
+
+
+class _ReadsGlobalClasses(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _StaticHelpers.shift(self.lin(x) * _Consts.SCALE).square().mean()
+
+
+def test_a_changed_attribute_of_a_global_class_is_seen(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Until wave 44 a global class was watched by identity alone: ``Consts.SCALE = 3.0`` kept
+    the graph of 1.0, and so did a value its static method read of another class."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+    changes = {
+        1: lambda: monkeypatch.setattr(_Consts, "SCALE", 3.0),
+        2: lambda: monkeypatch.setattr(_Holder, "k", -2.0),
+    }
+    reasons = _capture_reasons_training_beside_eager(_ReadsGlobalClasses(), changes, 3, caplog)
+    assert len(reasons) == 3, reasons
+    assert f"class attribute {__name__}._Consts.SCALE changed from 1.0 to 3.0" in reasons[1]
+    assert f"class attribute {__name__}._Holder.k changed from 1.0 to -2.0" in reasons[2]
+
+
 # A helper module the script imports, whose function reads the module's own setting.
 helpers = types.ModuleType("ortrain_test_helpers")
 exec("SLOPE = 0.5\n\ndef act(h):\n    return h * SLOPE\n", helpers.__dict__)
