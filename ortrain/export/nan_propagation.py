@@ -106,11 +106,15 @@ def _reduction_propagating_nan(
 def _nan_positions(b: NodeBuilder, source: torch.fx.Node, plane: list[Any]) -> torch.fx.Node:
     """The tensor whose max pooling points at each window's last NaN in row-major order, as
     PyTorch's kernel does (it takes every NaN it meets): each NaN's position in its plane, plus
-    one; 0 elsewhere. In float32, where positions are exact up to 2**24."""
-    nan_mask = b.call(aten._to_copy.default, b.call(aten.isnan.default, source), dtype=torch.float32)
+    one; 0 elsewhere. In float32, where positions are exact up to 2**24; in a float64 graph in
+    float64, which keeps the graph all float64 (one float32 node made the export round the whole
+    graph's Python numbers to float32: a float64 bilinear upsampling before an adaptive max
+    pooling was 1.5e-6 off eager, wave 44)."""
+    dtype = torch.float64 if source.meta["val"].dtype == torch.float64 else torch.float32
+    nan_mask = b.call(aten._to_copy.default, b.call(aten.isnan.default, source), dtype=dtype)
     if not all(isinstance(size, int) for size in plane):
         return nan_mask  # a size left open: the first NaN's index, not the last's
-    positions = b.call(aten.arange.start, 1, 1 + math.prod(plane), dtype=torch.float32)
+    positions = b.call(aten.arange.start, 1, 1 + math.prod(plane), dtype=dtype)
     return b.call(aten.mul.Tensor, nan_mask, b.call(aten.view.default, positions, plane))
 
 

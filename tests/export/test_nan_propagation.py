@@ -86,3 +86,21 @@ def test_a_nan_in_the_activations_reaches_the_outputs_as_in_eager() -> None:
     x[1, 2] = NAN
     for got, expected in zip(wrapped(x), eager(x), strict=True):
         torch.testing.assert_close(got, expected, equal_nan=True)
+
+
+def test_the_nan_positions_of_a_float64_pooling_stay_float64() -> None:
+    """Pooling's NaN positions were float32 in every graph: a float64 graph then held a float32
+    node, and the export rounded all its Python numbers to float32 (a bilinear upsampling's
+    weights before an adaptive max pooling: 1.5e-6 off eager, wave 44)."""
+
+    def pooled(x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(x, 2)
+
+    gm = make_fx(pooled, tracing_mode="fake")(torch.randn(1, 1, 4, 4, dtype=torch.float64))
+    assert propagate_nan(gm) == 1
+    floating = {
+        n.meta["val"].dtype
+        for n in gm.graph.nodes
+        if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_floating_point()
+    }
+    assert floating == {torch.float64}
