@@ -14,16 +14,35 @@ from typing import Any
 
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.utils._sympy import functions as sympy_functions
 
 from ortrain.capture.size_carriers import fake_mode_of
 
 _DTYPES = {torch.SymFloat: torch.float64, torch.SymBool: torch.bool, torch.SymInt: torch.int64}
 
 
+# Float arithmetic inside an integer size: ``TruncToInt(1.5 * ToFloat(2 * (s0 // 4)))``, the size
+# interpolation by a scale factor gives a pooled image. No tensor holds it, ONNX Runtime would
+# compute it in float32 (PyTorch computed it in float64), and the export refused it ("cannot
+# express size"), which sent the backward graph to PyTorch (wave 44): it is passed as a number.
+_FLOAT_ARITHMETIC = (
+    sympy_functions.ToFloat,
+    sympy_functions.TruncToInt,
+    sympy_functions.FloatTrueDiv,
+    sympy_functions.FloorToInt,
+    sympy_functions.CeilToInt,
+    sympy_functions.RoundToInt,
+    sympy_functions.IntTrueDiv,
+    sympy_functions.FloatPow,
+)
+
+
 def _is_number_input(value: Any) -> bool:
     if isinstance(value, (torch.SymFloat, torch.SymBool)):
         return True
-    return isinstance(value, torch.SymInt) and bool(free_unbacked_symbols(value))
+    if not isinstance(value, torch.SymInt):
+        return False
+    return bool(free_unbacked_symbols(value)) or value.node.expr.has(*_FLOAT_ARITHMETIC)
 
 
 def numbers_as_tensors(gm: torch.fx.GraphModule) -> dict[int, torch.dtype]:

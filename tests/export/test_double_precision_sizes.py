@@ -103,3 +103,37 @@ def test_interpolation_at_new_image_sizes_reads_eager_source_pixels(monkeypatch,
         torch.testing.assert_close(wrapped.conv.weight.grad, eager.conv.weight.grad, rtol=1e-4, atol=1e-6)
         eager.zero_grad()
         wrapped.zero_grad()
+
+
+class _PoolThenResample(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        self.head = nn.Linear(4 * 9, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = nn.functional.max_pool2d(torch.tanh(self.conv(x)), 3, 2, padding=1)
+        resampled = nn.functional.interpolate(pooled, scale_factor=1.5, mode="bilinear")
+        # The adaptive pooling's backward reads the resampled size.
+        return self.head(nn.functional.adaptive_max_pool2d(resampled, 3).flatten(1))
+
+
+def test_a_size_with_float_arithmetic_reaches_the_backward_as_a_number(monkeypatch) -> None:
+    """The backward reads the resampled size ``TruncToInt(1.5 * ToFloat(...))``, which no
+    input tensor has: the export refused it ("cannot express size"), and the backward graph ran
+    in PyTorch (refused under FALLBACK_DISABLE) until wave 44. It comes in as a number now."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")  # ONNX Runtime runs the whole graph
+    torch.manual_seed(0)
+    eager = _PoolThenResample()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for height, width in ((16, 16), (19, 21), (9, 13)):
+        x = torch.randn(2, 2, height, width)
+        expected, got = eager(x), wrapped(x)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+        expected.square().mean().backward()
+        got.square().mean().backward()
+        for mine, theirs in zip(wrapped.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-6)
+        eager.zero_grad()
+        wrapped.zero_grad()
