@@ -113,6 +113,18 @@ def test_set_epoch_on_batch_sampler_reshuffles_and_reiteration_repeats():
     assert list(bs) == first
 
 
+@pytest.mark.parametrize(("setting", "value"), [("seed", 123), ("shuffle", False), ("random_level", 0.5)])
+def test_a_changed_sampler_setting_gives_the_batches_of_the_new_plan(setting, value):
+    """The batches were cached by epoch alone until wave 44: after ``sampler.seed = 123`` the
+    sampler planned anew and the batch sampler kept yielding the old plan's batches."""
+    dataset = long_tailed_lengths(200, seed=4)
+    stale = batch_samplers(dataset, 2, fixed_size(8), shuffle=True)[0]
+    len(stale)  # plans the epoch with the old settings
+    setattr(stale.sampler, setting, value)
+    fresh = batch_samplers(dataset, 2, fixed_size(8), **{"shuffle": True, setting: value})[0]
+    assert list(stale) == list(fresh)
+
+
 def test_dataloader_with_batch_sampler_over_two_epochs():
     lengths = long_tailed_lengths(90, seed=4)
     dataset = [torch.full((1,), float(i)) for i in range(len(lengths))]

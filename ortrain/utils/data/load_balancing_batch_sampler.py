@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import numbers
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +60,7 @@ class LoadBalancingDistributedBatchSampler:
         self.drop_last = bool(drop_last)
         self.world_size = sampler.world_size
         self.rank = sampler.rank
-        self._cache: tuple[tuple[int, bool], list[list[int]]] | None = None
+        self._cache: tuple[tuple[Any, ...], list[list[int]]] | None = None
 
     @property
     def epoch(self) -> int:
@@ -83,9 +84,14 @@ class LoadBalancingDistributedBatchSampler:
         return len(self._batches())
 
     def _batches(self) -> list[list[int]]:
-        key = (self.sampler.epoch, self.drop_last)
+        # Everything the batches depend on, as the sampler's plan reads its settings at each
+        # iteration: until wave 44 a changed ``sampler.seed``, ``shuffle`` or ``random_level`` kept
+        # the batches of the old plan, and ranks that had planned at different times overlapped.
+        sampler = self.sampler
+        settings = (sampler.seed, sampler.shuffle, sampler.random_level)
+        key = (sampler.epoch, *settings, self.drop_last, self.batch_fn)
         if self._cache is None or self._cache[0] != key:
-            self._cache = (key, self._even_batches(self.batches_per_rank(key[0])))
+            self._cache = (key, self._even_batches(self.batches_per_rank(sampler.epoch)))
         return self._cache[1]
 
     def _even_batches(self, per_rank: list[list[list[int]]]) -> list[list[int]]:
