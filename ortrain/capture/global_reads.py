@@ -482,6 +482,13 @@ INSTALLED_ROOTS = tuple(
 )
 
 
+def is_users_function(function: types.FunctionType) -> bool:
+    """A function defined in a module of the user's (not an installed package's, PyTorch's or the
+    standard library's)."""
+    module = sys.modules.get(function.__module__ or "")
+    return module is not None and _is_users_module(module) and not _is_module_library(module)
+
+
 def _is_users_module(module: types.ModuleType) -> bool:
     """A module of the user's own (a file outside site-packages, or one made at run time)."""
     path = getattr(module, "__file__", None) or ""

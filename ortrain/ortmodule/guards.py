@@ -53,6 +53,7 @@ from ortrain.capture.global_reads import (
     Read,
     class_reads,
     function_reads,
+    is_users_function,
     methods_called_from_outside,
 )
 from ortrain.capture.held_objects import DEPTH as HELD_DEPTH
@@ -365,8 +366,26 @@ def _read_values(
     values = [
         (label, _global_value(namespace.get(name, _NOT_PLAIN), walk)) for label, namespace, name in reads
     ]
-    values += [(label, _Code(namespace.get(name))) for label, namespace, name in code]
+    values += [(label, _with_defaults(namespace.get(name), walk)) for label, namespace, name in code]
     return tuple(values)
+
+
+def _with_defaults(value: Any, walk: _Walk) -> _Code:
+    """Code by identity, with the default values of the user's own functions: a forward's
+    ``temp=1.0`` or ``opts={"scale": 1.0}`` is read at every call, and until wave 44 a changed
+    ``Net.forward.__defaults__`` (or the default dict changed in place) kept the captured value.
+    Functions of installed packages are by identity alone (a guard read at every step)."""
+    function = value.__func__ if isinstance(value, staticmethod | classmethod) else value
+    if type(function) is not types.FunctionType or not is_users_function(function):
+        return _Code(value)
+    defaults = function.__defaults__ or ()
+    keywords = function.__kwdefaults__ or {}
+    if not defaults and not keywords:
+        return _Code(value)
+    names = function.__code__.co_varnames[function.__code__.co_argcount - len(defaults) :]
+    state = [(f"default {n}", _global_value(d, walk)) for n, d in zip(names, defaults, strict=False)]
+    state += [(f"default {n}", _global_value(d, walk)) for n, d in sorted(keywords.items())]
+    return _Code(value, tuple(state))
 
 
 class _Code(tuple[Any]):

@@ -468,3 +468,30 @@ def test_an_attribute_name_is_not_a_global_read() -> None:
     """``self.lin`` put ``lin`` in the code's names: until wave 42 a script's global of that name (a
     loop variable: ``for b in sizes``, ``self.b``) was watched, and each of its values captured again."""
     assert global_reads(_ReadsAnAttributeNamedLikeAGlobal) == ()
+
+
+class _WithDefaults(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, temp: float = 1.0, opts: dict = {"scale": 1.0}) -> torch.Tensor:  # noqa: B006
+        return (self.lin(x) / temp * opts["scale"]).square().mean()
+
+
+def test_a_changed_default_argument_of_the_forward_is_seen(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Until wave 44 the forward's code was watched by identity alone: a changed
+    ``forward.__defaults__``, or its default dict changed in place, kept the captured value."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+    options = {"scale": 1.0}  # the class's own default dict stays untouched
+    monkeypatch.setattr(_WithDefaults.forward, "__defaults__", (1.0, options))
+    changes = {
+        1: lambda: monkeypatch.setattr(_WithDefaults.forward, "__defaults__", (4.0, options)),
+        2: lambda: options.update(scale=3.0),
+    }
+    reasons = _capture_reasons_training_beside_eager(_WithDefaults(), changes, 3, caplog)
+    assert len(reasons) == 3, reasons
+    assert "default temp" in reasons[1] and "default opts" in reasons[2]
