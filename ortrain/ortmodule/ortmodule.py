@@ -128,6 +128,7 @@ _OWN_ATTRIBUTES = frozenset(
         "_ortrain_changed_by_capture",
         "_ortrain_inspector",
         "_ortrain_forward_lock",
+        "_ortrain_training",
         "training",
         # FSDP2's fully_shard (and other composable wrappers) give the wrapper a subclass of its
         # own class; passed on, the model had turned into a wrapper without a model.
@@ -354,7 +355,6 @@ class ORTModule(nn.Module):
         announce_inactive_options(options)
         reuse_freed_memory(options.reuse_freed_memory, user_malloc_setting())
         register_hf_cache_types()
-        self.training = module.training
         self._init_inspector(options)
 
     def _init_inspector(self, options: RuntimeOptions) -> None:
@@ -389,6 +389,22 @@ class ORTModule(nn.Module):
     @property
     def module(self) -> nn.Module:
         return self._ortrain_module
+
+    # The wrapped module's flag, read and written through the wrapper: until wave 44 the wrapper
+    # kept a flag of its own, and `wrapped.training = False` left the model in training mode (its
+    # `self.training` branches took the training path), while `wrapped.module.eval()` left
+    # `wrapped.training` True.
+    @property  # type: ignore[override]
+    def training(self) -> bool:
+        module = self.__dict__.get("_ortrain_module")
+        return module.training if module is not None else self.__dict__.get("_ortrain_training", True)
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        module = self.__dict__.get("_ortrain_module")
+        if module is not None:
+            module.training = mode
+        self.__dict__["_ortrain_training"] = mode
 
     def __getattr__(self, name: str) -> Any:
         if name in _OWN_ATTRIBUTES:
@@ -545,7 +561,6 @@ class ORTModule(nn.Module):
 
     def train(self, mode: bool = True) -> ORTModule:
         self._ortrain_module.train(mode)
-        object.__setattr__(self, "training", mode)
         return self
 
     def _apply(self, fn: Any, recurse: bool = True) -> ORTModule:  # type: ignore[override]

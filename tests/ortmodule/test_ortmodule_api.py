@@ -505,3 +505,31 @@ def test_state_dict_hooks_registered_on_the_wrapper_run() -> None:
     assert "extra" in state
     model.load_state_dict(state)
     assert fired == ["pre", "post", "load pre", "load post"]
+
+
+class _BranchesOnTraining(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return (h * 2 if self.training else h).square().mean()
+
+
+def test_the_training_flag_set_or_read_through_the_wrapper_is_the_models() -> None:
+    """Until wave 44 the wrapper kept a flag of its own: `wrapped.training = False` left the
+    model training (its branch on `self.training` took the training path, 4x eager's loss)."""
+    torch.manual_seed(0)
+    eager = _BranchesOnTraining()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(3, 4)
+    eager.training = False
+    wrapped.training = False
+    assert wrapped.module.training is False
+    torch.testing.assert_close(wrapped(x), eager(x))
+    wrapped.module.train()
+    assert wrapped.training is True
+    wrapped.eval()
+    assert wrapped.training is False and wrapped.module.training is False
+    assert copy.deepcopy(wrapped).training is False
