@@ -625,6 +625,11 @@ class ORTModule(nn.Module):
                 outputs = self._run_on_ort(args, kwargs)
             return for_backward(outputs)
         except ORTModuleFallbackException as error:
+            # Inputs eager PyTorch rejects too (a NumPy array, a tensor on another device) are
+            # the user's to fix: PyTorch's own error, and the model stays on its graphs (until
+            # wave 44 one such batch sent it to PyTorch for good, with a warning blaming ortrain).
+            if isinstance(error, ORTModuleIOError | ORTModuleDeviceException):
+                self._raise_if_user_error(args, kwargs)
             fallback.handle(error)
             self._invalidate()  # PyTorch trains this model from now on: free the sessions
             return self._ortrain_module(*args, **kwargs)

@@ -533,3 +533,22 @@ def test_the_training_flag_set_or_read_through_the_wrapper_is_the_models() -> No
     wrapped.eval()
     assert wrapped.training is False and wrapped.module.training is False
     assert copy.deepcopy(wrapped).training is False
+
+
+@pytest.mark.parametrize("bad", ["numpy", "meta"])
+def test_an_input_eager_rejects_too_raises_eagers_error_and_keeps_the_graphs(bad: str) -> None:
+    """A NumPy array or a tensor on another device: until wave 44 ortrain's own input or device
+    error sent the model to PyTorch for good (under the default policy) before PyTorch's error."""
+    import numpy as np
+
+    torch.manual_seed(0)
+    wrapped = ORTModule(_mlp())
+    x = torch.randn(3, 8)
+    wrapped(x).sum().backward()
+    graphs = ort_graph_count(wrapped)
+    batch = np.ones((3, 8), np.float32) if bad == "numpy" else torch.ones(3, 8, device="meta")
+    with pytest.raises((TypeError, RuntimeError)) as raised:
+        wrapped(batch)
+    assert type(raised.value) in (TypeError, RuntimeError)  # PyTorch's, not an ORTModule error
+    wrapped(x).sum().backward()
+    assert not wrapped._ortrain_fallback.active and ort_graph_count(wrapped) == graphs
