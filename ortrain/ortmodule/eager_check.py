@@ -29,7 +29,7 @@ from ortrain.capture.undone_writes import (
     forget_interrupted_compiles,
     storage_key,
 )
-from ortrain.ortmodule.python_randomness import python_generators_kept
+from ortrain.ortmodule.python_randomness import python_generators_kept, torch_generators_kept
 
 
 def run_eagerly_leaving_no_trace(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -47,7 +47,10 @@ def run_eagerly_leaving_no_trace(module: nn.Module, args: tuple[Any, ...], kwarg
     )
     grad_mode = torch.enable_grad() if inference and torch.is_grad_enabled() else torch.no_grad()
     try:
-        with torch.random.fork_rng(devices=cuda), python_generators_kept(module), grad_mode:
+        # Every generator the forward may draw from is put back (wave 44: one the model held was
+        # left one draw ahead, and every later step drew other numbers than eager's).
+        kept = (python_generators_kept(module), torch_generators_kept(module))
+        with torch.random.fork_rng(devices=cuda), kept[0], kept[1], grad_mode:
             try:
                 with writes:
                     module(*args, **kwargs)

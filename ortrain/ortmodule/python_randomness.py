@@ -25,6 +25,7 @@ import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import torch
 from torch import nn
 
 from ortrain.capture.held_objects import attributes as held_attributes
@@ -66,11 +67,11 @@ def _cell_contents(function: types.FunctionType) -> list[Any]:
     return contents
 
 
-def reachable_generators(module: nn.Module) -> list[Any]:
-    """The model's own generators: held by a submodule or by an object it holds
-    (:mod:`ortrain.capture.held_objects`), or found in the globals and closures of the submodules'
-    classes' methods."""
-    kinds = _generator_kinds()
+def reachable_generators(module: nn.Module, kinds: tuple[type, ...] | None = None) -> list[Any]:
+    """The model's own generators (of ``kinds``, Python's and NumPy's by default): held by a
+    submodule or by an object it holds (:mod:`ortrain.capture.held_objects`), or found in the
+    globals and closures of the submodules' classes' methods."""
+    kinds = kinds or _generator_kinds()
     found: dict[int, Any] = {}
     seen_namespaces: set[int] = set()
 
@@ -142,3 +143,17 @@ def refusing_python_randomness(module: nn.Module | None = None) -> Iterator[None
             "the forward draws Python random numbers (random, numpy.random or a generator the "
             "model holds): a captured graph would repeat one draw at every step"
         )
+
+
+@contextlib.contextmanager
+def torch_generators_kept(module: nn.Module) -> Iterator[None]:
+    """Put back on exit the states of the ``torch.Generator`` objects ``module`` holds
+    (``self.g = torch.Generator().manual_seed(123)``, drawn from by ``randn(..., generator=self.g)``);
+    the default generators are :func:`torch.random.fork_rng`'s."""
+    generators = reachable_generators(module, (torch.Generator,))
+    kept = [(generator, generator.get_state()) for generator in generators]
+    try:
+        yield
+    finally:
+        for generator, state in kept:
+            generator.set_state(state)

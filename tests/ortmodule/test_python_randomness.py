@@ -88,3 +88,25 @@ def test_a_held_generator_is_put_back_and_its_draw_refused() -> None:
     assert _MODULE_GENERATOR.bit_generator.state == state
     with refusing_python_randomness(model):  # nothing drawn: nothing raised
         model.linear(torch.ones(1, 2))
+
+
+class _DrawsFromItsGenerator(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.g = torch.Generator().manual_seed(123)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return h + torch.randn(h.shape, generator=self.g)
+
+
+def test_the_eager_check_puts_back_a_torch_generator_the_model_holds() -> None:
+    """The check that asks eager PyTorch about a failed call left the model's own generator one
+    draw ahead (wave 44), and every later step drew other numbers than eager's."""
+    from ortrain.ortmodule.eager_check import run_eagerly_leaving_no_trace
+
+    model = _DrawsFromItsGenerator()
+    state = model.g.get_state()
+    run_eagerly_leaving_no_trace(model, (torch.randn(3, 4),), {})
+    assert torch.equal(model.g.get_state(), state)
