@@ -92,6 +92,17 @@ class DebugOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.log_level, LogLevel):
             raise TypeError(f"log_level must be an ortrain.ortmodule.LogLevel, not {self.log_level!r}")
+        # Checked here, not when the first graph is saved (wave 44: `save_onnx="no"` wrote the
+        # files, and a prefix naming a folder failed steps later, sending the model to PyTorch).
+        if not isinstance(self.save_onnx, bool):
+            raise TypeError(f"save_onnx must be True or False, not {self.save_onnx!r}")
+        if not isinstance(self.onnx_prefix, str):
+            raise TypeError(f"onnx_prefix must be a str, not {self.onnx_prefix!r}")
+        if any(separator in self.onnx_prefix for separator in ("/", "\\", os.sep)):
+            raise ValueError(
+                f"onnx_prefix={self.onnx_prefix!r} names a folder; set ORTMODULE_SAVE_ONNX_PATH to "
+                "the folder and onnx_prefix to a file name prefix"
+            )
         env_level = os.environ.get("ORTMODULE_LOG_LEVEL")
         if env_level:
             self.log_level = parse_log_level(env_level)

@@ -333,6 +333,11 @@ class ORTModule(nn.Module):
         refuse_data_parallel_inside(module)
         if not isinstance(module, nn.Module):
             raise TypeError(f"ORTModule wraps a torch.nn.Module, not {type(module).__name__}")
+        if debug_options is not None and not isinstance(debug_options, DebugOptions):
+            raise TypeError(
+                "ORTModule's second argument is an ortrain.DebugOptions, not "
+                f"{type(debug_options).__name__}: ORTModule(model, DebugOptions(save_onnx=True))"
+            )
         super().__init__()
         debug = debug_options or DebugOptions()
         options = runtime_options()

@@ -68,6 +68,24 @@ def test_save_onnx_path_naming_a_file_is_refused_upfront(tmp_path, monkeypatch) 
     ORTModule(nn.Linear(2, 2))(torch.randn(1, 2))  # nothing saved: the path is not read
 
 
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda: DebugOptions(save_onnx=True, onnx_prefix="run1/model"), ValueError, "names a folder"),
+        (lambda: DebugOptions(save_onnx="no"), TypeError, "save_onnx must be True or False"),
+        (lambda: DebugOptions(onnx_prefix=5), TypeError, "onnx_prefix must be a str"),
+        (lambda: ORTModule(nn.Linear(2, 2), "verbose"), TypeError, "second argument is an ortrain"),
+    ],
+    ids=["prefix with a folder", "save_onnx a string", "prefix a number", "options a string"],
+)
+def test_debug_options_are_checked_when_made(make, error, message) -> None:
+    """Until wave 44 they were not: a prefix naming a folder failed steps later and sent the model
+    to PyTorch, `save_onnx="no"` wrote the files, and a string for the options failed on
+    `'str' object has no attribute 'log_level'`."""
+    with pytest.raises(error, match=message):
+        make()
+
+
 def test_log_level_from_environment_overrides_debug_options(monkeypatch) -> None:
     monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
     assert DebugOptions(log_level=LogLevel.ERROR).log_level is LogLevel.INFO
@@ -173,8 +191,12 @@ def test_wrong_dtype_raises_pytorchs_error() -> None:
         wrapped(torch.randn(3, 4, dtype=torch.float64))
 
 
-def test_wrong_device_is_a_device_error_or_a_fallback(monkeypatch) -> None:
+def test_wrong_device_is_pytorchs_error_or_a_device_error_or_a_fallback(monkeypatch) -> None:
     wrapped = ORTModule(nn.Linear(4, 2))
+    with pytest.raises(RuntimeError, match="expected device meta"):  # eager's: the user's to fix
+        wrapped(torch.randn(3, 4, device="meta"))
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    wrapped = ORTModule(nn.Linear(4, 2).to("meta"))  # eager runs it: a device ortrain refuses
     with pytest.raises(ORTModuleDeviceException, match="meta"):
         wrapped(torch.randn(3, 4, device="meta"))
     monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_DEVICE")
