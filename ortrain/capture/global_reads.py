@@ -28,6 +28,7 @@ a global only it read, went unseen.
 from __future__ import annotations
 
 import dis
+import enum
 import functools
 import inspect
 import site
@@ -143,6 +144,7 @@ def is_watched(value: Any) -> bool:
     (``SCHEDULE = KLSchedule()``, wave 30): what the guards compare."""
     return (
         plain_form(value) is not NOT_PLAIN
+        or isinstance(value, enum.Enum)  # ``MODE = Mode.NEG`` (unwatched until wave 44)
         or type(value) in (dict, set)
         or is_config_type(type(value))
         or is_held_object(value)

@@ -440,6 +440,8 @@ def _global_value(value: Any, walk: _Walk) -> Any:
     plain = _plain_form(value)
     if plain is not _NOT_PLAIN:
         return plain
+    if isinstance(value, enum.Enum):  # one object per member: compared as itself
+        return ("member", value)
     kind = type(value)
     if kind in _TABLES:
         if isinstance(value, set) or len(value) > _SHORT:

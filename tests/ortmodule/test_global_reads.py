@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import enum
 import functools
 import logging
 import types
@@ -110,8 +111,14 @@ def test_a_changed_global_is_seen(monkeypatch: pytest.MonkeyPatch, caplog: pytes
     assert f"global {__name__}.ACTIVATION changed from 'tanh' to 'relu'" in reasons[3]
 
 
+class _Mode(enum.Enum):
+    PLAIN = 1
+    NEGATED = 2
+
+
 class _Consts:
     SCALE = 1.0  # set at start-up from a file, as scripts do
+    MODE = _Mode.PLAIN
 
 
 class _Holder:
@@ -130,7 +137,8 @@ class _ReadsGlobalClasses(nn.Module):
         self.lin = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _StaticHelpers.shift(self.lin(x) * _Consts.SCALE).square().mean()
+        h = _StaticHelpers.shift(self.lin(x) * _Consts.SCALE)
+        return (-h if _Consts.MODE is _Mode.NEGATED else h).sum()
 
 
 def test_a_changed_attribute_of_a_global_class_is_seen(
@@ -143,9 +151,10 @@ def test_a_changed_attribute_of_a_global_class_is_seen(
     changes = {
         1: lambda: monkeypatch.setattr(_Consts, "SCALE", 3.0),
         2: lambda: monkeypatch.setattr(_Holder, "k", -2.0),
+        3: lambda: monkeypatch.setattr(_Consts, "MODE", _Mode.NEGATED),  # an enum member (wave 44)
     }
-    reasons = _capture_reasons_training_beside_eager(_ReadsGlobalClasses(), changes, 3, caplog)
-    assert len(reasons) == 3, reasons
+    reasons = _capture_reasons_training_beside_eager(_ReadsGlobalClasses(), changes, 4, caplog)
+    assert len(reasons) == 4, reasons
     assert f"class attribute {__name__}._Consts.SCALE changed from 1.0 to 3.0" in reasons[1]
     assert f"class attribute {__name__}._Holder.k changed from 1.0 to -2.0" in reasons[2]
 
