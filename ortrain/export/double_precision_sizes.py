@@ -50,9 +50,16 @@ def sizes_as_double(gm: torch.fx.GraphModule) -> int:
 
 
 def _in_double(node: torch.fx.Node) -> torch.fx.Node | None:
+    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        _number_arguments_in_double(node)
     if node.op != "call_function" or node.target is not aten.scalar_tensor.default:
         return None
     source, value = node.args[0], node.meta.get("val")
+    if type(source) is float and isinstance(value, torch.Tensor) and value.dtype == torch.float64:
+        # ``scalar_tensor(3.3, dtype=float64)`` (a capture's own form of ``(n - 0.5) / 3.3``):
+        # torch.onnx would hold 3.29999995, through a float32 constant (wave 44: 1.4e-8 off).
+        node.args = (DoubleConstant(source), *node.args[1:])
+        return None
     if not isinstance(source, torch.fx.Node) or not isinstance(source.meta.get("val"), torch.SymFloat):
         return None
     if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
@@ -65,6 +72,44 @@ def _in_double(node: torch.fx.Node) -> torch.fx.Node | None:
     if value.dtype != torch.float64:
         return builder.call(aten._to_copy.default, number, dtype=value.dtype)
     return number
+
+
+def _number_arguments_in_double(node: torch.fx.Node) -> None:
+    """A symbolic float passed where the operator takes a number (``clamp(min=n / (n * 0.6) * 3)``,
+    ``full_like(x, v)``): computed as a float64 tensor, rounded once to the operator's dtype, and
+    read back as a number (wave 44: 4.9999995 where Python's is 5.0, and its floor 4)."""
+    schema = node.target._schema  # type: ignore[union-attr]
+    result = node.meta.get("val")
+    values = list(result) if isinstance(result, tuple | list) else [result]
+    fake = next((v for v in values if isinstance(v, torch.Tensor)), None)
+    if fake is None:
+        return
+    dtype = fake.dtype if fake.dtype.is_floating_point else torch.float64
+    if dtype == torch.float64:
+        # torch.onnx reads a number back as FLOAT (its ``_local_scalar_dense``): in a float64
+        # graph that would round what this computed exactly. Left as it is (6e-8 relative).
+        return
+    by_name = {argument.name: argument for argument in schema.arguments}
+    positions = [(i, schema.arguments[i]) for i in range(min(len(node.args), len(schema.arguments)))]
+    keywords = [(name, by_name[name]) for name in node.kwargs if name in by_name]
+    for where, argument in (*positions, *keywords):
+        number = node.args[where] if isinstance(where, int) else node.kwargs[where]
+        if isinstance(argument.type, torch.TensorType) or not isinstance(number, torch.fx.Node):
+            continue
+        if not isinstance(number.meta.get("val"), torch.SymFloat):
+            continue
+        builder = NodeBuilder(node.graph, fake)
+        try:
+            exact = _tensor_of(builder, number)
+        except _Unhandled:
+            continue
+        rounded = builder.call(aten._to_copy.default, exact, dtype=dtype)
+        read = node.graph.call_function(aten._local_scalar_dense.default, (rounded,))
+        read.meta["val"] = number.meta["val"]
+        if isinstance(where, int):
+            node.args = (*node.args[:where], read, *node.args[where + 1 :])
+        else:
+            node.kwargs = {**node.kwargs, where: read}
 
 
 def _tensor_of(builder: NodeBuilder, number: Any) -> torch.fx.Node:

@@ -14,6 +14,7 @@ from torch import nn
 from ortrain import ORTModule
 
 FORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "h + (n - 0.5) / 3.3": lambda h: (h + (h.shape[0] - 0.5) / 3.3).pow(2).sum(),
     "var(0)": lambda h: h.var(0).sum(),
     "mse_loss": lambda h: nn.functional.mse_loss(h, h.flip(0).detach()),
     "h * (1 / n)": lambda h: (h * (1.0 / h.shape[0])).pow(2).sum(),
@@ -137,3 +138,22 @@ def test_a_size_with_float_arithmetic_reaches_the_backward_as_a_number(monkeypat
             torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-6)
         eager.zero_grad()
         wrapped.zero_grad()
+
+
+class _NumbersAsArguments(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n = x.shape[0]
+        v = n / (n * 0.6) * 3  # Python: 5.0; in float32 arithmetic 4.9999995
+        return x.clamp(min=v), torch.full_like(x, v), x.new_full((n, 2), v)
+
+
+def test_a_number_from_open_sizes_passed_as_an_argument_is_rounded_once(monkeypatch) -> None:
+    """``clamp(min=v)``, ``full_like(x, v)``: torch.onnx computed ``v`` in float32, 4.9999995 where
+    eager's is 5.0 (and its floor 4), until wave 44."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
+    eager, wrapped = _NumbersAsArguments(), ORTModule(_NumbersAsArguments())
+    for rows in (3, 17, 29):
+        x = torch.zeros(rows, 2)
+        for got, expected in zip(wrapped(x), eager(x), strict=True):
+            assert torch.equal(got, expected)
