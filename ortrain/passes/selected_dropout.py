@@ -32,6 +32,21 @@ def draws_a_mask(node: torch.fx.Node) -> bool:
     return train is not False and not (isinstance(rate, (int, float)) and rate == 0)
 
 
+def mask_drawable(dropout: torch.fx.Node) -> bool:
+    """Whether :func:`eager_mask` can draw ``dropout``'s mask as eager does: its dense input is
+    contiguous (eager fills the mask in memory order) with a static feature size."""
+    dense = dropout.args[0]
+    value = dense.meta.get("val") if isinstance(dense, torch.fx.Node) else None
+    return isinstance(value, torch.Tensor) and isinstance(value.shape[-1], int) and _contiguous(value)
+
+
+def draws_randomly(node: torch.fx.Node) -> bool:
+    """A node that draws from the generator (a dropout, ``rand``, ``bernoulli``...)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    return draws_a_mask(node) or torch.Tag.nondeterministic_seeded in node.target.tags
+
+
 def eager_mask(graph: torch.fx.Graph, dropout: torch.fx.Node, rows: torch.fx.Node) -> torch.fx.Node | None:
     """The mask (scaled by ``1 / (1 - p)``) that eager's ``dropout`` draws for its dense input,
     inserted before ``dropout``; ``rows`` is a dense value with the same rows, computed earlier.

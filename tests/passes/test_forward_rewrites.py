@@ -198,9 +198,11 @@ def test_dropout_on_selected_rows_draws_eagers_mask() -> None:
         torch.testing.assert_close(p.grad, q.grad)
 
 
-def test_dropout_of_a_permuted_input_still_runs_on_the_selected_rows() -> None:
+def test_dropout_of_a_permuted_input_keeps_the_selection_below_it() -> None:
     """Eager draws a transposed input's mask in its memory order, which ones laid out
-    contiguously do not reproduce: that dropout runs on the selected rows, as before."""
+    contiguously do not reproduce. Until wave 44 that dropout ran on the selected rows, with other
+    masks than eager's (a ViT layer's attention output: losses 0.2-0.9 relative off eager's under
+    one seed); now the selection stays where the model put it."""
 
     class Permuted(nn.Module):
         def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -210,9 +212,9 @@ def test_dropout_of_a_permuted_input_still_runs_on_the_selected_rows() -> None:
     gm, changes = _rewrite(
         Flat(Permuted()), [torch.randn(4, 5, 6), torch.tensor([0, 1, 2, 5])], [upstream_selections]
     )
-    assert changes == ["compute optimizer: moved a select up past 1 token-wise ops (1 dropout)"]
+    assert changes == []
     (dropout,) = [n for n in gm.graph.nodes if n.target is aten.dropout.default]
-    assert dropout.args[0].target is aten.select.int
+    assert dropout.args[0].target is not aten.select.int
 
 
 def test_only_reshapes_between_is_no_change() -> None:
