@@ -35,11 +35,17 @@ def trace_on_values(
     *,
     decomposition_table: dict[Any, Any] | None = None,
     size_oblivious: bool = False,
+    graph: torch.fx.Graph | None = None,
 ) -> torch.fx.GraphModule:
     """``function`` traced on ``values`` in their own fake mode (constants it creates are fake too).
 
-    ``size_oblivious`` keeps a size of 0 or 1 symbolic, as torch.onnx decomposes."""
+    ``size_oblivious`` keeps a size of 0 or 1 symbolic, as torch.onnx decomposes. Values without a
+    tensor (``eye(n)``'s size alone) are traced in the fake mode of ``graph``'s inputs: in none, a
+    symbolic size made a fake mode of its own, which the export then refused to mix with the
+    graph's ("fake mode ... doesn't match", wave 44)."""
     fake_mode = detect_fake_mode(values)
+    if fake_mode is None and graph is not None:
+        fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
     with contextlib.ExitStack() as stack:
         if fake_mode is not None:
             stack.enter_context(fake_mode)

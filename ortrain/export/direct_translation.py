@@ -246,7 +246,9 @@ class _DecompositionCall:
             return decomposition(*args, **kwargs)
 
         # torch.onnx decomposes size-obliviously, so that a size 0 or 1 stays symbolic.
-        traced = trace_on_values(call, self.values, decomposition_table=table, size_oblivious=True)
+        traced = trace_on_values(
+            call, self.values, decomposition_table=table, size_oblivious=True, graph=self.node.graph
+        )
         if _named_tuples_unpacked(traced.graph):
             traced.recompile()
         return traced

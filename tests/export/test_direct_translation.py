@@ -132,3 +132,36 @@ def test_graph_whose_operators_all_translate_lists_no_decompositions(monkeypatch
     exported = _export(captured.forward.graph, direct=True, monkeypatch=monkeypatch)
     args = [dict(module.named_parameters())[n] for n in captured.state_names] + [x]
     np.testing.assert_allclose(_run(exported, args)[0], module(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+class _WithAnIdentityOfOpenSize(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        mixing = torch.eye(n) + torch.ones(n, n) / n  # ``eye`` decomposes from its size alone
+        return (mixing @ self.proj(x)).square().mean()
+
+
+def test_a_decomposition_of_sizes_alone_shares_the_graphs_fake_mode(monkeypatch) -> None:
+    """``eye(n)`` at an open size was traced in a fake mode of its own, which the direct
+    translation refused to mix with the graph's; the torch.onnx.export path then failed too, and
+    the graph ran in PyTorch (wave 44: a GPT with a padding mask built with ``eye``)."""
+    from ortrain import ORTModule
+
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
+    torch.manual_seed(0)
+    eager = _WithAnIdentityOfOpenSize()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    before = fx_to_onnx.TRANSLATIONS["torch.onnx.export"]
+    for length in (5, 7, 3):
+        x = torch.randn(2, length, 4)
+        expected, got = eager(x), wrapped(x)
+        expected.backward()
+        got.backward()
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(wrapped.proj.weight.grad, eager.proj.weight.grad)
+    assert fx_to_onnx.TRANSLATIONS["torch.onnx.export"] == before
