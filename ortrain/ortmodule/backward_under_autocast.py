@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ortrain.ortmodule.create_graph import hook_backward_node
+
 logger = logging.getLogger("ortrain.ortmodule")
 
 _warned = False
@@ -37,10 +39,5 @@ def _before_backward(grad_outputs: Any) -> None:
 
 def watch_for_backward_under_autocast(outputs: Sequence[Any]) -> None:
     """Hook the backward node of a forward that ran under autocast (nothing once warned)."""
-    if _warned:
-        return
-    for output in outputs:
-        node = getattr(output, "grad_fn", None)
-        if node is not None:
-            node.register_prehook(_before_backward)
-            return
+    if not _warned:
+        hook_backward_node(outputs, _before_backward)

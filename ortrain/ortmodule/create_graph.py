@@ -44,10 +44,15 @@ def _before_backward(grad_outputs: Any) -> None:
 
 def watch_for_create_graph(outputs: Sequence[Any]) -> None:
     """Hook the captured graph's backward node (once the warning is out, nothing is hooked)."""
-    if _warned:
-        return
+    if not _warned:
+        hook_backward_node(outputs, _before_backward)
+
+
+def hook_backward_node(outputs: Sequence[Any], hook: Any) -> None:
+    """Register ``hook`` before the backward node of the first output that has one (the captured
+    graph's: every output of one call shares it), which runs with the engine's state."""
     for output in outputs:
         node = getattr(output, "grad_fn", None)
         if node is not None:
-            node.register_prehook(_before_backward)
+            node.register_prehook(hook)
             return
