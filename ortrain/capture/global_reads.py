@@ -453,10 +453,7 @@ _MISSING = object()
 def _is_users_class(value: Any) -> bool:
     """A class defined in a module of the user's (not PyTorch's, a library's or the standard
     library's)."""
-    if not isinstance(value, type):
-        return False
-    module = sys.modules.get(value.__module__)
-    return module is not None and _is_users_module(module) and not _is_module_library(module)
+    return isinstance(value, type) and _defined_by_user(value.__module__)
 
 
 def _closure_reads(
@@ -487,7 +484,11 @@ INSTALLED_ROOTS = tuple(
 def is_users_function(function: types.FunctionType) -> bool:
     """A function defined in a module of the user's (not an installed package's, PyTorch's or the
     standard library's)."""
-    module = sys.modules.get(function.__module__ or "")
+    return _defined_by_user(function.__module__)
+
+
+def _defined_by_user(module_name: str | None) -> bool:
+    module = sys.modules.get(module_name or "")
     return module is not None and _is_users_module(module) and not _is_module_library(module)
 
 
