@@ -84,11 +84,11 @@ def _number_arguments_in_double(node: torch.fx.Node) -> None:
     fake = next((v for v in values if isinstance(v, torch.Tensor)), None)
     if fake is None:
         return
-    dtype = fake.dtype if fake.dtype.is_floating_point else torch.float64
-    if dtype == torch.float64:
+    if fake.dtype == torch.float64:
         # torch.onnx reads a number back as FLOAT (its ``_local_scalar_dense``): in a float64
         # graph that would round what this computed exactly. Left as it is (6e-8 relative).
         return
+    dtype = torch.float32  # what that FLOAT holds exactly: rounded once, from float64
     by_name = {argument.name: argument for argument in schema.arguments}
     positions = [(i, schema.arguments[i]) for i in range(min(len(node.args), len(schema.arguments)))]
     keywords = [(name, by_name[name]) for name in node.kwargs if name in by_name]
