@@ -96,10 +96,13 @@ class _ClassAttributes(MutableMapping[str, Any]):
         self._cls = cls
 
     def __getitem__(self, key: str) -> Any:
-        try:
-            return getattr(self._cls, key)
-        except AttributeError:
-            raise KeyError(key) from None
+        # Statically: a property on the class (``Cfg.opts`` building an object at each read) is
+        # not run, so what the capture's snapshot puts back is the property itself (wave 44: the
+        # value it returned once replaced it on the user's class, eager's numbers too).
+        value = inspect.getattr_static(self._cls, key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
 
     def __setitem__(self, key: str, value: Any) -> None:
         setattr(self._cls, key, value)
@@ -443,7 +446,7 @@ def _class_attribute_reads(
         if function is not None:
             todo.append(function)
             code_found += _method_reads(cls, attribute)
-        elif is_watched(getattr(cls, attribute, None)):
+        elif is_watched(held):  # a plain value held by the class (or a base), not a descriptor
             yield f"class attribute {label}.{attribute}", attributes, attribute
 
 

@@ -630,14 +630,32 @@ class ORTModule(nn.Module):
                 outputs = self._run_on_ort(args, kwargs)
             return for_backward(outputs)
         except ORTModuleFallbackException as error:
-            # Inputs eager PyTorch rejects too (a NumPy array, a tensor on another device) are
-            # the user's to fix: PyTorch's own error, and the model stays on its graphs (until
-            # wave 44 one such batch sent it to PyTorch for good, with a warning blaming ortrain).
             if isinstance(error, ORTModuleIOError | ORTModuleDeviceException):
-                self._raise_if_user_error(args, kwargs)
+                return self._refused_inputs(error, args, kwargs)
             fallback.handle(error)
             self._invalidate()  # PyTorch trains this model from now on: free the sessions
             return self._ortrain_module(*args, **kwargs)
+
+    def _refused_inputs(
+        self,
+        error: ORTModuleIOError | ORTModuleDeviceException,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """Inputs ortrain's own checks refuse. Those eager PyTorch rejects too (a NumPy array, a
+        tensor on another device) are the user's to fix: PyTorch's own error, and the model keeps
+        its graphs (until wave 44 one such batch sent it to PyTorch for good, with a warning
+        blaming ortrain). The forward runs once either way: where the policy lets PyTorch take
+        over, this call's own run answers the question (the eager check would have been a second
+        run of the forward's Python side effects)."""
+        fallback: FallbackManager = self._ortrain_fallback
+        if not fallback.policy & error.policy:
+            self._raise_if_user_error(args, kwargs)  # leaves no trace
+            raise error
+        outputs = self._ortrain_module(*args, **kwargs)  # raises PyTorch's error, nothing switched
+        fallback.handle(error)
+        self._invalidate()  # PyTorch trains this model from now on: free the sessions
+        return outputs
 
     def _run_on_ort(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._ortrain_graph_breaks is not None:

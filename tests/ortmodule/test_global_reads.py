@@ -159,6 +159,45 @@ def test_a_changed_attribute_of_a_global_class_is_seen(
     assert f"class attribute {__name__}._Holder.k changed from 1.0 to -2.0" in reasons[2]
 
 
+class _Options:
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+
+class _ClassProperty:
+    """A class-level property: a new object at every read."""
+
+    def __init__(self, getter: Callable[[type], object]) -> None:
+        self.getter = getter
+
+    def __get__(self, instance: object, owner: type) -> object:
+        return self.getter(owner)
+
+
+class _Settings:
+    options = _ClassProperty(lambda cls: _Options(2.0))
+
+
+class _ReadsAClassProperty(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.lin(x) * _Settings.options.scale).sum()
+
+
+def test_a_class_level_property_is_read_not_replaced() -> None:
+    """Wave 44's first watch of class attributes read them with ``getattr``: the capture's
+    snapshot took the object a class-level property returned for a change and "put back" that
+    object in its place, on the user's class (eager's numbers too)."""
+    descriptor = _Settings.__dict__["options"]
+    wrapped = ORTModule(_ReadsAClassProperty())
+    for _ in range(2):
+        wrapped(torch.randn(3, 4)).backward()
+    assert _Settings.__dict__["options"] is descriptor
+
+
 # A helper module the script imports, whose function reads the module's own setting.
 helpers = types.ModuleType("ortrain_test_helpers")
 exec("SLOPE = 0.5\n\ndef act(h):\n    return h * SLOPE\n", helpers.__dict__)

@@ -552,3 +552,26 @@ def test_an_input_eager_rejects_too_raises_eagers_error_and_keeps_the_graphs(bad
     assert type(raised.value) in (TypeError, RuntimeError)  # PyTorch's, not an ORTModule error
     wrapped(x).sum().backward()
     assert not wrapped._ortrain_fallback.active and ort_graph_count(wrapped) == graphs
+
+
+class _CountsItsCalls(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.fc(x.to_dense() if x.layout != torch.strided else x).sum()
+
+
+def test_an_input_eager_accepts_but_ortrain_refuses_runs_the_forward_once(monkeypatch) -> None:
+    """A sparse CSR input: PyTorch trains the model (one warning), and the call runs its Python
+    once (wave 44's first eager check before the fallback ran it twice: a step counter one ahead
+    of eager's for good)."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")  # the default policy lets PyTorch take over
+    wrapped = ORTModule(_CountsItsCalls())
+    dense = torch.randn(3, 8)
+    dense[dense.abs() < 0.8] = 0
+    wrapped(dense.to_sparse_csr()).backward()
+    assert wrapped.calls == 1 and wrapped._ortrain_fallback.active
