@@ -98,7 +98,10 @@ def _number_arguments_in_double(node: torch.fx.Node) -> None:
             continue
         if not isinstance(number.meta.get("val"), torch.SymFloat):
             continue
-        builder = NodeBuilder(node.graph, fake)
+        # In the fake mode of the graph's inputs, which the number's own tensors (a backward's
+        # number input) share; a node's value can hold another (wave 44: "Mixing fake modes").
+        inputs = _input_value(node.graph)
+        builder = NodeBuilder(node.graph, fake if inputs is None else inputs)
         try:
             exact = _tensor_of(builder, number)
         except _Unhandled:
@@ -110,6 +113,11 @@ def _number_arguments_in_double(node: torch.fx.Node) -> None:
             node.args = (*node.args[:where], read, *node.args[where + 1 :])
         else:
             node.kwargs = {**node.kwargs, where: read}
+
+
+def _input_value(graph: torch.fx.Graph) -> torch.Tensor | None:
+    values = (n.meta.get("val") for n in graph.nodes if n.op == "placeholder")
+    return next((v for v in values if isinstance(v, torch.Tensor)), None)
 
 
 def _tensor_of(builder: NodeBuilder, number: Any) -> torch.fx.Node:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import sys
 import threading
 import weakref
@@ -425,9 +426,13 @@ class ORTModule(nn.Module):
         if name in _OWN_ATTRIBUTES or name in _CALL_ATTRIBUTES or is_deepspeed_hook_state(name):
             object.__setattr__(self, name, value)
             return
+        unchanged = _same_plain_value(getattr(self._ortrain_module, name, _ABSENT), value)
         setattr(self._ortrain_module, name, value)
-        # The model changed under us: whatever was captured may no longer describe it.
-        self._invalidate()
+        # The model changed under us: whatever was captured may no longer describe it. The same
+        # plain value set again (a loop's `model.temp = 1.5` at every step) changes nothing: until
+        # wave 44 it dropped every graph, and each step captured again.
+        if not unchanged:
+            self._invalidate()
 
     def __delattr__(self, name: str) -> None:
         delattr(self._ortrain_module, name)
@@ -1138,6 +1143,21 @@ class ORTModule(nn.Module):
     def _raise_if_user_error(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """If eager PyTorch rejects these inputs too, raise PyTorch's own error: the user's to fix."""
         run_eagerly_leaving_no_trace(self._ortrain_module, args, kwargs)
+
+
+_ABSENT = object()
+
+
+def _same_plain_value(old: Any, new: Any) -> bool:
+    """The same object, or an equal number, string, bool or None of the same type (``-0.0`` is
+    not ``0.0``: a graph may branch on the sign)."""
+    if old is new:
+        return old is not _ABSENT
+    if type(old) is not type(new) or type(new) not in (int, float, str, bool):
+        return False
+    if type(new) is float:
+        return old == new and math.copysign(1.0, old) == math.copysign(1.0, new)
+    return bool(old == new)
 
 
 def _first(errors: Iterator[BaseException], kind: type[BaseException]) -> BaseException | None:

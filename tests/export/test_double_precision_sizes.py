@@ -157,3 +157,27 @@ def test_a_number_from_open_sizes_passed_as_an_argument_is_rounded_once(monkeypa
         x = torch.zeros(rows, 2)
         for got, expected in zip(wrapped(x), eager(x), strict=True):
             assert torch.equal(got, expected)
+
+
+class _ScaledBySize(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * (1 / (x.shape[1] * 20000))
+
+
+def test_a_half_precision_graph_scaled_by_its_size_exports(monkeypatch) -> None:
+    """Wave 44's float64 rebuild of a number passed as an argument first traced in the fake mode
+    of the node's value, which in a float16 graph was not the inputs' ("Mixing fake modes NYI")."""
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_ONNX_MODEL")
+    torch.manual_seed(0)
+    eager = _ScaledBySize().half()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for length in (5, 7, 9):
+        x = torch.randn(2, length, 8).half()
+        expected, got = eager(x), wrapped(x)
+        # float16 holds these products as subnormals: one step of 6e-8 apart at most
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=1.2e-7)
