@@ -48,6 +48,7 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 from ortrain.capture.attribute_reads import ABSENT, AttributeReads
+from ortrain.capture.exact_numbers import exact
 from ortrain.capture.global_reads import (
     CodeRead,
     Read,
@@ -74,8 +75,14 @@ from ortrain.capture.plain_values import NOT_PLAIN as _NOT_PLAIN
 from ortrain.capture.plain_values import PLAIN as _PLAIN
 from ortrain.capture.plain_values import SEQUENCES as _SEQUENCES
 from ortrain.capture.plain_values import SHORT as _SHORT
-from ortrain.capture.plain_values import plain_form as _plain_form
+from ortrain.capture.plain_values import plain_form as _untyped_plain_form
 from ortrain.capture.tensor_attributes import is_tensor_attribute, tensor_attributes
+
+
+def _plain_form(value: Any) -> Any:
+    """A plain value's form, its numbers compared exactly (``3`` is not ``3.0``: exact_numbers)."""
+    return exact(_untyped_plain_form(value))
+
 
 _UNINITIALIZED = frozenset({nn.UninitializedParameter, nn.UninitializedBuffer})
 # What DeepSpeed ZeRO-3's hooks keep on the modules they hook (the wrapper among them), besides
@@ -277,7 +284,7 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
             # Private values too (``self._skip = True`` between steps; until wave 27 the graph
             # kept the captured branch): a forward reads them like public ones.
             if kind in _PLAIN:
-                plain.append((k, v))
+                plain.append((k, exact(v)))
             elif kind in _TABLES or isinstance(v, dict):
                 if k not in _MODULE_TABLES:  # the user's own table (``self.weights = {"kl": 0.1}``)
                     objects.append((k, identity_of(v), _container_description(v, walk) or ()))
@@ -448,7 +455,8 @@ def _global_value(value: Any, walk: _Walk) -> Any:
             return ("table", _table_values(value))
         # Unlike a module's own table, a global one may mix in other objects (a registry of
         # layers next to the scale it applies): its plain entries are what a graph bakes in.
-        return ("table", tuple((k, v) for k, v in value.items() if type(k) in _PLAIN and type(v) in _PLAIN))
+        entries = value.items()
+        return ("table", tuple((k, exact(v)) for k, v in entries if type(k) in _PLAIN and type(v) in _PLAIN))
     if is_config_type(kind):
         return ("config", _config_values(value, walk))
     if is_held_object(value):  # ``SCHEDULE = KLSchedule()``
@@ -596,7 +604,7 @@ def _config_values(config: Any, walk: _Walk) -> tuple[Any, ...]:
         if plain is not _NOT_PLAIN or v is ABSENT:
             values.append((k, v if v is ABSENT else plain))
         elif kind is dict and len(v) <= _SHORT and all(type(i) in _PLAIN for i in v.values()):
-            values.append((k, tuple(v.items())))
+            values.append((k, tuple((key, exact(entry)) for key, entry in v.items())))
         elif is_config_type(kind):
             values.append((k, _config_values(v, walk)))
         elif (code := _held_code(v, walk)) is not None:
@@ -776,6 +784,9 @@ def _is_function_entry(entry: Any) -> bool:
     return isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], _Code)
 
 
+_SHOWN = (bool, int, float, str, type(None))
+
+
 def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, Any], ...]) -> str:
     """The first of two (name, value) lists' differences: "scale changed from 1.0 to 3.0"."""
     before_values, after_values = dict(before), dict(after)
@@ -803,7 +814,7 @@ def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, A
             return f"{name} was replaced"
         for key in [*before_items, *(k for k in after_items if k not in before_items)]:
             old, new = before_items.get(key, "<unset>"), after_items.get(key, "<unset>")
-            if old != new and type(old) in _PLAIN and type(new) in _PLAIN:
+            if old != new and isinstance(old, _SHOWN) and isinstance(new, _SHOWN):
                 entry = f"[{key!r}]" if was[0] == "table" else f".{key}"
                 return f"{name}{entry} changed from {old!r} to {new!r}"
     if _is_described_object(was) and _is_described_object(now):  # a held object's held object

@@ -543,3 +543,43 @@ def test_a_changed_default_argument_of_the_forward_is_seen(
     reasons = _capture_reasons_training_beside_eager(_WithDefaults(), changes, 3, caplog)
     assert len(reasons) == 3, reasons
     assert "default temp" in reasons[1] and "default opts" in reasons[2]
+
+
+_KIND = {"k": 3}  # a setting the script keeps in a table
+CLIP = float("nan")  # "off"; the script sets it again at every step
+
+
+class _BranchesOnKind(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        k = _KIND["k"]
+        if isinstance(k, bool):
+            h = -h
+        steps = torch.arange(2 if isinstance(k, bool) else k)  # int64 for 3, float32 for 3.0
+        h = h * steps.sum() if steps.is_floating_point() else h + steps.sum()
+        return (h if CLIP != CLIP else h.clamp(max=CLIP)).square().mean()
+
+
+def test_an_equal_value_of_another_kind_is_seen(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The guards compared plain values with ``==`` until wave 44: ``3`` then ``3.0``, or ``1``
+    then ``True``, kept the old graph (its other branch, silently), and a NaN set again at every
+    step captured at every step."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    monkeypatch.setitem(_KIND, "k", 3)
+    torch.manual_seed(0)
+    changes: dict[int, Callable[[], object]] = {
+        1: lambda: _KIND.update(k=3.0),
+        2: lambda: _KIND.update(k=1),
+        3: lambda: _KIND.update(k=True),
+    }
+    for step in range(4, 6):
+        changes[step] = lambda: monkeypatch.setattr(f"{__name__}.CLIP", float("nan"))
+    reasons = _capture_reasons_training_beside_eager(_BranchesOnKind(), changes, 6, caplog)
+    assert len(reasons) == 4, reasons  # the first call, 3.0, 1 and True; a NaN again: none
+    assert "changed from 3 to 3.0" in reasons[1] and "changed from 1 to True" in reasons[3]
