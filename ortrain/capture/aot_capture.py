@@ -154,20 +154,19 @@ class Capture:
         if self.backward is not None:  # no zeros gradient for an unused output (unused_tangents.py)
             function = leave_unused_tangents_none(outputs)
             if function is not None:
-                _donates_no_saved_tensor(function)
+                donates_no_saved_tensor(getattr(function, "metadata", None))
         return outputs
 
 
-def _donates_no_saved_tensor(function: type) -> None:
+def donates_no_saved_tensor(metadata: Any) -> None:
     """Let ``backward(retain_graph=True)`` run the backward graph as often as asked.
 
-    AOTAutograd lists the saved tensors that only the backward reads as "donated", so that a
-    backward compiler may write into their memory, and then refuses a retained graph ("This
-    backward function was compiled with non-empty donated buffers"). No ortrain executor writes
-    into a graph input (the torch executor scatters in place only into zeros its own graph made;
-    the plan runner only drops references), so none is donated.
+    AOTAutograd lists the saved tensors that only the backward reads as "donated" (in the forward's
+    ``metadata``), so that a backward compiler may write into their memory, and then refuses a
+    retained graph ("This backward function was compiled with non-empty donated buffers"). No
+    ortrain executor writes into a graph input (the torch executor scatters in place only into
+    zeros its own graph made; the plan runner only drops references), so none is donated.
     """
-    metadata = getattr(function, "metadata", None)
     if metadata is not None and getattr(metadata, "bw_donated_idxs", None):
         metadata.bw_donated_idxs = []
 

@@ -30,7 +30,7 @@ from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_b
 from torch._dynamo.exc import BackendCompilerFailed
 from torch._dynamo.variables.misc import RandomVariable
 
-from ortrain.capture.aot_capture import GraphRunner
+from ortrain.capture.aot_capture import GraphRunner, donates_no_saved_tensor
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.function_overrides import dynamo_graph_overrides
@@ -79,8 +79,10 @@ def aot_backend(
             plain = torch.fx.GraphModule(graph, graph.graph)
             if tag == "forward":
                 # `backward(retain_graph=True)` runs the backward again (wave 44: refused from the
-                # first dynamic recompile on, "compiled with non-empty donated buffers").
-                _donates_no_saved_tensor()
+                # first dynamic recompile on, "compiled with non-empty donated buffers"). The
+                # metadata is the tracing context's while the forward compiles.
+                context = torch._guards.TracingContext.try_get()
+                donates_no_saved_tensor(getattr(context, "fw_metadata", None))
             scalars = _scalar_inputs(plain)
             # Outputs AOTAutograd remakes views from, with the strides returned: views of inputs
             # made by PyTorch, the others in their traced layout.
@@ -120,16 +122,6 @@ def aot_backend(
     settings = torch._functorch.config.patch(backward_pass_autocast="off")
     with COMPILE_LOCK, tracing_context(), dynamo_graph_overrides(), settings:
         return backend(gm, example_inputs)
-
-
-def _donates_no_saved_tensor() -> None:
-    """Clear the saved tensors AOTAutograd lists as donated to the backward being compiled (see
-    ``_donates_no_saved_tensor`` in capture/aot_capture.py): its metadata is the tracing
-    context's while the forward compiles."""
-    context = torch._guards.TracingContext.try_get()
-    metadata = getattr(context, "fw_metadata", None)
-    if metadata is not None and getattr(metadata, "bw_donated_idxs", None):
-        metadata.bw_donated_idxs = []
 
 
 def _in_fresh_thread(build: Callable[[], GraphRunner]) -> GraphRunner:
