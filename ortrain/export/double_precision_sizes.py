@@ -78,7 +78,12 @@ def _number_arguments_in_double(node: torch.fx.Node) -> None:
     """A symbolic float passed where the operator takes a number (``clamp(min=n / (n * 0.6) * 3)``,
     ``full_like(x, v)``): computed as a float64 tensor, rounded once to the operator's dtype, and
     read back as a number (wave 44: 4.9999995 where Python's is 5.0, and its floor 4)."""
-    schema = node.target._schema  # type: ignore[union-attr]
+    # Most nodes pass none: the schema is read only for those that do (every node of every export
+    # comes through here).
+    numbers = [(i, a) for i, a in enumerate(node.args) if _symbolic_float(a)]
+    numbers += [(k, a) for k, a in node.kwargs.items() if _symbolic_float(a)]
+    if not numbers:
+        return
     result = node.meta.get("val")
     values = list(result) if isinstance(result, tuple | list) else [result]
     fake = next((v for v in values if isinstance(v, torch.Tensor)), None)
@@ -89,19 +94,19 @@ def _number_arguments_in_double(node: torch.fx.Node) -> None:
         # graph that would round what this computed exactly. Left as it is (6e-8 relative).
         return
     dtype = torch.float32  # what that FLOAT holds exactly: rounded once, from float64
-    by_name = {argument.name: argument for argument in schema.arguments}
-    positions = [(i, schema.arguments[i]) for i in range(min(len(node.args), len(schema.arguments)))]
-    keywords = [(name, by_name[name]) for name in node.kwargs if name in by_name]
-    for where, argument in (*positions, *keywords):
-        number = node.args[where] if isinstance(where, int) else node.kwargs[where]
-        if isinstance(argument.type, torch.TensorType) or not isinstance(number, torch.fx.Node):
+    arguments = node.target._schema.arguments  # type: ignore[union-attr]
+    by_name = {argument.name: argument for argument in arguments}
+    # In the fake mode of the graph's inputs, which the number's own tensors (a backward's number
+    # input) share; a node's value can hold another (wave 44: "Mixing fake modes").
+    inputs = _input_value(node.graph)
+    builder = NodeBuilder(node.graph, fake if inputs is None else inputs)
+    for where, number in numbers:
+        if isinstance(where, int):
+            argument = arguments[where] if where < len(arguments) else None
+        else:
+            argument = by_name.get(where)
+        if argument is None or isinstance(argument.type, torch.TensorType):
             continue
-        if not isinstance(number.meta.get("val"), torch.SymFloat):
-            continue
-        # In the fake mode of the graph's inputs, which the number's own tensors (a backward's
-        # number input) share; a node's value can hold another (wave 44: "Mixing fake modes").
-        inputs = _input_value(node.graph)
-        builder = NodeBuilder(node.graph, fake if inputs is None else inputs)
         try:
             exact = _tensor_of(builder, number)
         except _Unhandled:
@@ -113,6 +118,10 @@ def _number_arguments_in_double(node: torch.fx.Node) -> None:
             node.args = (*node.args[:where], read, *node.args[where + 1 :])
         else:
             node.kwargs = {**node.kwargs, where: read}
+
+
+def _symbolic_float(argument: Any) -> bool:
+    return isinstance(argument, torch.fx.Node) and isinstance(argument.meta.get("val"), torch.SymFloat)
 
 
 def _input_value(graph: torch.fx.Graph) -> torch.Tensor | None:
