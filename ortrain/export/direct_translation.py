@@ -47,6 +47,7 @@ from ortrain.export.exporter_decompositions import (
     translated_operators,
 )
 from ortrain.export.flash_attention_math import MATH_FORMS, NoMathForm, laid_out_like, math_form_applies
+from ortrain.export.half_precision_numbers import size_numbers_in_float32
 from ortrain.export.number_operands import tensors_for_number_operands
 from ortrain.export.numel_as_sizes import numel_as_sizes
 from ortrain.export.onnx_translations import torchlib_registry
@@ -71,6 +72,7 @@ def translate(gm: torch.fx.GraphModule, *, opset_version: int) -> Any:
     _decompose_untranslated(gm, translated_operators(registry), lambda: onnx_decomposition_table(registry)[1])
     tensors_for_number_operands(gm)  # again: `rsub(x, 1.0)` decomposes to `sub(1.0, x)`
     sizes_as_double(gm)  # again: batch norm's backward decomposes to numbers of its sizes
+    size_numbers_in_float32(gm)
     insert_type_promotion_nodes(gm)
     gm = _fx_passes.remove_assertion_nodes(gm)
     _materialize_constants(gm)

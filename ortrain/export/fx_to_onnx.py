@@ -51,6 +51,7 @@ from ortrain.export.double_precision_sizes import sizes_as_double
 from ortrain.export.exporter_decompositions import lean_decomposition
 from ortrain.export.factory_dtypes import spell_out_factory_dtypes
 from ortrain.export.flash_attention_math import NoMathForm
+from ortrain.export.half_precision_numbers import size_numbers_in_float32
 from ortrain.export.index_dtypes import cast_indices_to_int64
 from ortrain.export.known_shape_inference import shape_inference_only_where_unknown
 from ortrain.export.nan_propagation import propagate_nan
@@ -524,6 +525,7 @@ def _translate(
     copy_slice_backwards(gm)  # a slice's backward as a Pad, not a scatter between two transposes
     numbers_as_operands(gm)  # float64 graphs: no float32 attributes (double_precision_constants)
     sizes_as_double(gm)  # numbers computed from sizes in float64, as Python does (double_precision_sizes)
+    size_numbers_in_float32(gm)  # half precision times a size's number: float32 (half_precision_numbers)
     propagate_nan(gm)  # ONNX Runtime's max/min reductions skip NaN (see the module)
     exact_floor_divisions(gm)  # onnxscript's floordiv of sizes truncates (see the module)
     if DIRECT_TRANSLATION:
