@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from ortrain.capture.affine_grids import OVERRIDES as AFFINE_GRIDS
 from ortrain.capture.boolean_mask_assignment import OVERRIDES as BOOLEAN_MASK_ASSIGNMENT
 from ortrain.capture.byte_class_labels import OVERRIDES as BYTE_CLASS_LABELS
+from ortrain.capture.decompositions import refuse_sparse
 from ortrain.capture.decompositions_ctc import ctc_loss_function
 from ortrain.capture.decompositions_rnn import recurrent_overrides
 from ortrain.capture.margin_losses import OVERRIDES as MARGIN_LOSSES
@@ -49,6 +50,7 @@ def _overrides(recurrent_as_python_ops: bool) -> dict[Callable[..., Any], Callab
         **recurrent,
         **STORAGE_VIEWS,
         **_CORRECTIONS,
+        **_SPARSE_CONVERSIONS,
     }
 
 
@@ -63,6 +65,25 @@ _CORRECTIONS = {
     **BYTE_CLASS_LABELS,
     **BOOLEAN_MASK_ASSIGNMENT,
     **AFFINE_GRIDS,
+}
+
+
+# Refused here, above autograd, before they run: traced, a compressed layout's output aborted the
+# process inside autograd (``layout_impl is only implemented for TensorImpl subclasses``, thrown
+# where no exception may pass: wave 44's review); the decomposition table's refusal came too late.
+_SPARSE_CONVERSIONS: dict[Callable[..., Any], Callable[..., Any]] = {
+    conversion: refuse_sparse
+    for conversion in (
+        torch.Tensor.to_sparse_csr,
+        torch.Tensor.to_sparse_csc,
+        torch.Tensor.to_sparse_bsr,
+        torch.Tensor.to_sparse_bsc,
+        torch.sparse_csr_tensor,
+        torch.sparse_csc_tensor,
+        torch.sparse_bsr_tensor,
+        torch.sparse_bsc_tensor,
+        torch.sparse_compressed_tensor,
+    )
 }
 
 

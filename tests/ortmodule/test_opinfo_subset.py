@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -136,3 +138,38 @@ def test_sparse_conversions_are_refused_not_given_a_zero_gradient(monkeypatch) -
     model = Sparse()
     ORTModule(model)().backward()
     torch.testing.assert_close(model.w.grad, torch.arange(16.0).reshape(4, 4))
+
+
+_COMPRESSED_LAYOUT_SCRIPT = """
+import copy, torch
+from ortrain import ORTModule
+
+class Compressed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return (self.linear(x).to_sparse_csr().to_dense() * 2).sum()
+
+torch.manual_seed(0)
+eager = Compressed()
+model = copy.deepcopy(eager)
+x = torch.randn(3, 4)
+ORTModule(model)(x).backward()
+eager(x).backward()
+torch.testing.assert_close(model.linear.weight.grad, eager.linear.weight.grad)
+print("trained")
+"""
+
+
+def test_a_compressed_sparse_layout_is_refused_not_a_process_abort() -> None:
+    """Traced, ``to_sparse_csr`` aborted the whole process inside autograd (``layout_impl is only
+    implemented for TensorImpl subclasses``, wave 44's review): now refused before it runs, and the
+    default policy trains the model in PyTorch. In a child process, which the abort would kill."""
+    env = {k: v for k, v in os.environ.items() if k != "ORTMODULE_FALLBACK_POLICY"}
+    command = [sys.executable, "-c", _COMPRESSED_LAYOUT_SCRIPT]
+    run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "trained" in run.stdout
+    assert "does not train through sparse tensors" in run.stderr
