@@ -8,9 +8,9 @@
 * An optimizer processed by ``apex.amp.initialize`` (apex keeps the class and adds ``_amp_stash``): its
   gradient unscaling and overflow check become multi-tensor (:mod:`ortrain.optim._apex_amp`); the same
   object is returned.
-* Any other ``torch.optim.Optimizer`` holding fp16/bf16 parameters: a
-  :class:`~ortrain.optim.mixed_precision.MixedPrecisionOptimizer` around it (fp32 master weights, dynamic
-  loss scaling), built with ``kwargs``.
+* Any other ``torch.optim.Optimizer``: a
+  :class:`~ortrain.optim.mixed_precision.MixedPrecisionOptimizer` around it (fp32 master weights of its
+  fp16/bf16 parameters, dynamic loss scaling), built with ``kwargs``; one already wrapped comes back.
 * Anything else is returned unchanged, with a warning.
 """
 
@@ -51,12 +51,21 @@ def FP16_Optimizer(optimizer: Any, **kwargs: Any) -> Any:
         _no_kwargs(name, kwargs)
         patch_amp_optimizer(optimizer)
         return optimizer
+    if isinstance(optimizer, MixedPrecisionOptimizer):
+        logger.warning("FP16_Optimizer: %s is already a mixed-precision wrapper; returned unchanged", name)
+        return optimizer
     if isinstance(optimizer, torch.optim.Optimizer):
         dtypes = {p.dtype for g in optimizer.param_groups for p in g["params"]}
-        if dtypes & set(LOW_PRECISION_DTYPES):
-            return MixedPrecisionOptimizer(optimizer, **kwargs)
-        logger.warning("FP16_Optimizer: %s has no fp16/bf16 parameters; returned unchanged", name)
-        return optimizer
+        if not dtypes & set(LOW_PRECISION_DTYPES):
+            # A float32 model under float16 autocast needs the loss scaling all the same; and the
+            # loop it is written for calls ``optimizer.backward(loss)``, which a bare torch
+            # optimizer lacks (until wave 45 it came back unchanged, and that call failed).
+            logger.info(
+                "FP16_Optimizer: %s has no fp16/bf16 parameters: they are their own masters, "
+                "and the wrapper scales the loss and skips overflowing steps",
+                name,
+            )
+        return MixedPrecisionOptimizer(optimizer, **kwargs)
     logger.warning("FP16_Optimizer: %s is not a supported optimizer; returned unchanged", name)
     return optimizer
 

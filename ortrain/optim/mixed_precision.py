@@ -90,8 +90,12 @@ class DynamicLossScaler:
             setattr(self, key, value)
 
 
-class MixedPrecisionOptimizer:
+class MixedPrecisionOptimizer(torch.optim.Optimizer):
     """Wraps a torch optimizer built over fp16/bf16 parameters; see the module docstring.
+
+    A ``torch.optim.Optimizer`` only so that learning-rate schedulers, which refuse anything else,
+    attach to it (its ``param_groups`` are the wrapped optimizer's); it keeps no state of its own
+    there and runs no optimizer hooks.
 
     Typical loop::
 
@@ -102,7 +106,8 @@ class MixedPrecisionOptimizer:
         optimizer.step()                  # skipped (returns None) if the gradients overflowed
 
     The wrapped optimizer's ``param_groups`` now hold the fp32 masters (fp32 model parameters are their own
-    masters); attach learning-rate schedulers to ``wrapper.optimizer``.
+    masters). Weights changed in the model between steps (``model.load_state_dict``, a restored
+    snapshot) are read back into their masters at the next step.
     """
 
     def __init__(
@@ -131,6 +136,9 @@ class MixedPrecisionOptimizer:
         self.master_params: list[Tensor] = []
         # fp32 model parameters, updated in place by the wrapped optimizer.
         self.fp32_params: list[Tensor] = []
+        # What each model parameter was when this wrapper last wrote or read it: its storage and
+        # version counter (``load_state_dict`` and in-place writes bump the version).
+        self._model_stamps: list[tuple[int, int]] = []
         for group in optimizer.param_groups:
             self._take_over(group)
         self._unscaled = False
@@ -153,6 +161,33 @@ class MixedPrecisionOptimizer:
                 }
             self.model_params.append(p)
             self.master_params.append(master)
+            self._model_stamps.append(_stamp(p))
+
+    def __getstate__(self) -> dict[str, Any]:  # torch.optim.Optimizer's keeps only its own fields
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @torch.no_grad()
+    def _reread_changed_weights(self) -> None:
+        """Masters of model weights changed outside this wrapper since it last wrote them: read back
+        from the model. Until wave 45 the next step copied the stale masters over them, silently
+        undoing a ``model.load_state_dict`` made after the wrapper was built (the weights went back
+        to their random init) or a rollback to a snapshot."""
+        changed = 0
+        for i, (model_p, master) in enumerate(zip(self.model_params, self.master_params, strict=True)):
+            stamp = _stamp(model_p)
+            if stamp != self._model_stamps[i]:
+                master.copy_(model_p)
+                self._model_stamps[i] = stamp
+                changed += 1
+        if changed:
+            logger.info(
+                "%d model weight(s) changed outside the optimizer since its last step "
+                "(load_state_dict, a restored snapshot): their fp32 masters are read from the model",
+                changed,
+            )
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group (unfrozen layers, a new head) to the wrapped optimizer, with fp32 masters."""
@@ -181,6 +216,10 @@ class MixedPrecisionOptimizer:
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
 
     @property
     def state(self) -> Any:
@@ -255,6 +294,7 @@ class MixedPrecisionOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._reread_changed_weights()
         self._unscale()
         overflow = self._overflow
         self._unscaled = False
@@ -281,10 +321,12 @@ class MixedPrecisionOptimizer:
             src.append(master)
         for dst, src in buckets.values():
             torch._foreach_copy_(dst, src)
+        self._model_stamps = [_stamp(p) for p in self.model_params]
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         # The masters are saved too: the fp16 model weights alone lose the low bits of each weight.
+        self._reread_changed_weights()
         return {
             "optimizer": self.optimizer.state_dict(),
             "loss_scaler": self.loss_scaler.state_dict(),
@@ -303,3 +345,9 @@ class MixedPrecisionOptimizer:
             for master, value in zip(self.master_params, saved, strict=True):
                 master.copy_(value)
         self._copy_masters_to_model()
+
+
+def _stamp(p: Tensor) -> tuple[int, int]:
+    """Where ``p``'s values live and how often they were written in place. A write through
+    ``p.data`` (a fresh version counter) is not seen: use ``p.copy_`` under ``torch.no_grad()``."""
+    return p.data_ptr(), p._version

@@ -144,11 +144,67 @@ def test_state_dict_resume_is_bit_exact() -> None:
     assert opt.loss_scale == opt2.loss_scale
 
 
-def test_fp32_only_optimizer_is_returned_unchanged(caplog: pytest.LogCaptureFixture) -> None:
-    opt = torch.optim.SGD(_model(torch.float32).parameters(), lr=0.1)
-    with caplog.at_level(logging.WARNING, logger="ortrain.optim.fp16_optimizer"):
-        assert FP16_Optimizer(opt) is opt
+def test_an_fp32_only_optimizer_is_wrapped_for_its_loss_scaling(caplog: pytest.LogCaptureFixture) -> None:
+    """Until wave 45 it came back unchanged, and the documented loop failed at
+    ``optimizer.backward(loss)`` (no such method on a torch optimizer); a float32 model under
+    float16 autocast needs the loss scaling all the same."""
+    torch.manual_seed(0)
+    model = _model(torch.float32)
+    reference = copy.deepcopy(model)
+    with caplog.at_level(logging.INFO, logger="ortrain.optim.fp16_optimizer"):
+        opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     assert "no fp16/bf16 parameters" in caplog.text
+    assert FP16_Optimizer(opt) is opt  # wrapping twice: the same wrapper
+    plain = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x = torch.randn(4, 16)
+    opt.zero_grad()
+    opt.backward(model(x).pow(2).mean())
+    opt.step()
+    reference(x).pow(2).mean().backward()
+    plain.step()
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_weights_loaded_after_the_wrapper_is_built_are_the_ones_stepped() -> None:
+    """The masters were copied once, at wrapping: a ``model.load_state_dict`` after it was undone by
+    the next step, which wrote the stale masters over the loaded weights (wave 45's review: the
+    weights went back to their random init, 0.4 away)."""
+    torch.manual_seed(0)
+    model = _model(torch.float16)
+    pretrained = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+    opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=1e-3))
+    model.load_state_dict(pretrained)
+    opt.zero_grad()
+    opt.backward(model(torch.randn(4, 16, dtype=torch.float16)).float().pow(2).mean())
+    opt.step()
+    for name, value in model.state_dict().items():
+        assert (value.float() - pretrained[name].float()).abs().max() < 0.05, name
+    snapshot = copy.deepcopy(model.state_dict())
+    opt.zero_grad()
+    opt.backward(model(torch.randn(4, 16, dtype=torch.float16)).float().pow(2).mean())
+    opt.step()
+    model.load_state_dict(snapshot)  # a rollback: the optimizer state goes on from the snapshot
+    masters = opt.state_dict()["master_params"]  # read back from the restored weights
+    for (name, value), master in zip(snapshot.items(), masters, strict=True):
+        assert torch.equal(master, value.float()), name
+
+
+def test_a_scheduler_attaches_to_the_wrapper_and_it_pickles() -> None:
+    """Schedulers refuse anything but a ``torch.optim.Optimizer`` ("MixedPrecisionOptimizer is not
+    an Optimizer", wave 45's review); the wrapper is one, and its own fields survive a copy."""
+    model = _model(torch.float16)
+    opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=1.0))
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for _ in range(2):
+        opt.zero_grad()
+        opt.backward(model(torch.randn(4, 16, dtype=torch.float16)).float().pow(2).mean())
+        opt.step()
+        scheduler.step()
+    assert opt.optimizer.param_groups[0]["lr"] == 0.25
+    copied = copy.deepcopy(opt)
+    assert copied.loss_scale == opt.loss_scale
+    assert len(copied.master_params) == len(opt.master_params)
 
 
 def test_loss_scaler_rejects_bad_settings() -> None:
