@@ -4,6 +4,7 @@ ortrain; ``doctor`` checks the setup; ``cache`` lists or clears ORTMODULE_CACHE_
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -66,6 +67,16 @@ def _cache(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # ``ortrain cache list | head``: the reader left; Python's own exit would print a
+        # traceback flushing stdout into the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="ortrain", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="train a small GPT on text shipped with ortrain")

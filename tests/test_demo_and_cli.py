@@ -49,3 +49,14 @@ def test_a_bad_variable_is_a_finding_of_doctor_and_no_obstacle_to_the_cache_comm
     out = capsys.readouterr().out
     assert "NO  ORTMODULE_MEMORY_OPT_LEVEL='5' is not a level" in out
     assert "training:" not in out
+
+
+def test_python_dash_m_ortrain_is_the_command() -> None:
+    """``python -m ortrain --help`` failed ("No module named ortrain.__main__") until wave 45."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "ortrain", "--help"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("usage: ortrain")

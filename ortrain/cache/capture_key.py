@@ -61,6 +61,7 @@ from ortrain.capture.global_reads import (
     Read,
     class_reads,
     function_reads,
+    is_users_function,
     methods_called_from_outside,
 )
 from ortrain.capture.held_objects import is_held_object
@@ -175,15 +176,21 @@ def _values_of(function: Any) -> dict[str, Any]:
     }
 
 
-def _methods(cls: type) -> dict[str, Any]:
+def _methods(cls: type, depth: int = 0) -> dict[str, Any]:
     """The methods of an object's classes with their defaults (``def apply(self, h,
     s=CFG["s"])`` on a held object: wave 42's review found a later process loading the capture
-    made with another ``s``)."""
+    made with another ``s``), and, for the user's own, the globals they read (``return h * S``
+    with ``S`` read from a file at start-up: until wave 45 a later process with another ``S``
+    loaded the capture made with the first, where a module's methods were keyed so)."""
     found: dict[str, Any] = {}
     for klass in cls.__mro__[:-1]:  # not ``object``
         for name, value in vars(klass).items():
             if isinstance(value, (types.FunctionType, staticmethod, classmethod)) and name not in found:
                 found[name] = _describe_code(value)
+                function = getattr(value, "__func__", value)
+                if isinstance(function, types.FunctionType) and is_users_function(function):
+                    reads = _described_reads(*function_reads(function), depth + 1)
+                    found[name] = {"method": found[name], "reads": reads}
     return dict(sorted(found.items()))
 
 
@@ -319,7 +326,7 @@ def describe(value: Any, depth: int = 0) -> Any:
             f"{cls.__module__}.{cls.__qualname__}",
             described,
             _class_attributes(cls, depth),
-            _methods(cls),
+            _methods(cls, depth),
         ]
     raise Undescribable(f"a {type(value).__module__}.{type(value).__qualname__} attribute")
 

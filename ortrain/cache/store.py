@@ -94,9 +94,20 @@ class CacheStore:
                 raise CorruptEntry("payload checksum does not match")
         except CorruptEntry as error:
             logger.warning("cache entry %s is corrupt (%s); rebuilding it", path, error)
-            path.unlink(missing_ok=True)
+            self._delete(path)
             return None
         return payload
+
+    def _delete(self, path: Path) -> None:
+        """Delete a bad entry where the directory allows it: a cache shipped read-only (in an
+        image) keeps it, and the run goes on uncached for that graph (until wave 45 the deletion
+        raised "Read-only file system" out of the training step)."""
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as error:
+            logger.warning(
+                "cannot delete the bad cache entry %s (%s); it stays and is never loaded", path, error
+            )
 
     def save(self, kind: str, key: str, payload: bytes, header: dict[str, Any]) -> bool:
         """Store ``payload`` atomically; False (after one warning per directory) if it cannot."""
@@ -141,7 +152,7 @@ class CacheStore:
 
     def remove(self, kind: str, key: str) -> None:
         """Delete an entry that turned out unreadable after its checksum passed."""
-        self.path(kind, key).unlink(missing_ok=True)
+        self._delete(self.path(kind, key))
 
     def entries(self) -> Iterator[EntryInfo]:
         if not self.root.is_dir():

@@ -578,3 +578,31 @@ def test_a_default_of_a_held_objects_method_misses() -> None:
     reference = _key(_model_holding_a_scaler(1.0))
     assert reference is not None and _key(_model_holding_a_scaler(1.0)) == reference
     assert _key(_model_holding_a_scaler(3.0)) != reference
+
+
+_HELD_SCALE = 1.0  # read from a file at start-up, in the case this stands for
+
+
+class _GlobalScaler:
+    def apply(self, h: torch.Tensor) -> torch.Tensor:
+        return h * _HELD_SCALE
+
+
+class _HoldsAGlobalScaler(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.scaler = _GlobalScaler()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scaler.apply(self.fc(x))
+
+
+def test_a_global_read_by_a_held_objects_method_misses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Until wave 45 a held object's methods were keyed by their code and defaults only: a later
+    process with another ``_HELD_SCALE`` loaded the capture made with the first (loss 1.99 where
+    eager's was 2.14), where a module's methods had their globals keyed."""
+    reference = _key(_HoldsAGlobalScaler())
+    assert reference is not None and _key(_HoldsAGlobalScaler()) == reference
+    monkeypatch.setattr(sys.modules[__name__], "_HELD_SCALE", 3.0)
+    assert _key(_HoldsAGlobalScaler()) != reference

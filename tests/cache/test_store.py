@@ -73,6 +73,27 @@ def test_corrupt_entry_is_detected_logged_and_removed(
     assert "is corrupt" in caplog.text and not path.exists()
 
 
+def test_a_corrupt_entry_in_a_read_only_directory_is_skipped_not_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cache shipped read-only (in an image): deleting the bad entry raised "Read-only file
+    system" out of the training step until wave 45. (Root writes through ``chmod``: the deletion's
+    refusal is simulated.)"""
+    store = CacheStore(tmp_path)
+    store.save("export", KEY, b"payload" * 10, {})
+    path = store.path("export", KEY)
+    path.write_bytes(path.read_bytes()[:-5])
+
+    def read_only(self: Path, missing_ok: bool = False) -> None:
+        raise OSError(30, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with caplog.at_level(logging.WARNING, logger="ortrain.cache"):
+        assert store.load("export", KEY) is None
+        store.remove("export", KEY)
+    assert "is corrupt" in caplog.text and "cannot delete the bad cache entry" in caplog.text
+
+
 def test_two_processes_writing_the_same_entry(tmp_path: Path) -> None:
     writer = """
         store = CacheStore(Path(sys.argv[1]))
