@@ -29,6 +29,7 @@ from ortrain.capture.checkpointing import CheckpointRegions
 from ortrain.capture.cumulative_batch_norm import cumulative_batch_norm_traceable
 from ortrain.capture.data_assignments import data_assignments_as_copies
 from ortrain.capture.decompositions import decomposition_table
+from ortrain.capture.detached_outputs import detached_outputs
 from ortrain.capture.encoder_padding_fast_path import encoder_padding_as_eager
 from ortrain.capture.fake_mode_release import forget_real_tensors, graph_fake_modes
 from ortrain.capture.forward_rewrite import ForwardRewrite, ForwardTrace, rewrite_forward
@@ -265,8 +266,11 @@ def capture(
             slot = GraphSlot(gm)
             slots[tag] = slot
             # The forward's outputs in the layout eager gives them (see capture/output_layouts.py).
-            layouts = traced_layouts(gm.graph, joint._aot_state.fw_metadata) if tag == "forward" else {}
-            return GraphCode(slot, output_layouts=layouts, forward=tag == "forward")
+            metadata = joint._aot_state.fw_metadata
+            if tag != "forward":
+                return GraphCode(slot)
+            layouts = traced_layouts(gm.graph, metadata)
+            return GraphCode(slot, output_layouts=layouts, forward=True, detached=detached_outputs(metadata))
 
         return compile_graph
 

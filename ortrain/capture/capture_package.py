@@ -31,6 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._graph_pickler import GraphPickler, Options
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from ortrain.capture.detached_outputs import detach_views
 from ortrain.capture.input_views import input_view_chains, make_views
 from ortrain.capture.lazy_recompile import compiled_on_first_call
 from ortrain.capture.output_layouts import Layouts, in_traced_layouts
@@ -40,14 +41,20 @@ if TYPE_CHECKING:
     from ortrain.capture.aot_capture import GraphSlot
 
 # Bump when what a package holds changes shape: an old entry then fails to load and is rebuilt.
-FORMAT = 2  # 2: entries carry their size guards (ortrain.capture.size_guards)
+FORMAT = 3  # 2: entries carry their size guards (ortrain.capture.size_guards); 3: detached outputs
 _KEPT_METADATA = frozenset({"val"})
 
 
 class GraphCode(OutputCode):
     """What ortrain's compilers hand AOTAutograd: one graph and the executor that runs it."""
 
-    def __init__(self, slot: GraphSlot, output_layouts: Layouts | None = None, forward: bool = False) -> None:
+    def __init__(
+        self,
+        slot: GraphSlot,
+        output_layouts: Layouts | None = None,
+        forward: bool = False,
+        detached: frozenset[int] = frozenset(),
+    ) -> None:
         super().__init__()
         self.slot: GraphSlot | None = slot
         self._graph_bytes: bytes | None = None
@@ -61,6 +68,9 @@ class GraphCode(OutputCode):
         # strides, which output_layouts cannot give) came back as ``x`` itself from the second,
         # dynamic capture on (wave 43, silently).
         self.forward = forward
+        # Outputs that do not require grad, detached where a runner made them views of another
+        # (ortrain.capture.detached_outputs).
+        self.detached = detached
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
         assert self.slot is not None, "a loaded GraphCode runs only after post_compile"
@@ -84,9 +94,11 @@ class GraphCode(OutputCode):
     def _laid_out(self, outputs: Any, args: list[Any]) -> Any:
         layouts = getattr(self, "output_layouts", None)  # absent on entries saved before wave 38
         views = self._input_views()
-        if not layouts and not views:
+        detached = getattr(self, "detached", frozenset())  # absent on objects made before wave 45
+        if not layouts and not views and not detached:
             return outputs
         outputs = list(outputs)
+        detach_views(detached, outputs)
         in_traced_layouts(layouts or {}, outputs)
         assert self.slot is not None
         make_views(views, self.slot.graph.graph, args, outputs)

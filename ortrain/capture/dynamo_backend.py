@@ -33,6 +33,7 @@ from torch._dynamo.variables.misc import RandomVariable
 from ortrain.capture.aot_capture import GraphRunner, donates_no_saved_tensor
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.decompositions import decomposition_table
+from ortrain.capture.detached_outputs import detach_views, detached_outputs
 from ortrain.capture.function_overrides import dynamo_graph_overrides
 from ortrain.capture.input_views import input_view_chains, make_views
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
@@ -77,12 +78,14 @@ def aot_backend(
             # (Integer inputs no tensor has as a size are carried where a region goes to ONNX
             # Runtime: ortrain.capture.size_carriers, applied by the exporter.)
             plain = torch.fx.GraphModule(graph, graph.graph)
+            detached: frozenset[int] = frozenset()
             if tag == "forward":
                 # `backward(retain_graph=True)` runs the backward again (wave 44: refused from the
                 # first dynamic recompile on, "compiled with non-empty donated buffers"). The
                 # metadata is the tracing context's while the forward compiles.
                 context = torch._guards.TracingContext.try_get()
                 donates_no_saved_tensor(getattr(context, "fw_metadata", None))
+                detached = detached_outputs(getattr(context, "fw_metadata", None))
             scalars = _scalar_inputs(plain)
             # Outputs AOTAutograd remakes views from, with the strides returned: views of inputs
             # made by PyTorch, the others in their traced layout.
@@ -95,10 +98,11 @@ def aot_backend(
                 for position, dtype in scalars:
                     if args[position].dtype != dtype:
                         args[position] = args[position].to(dtype)
-                if not views and not layouts:
+                if not views and not layouts and not detached:
                     return runner(args)
                 inputs = list(args)  # the runner may empty the boxed list
                 outputs = list(runner(args))
+                detach_views(detached, outputs)
                 in_traced_layouts(layouts, outputs)
                 make_views(views, plain.graph, inputs, outputs)
                 return outputs
