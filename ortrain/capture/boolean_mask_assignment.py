@@ -12,8 +12,10 @@ vector of the row's size, a ``(1, d)`` row), the assignment is ``where(mask, v, 
 into ``h``: the same values, and autograd's gradients of ``where`` are ``index_put_``'s (zero into
 the assigned positions of ``h``, the selected rows' gradients summed into ``v``). Values with one
 row per selected position, other dtypes (which eager refuses) and every other index go to
-PyTorch's ``__setitem__`` unchanged. Numbers and 0-d values never reach ``index_put_`` in eager
-(PyTorch assigns them with ``masked_fill_``, which traces): also unchanged.
+PyTorch's ``__setitem__`` unchanged. Numbers and 0-d values that need no gradient are assigned
+with ``masked_fill_``, which traces: also unchanged. A 0-d value that does (``h[m] = self.a``, a
+learned scalar) is the ``where`` above: its gradient went through a ``nonzero`` until wave 45, and
+the model ran in PyTorch, refused under ``FALLBACK_DISABLE``.
 """
 
 from __future__ import annotations
@@ -56,8 +58,10 @@ def _one_row_value(value: torch.Tensor, leading: int, tail: int) -> torch.Tensor
 
 def assign_through_mask(target: torch.Tensor, index: Any, value: Any) -> Any:
     found = _mask_position(index)
-    if found is None or not isinstance(value, torch.Tensor) or value.dim() == 0:
+    if found is None or not isinstance(value, torch.Tensor):
         return NotImplemented
+    if value.dim() == 0 and not value.requires_grad:
+        return NotImplemented  # ``masked_fill_``, which traces (see the module)
     start, mask = found
     mask_dims = mask.dim()
     if target.dim() < start + mask_dims or value.dtype != target.dtype or value.device != target.device:

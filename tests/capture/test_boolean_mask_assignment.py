@@ -18,6 +18,7 @@ ONE_ROW_CASES = {
     "mask (2,3), value (1,4)": (MASK, (1, 4)),
     "mask (2,3), value (1,1,4) (leading ones)": (MASK, (1, 1, 4)),
     "mask (2,3), value (1,)": (MASK, (1,)),
+    "mask (2,3), value 0-d (a learned scalar)": (MASK, ()),
     "mask (2,), value (3,4)": (MASK[:, 0], (3, 4)),
     "mask (2,3,4), value (1,)": (torch.arange(24).reshape(2, 3, 4) % 5 == 0, (1,)),
     "[:, mask (3,)], value (2,1,4): per leading row": ((slice(None), MASK[0]), (2, 1, 4)),
