@@ -88,6 +88,26 @@ def variables_check() -> Check:
     return Check("variables", True, f"set: {', '.join(names)}" if names else "none set (defaults)")
 
 
+def cache_check() -> Check | None:
+    """Whether ``ORTMODULE_CACHE_DIR`` (when set) can hold the cache: ORTModule runs uncached, with
+    one warning, where it cannot. (Until wave 45 a path naming a file passed as "set" here, and the
+    warning came only from the training check.)"""
+    import os
+
+    from ortrain.ortmodule.options import cache_directory
+
+    directory = cache_directory()
+    if directory is None:
+        return None
+    name = f"ORTMODULE_CACHE_DIR={directory}"
+    if directory.exists() and not directory.is_dir():
+        return Check("cache", False, f"{name} is not a directory: ORTModule runs uncached; name a directory")
+    if directory.is_dir() and not os.access(directory, os.W_OK | os.X_OK):
+        return Check("cache", False, f"{name} is not writable: entries there load, new ones are not kept")
+    detail = "a directory" if directory.is_dir() else "not there yet: made at the first capture"
+    return Check("cache", True, f"{name}: {detail}")
+
+
 def training_check(steps: int = 4) -> Check:
     """Train a tiny MLP on ONNX Runtime (a fallback to PyTorch fails it); compare losses with eager's."""
     from ortrain.ortmodule import ORTModule
@@ -151,6 +171,9 @@ def run_doctor(report: Callable[[str], None]) -> bool:
     report(f"ORTMODULE_* variables:\n  {'ok ' if variables.ok else 'NO '} {variables.detail}")
     if not variables.ok:  # every ORTModule would raise the same error: nothing to train
         return False
+    cache = cache_check()
+    if cache is not None:  # a finding, not a failure: training runs uncached
+        report(f"capture cache:\n  {'ok ' if cache.ok else 'NO '} {cache.detail}")
     training = training_check()
     report(f"training:\n  {'ok ' if training.ok else 'NO '} {training.detail}")
     from ortrain.runtime import freed_memory_reuse

@@ -60,3 +60,19 @@ def test_python_dash_m_ortrain_is_the_command() -> None:
     run = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("usage: ortrain")
+
+
+def test_doctor_says_when_the_cache_directory_cannot_hold_the_cache(tmp_path, monkeypatch) -> None:
+    """A path naming a file passed as "set" until wave 45 (ORTModule then ran uncached)."""
+    from ortrain.doctor import cache_check
+
+    monkeypatch.delenv("ORTMODULE_CACHE_DIR", raising=False)
+    assert cache_check() is None
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path))
+    check = cache_check()
+    assert check is not None and check.ok
+    a_file = tmp_path / "cache.txt"
+    a_file.write_text("not a directory")
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(a_file))
+    check = cache_check()
+    assert check is not None and not check.ok and "is not a directory" in check.detail
