@@ -178,9 +178,13 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         changed = 0
         for i, (model_p, master) in enumerate(zip(self.model_params, self.master_params, strict=True)):
             stamp = _stamp(model_p)
-            if stamp != self._model_stamps[i]:
+            if stamp == self._model_stamps[i]:
+                continue
+            self._model_stamps[i] = stamp
+            # The master's own rounding written back (a checkpoint's model weights loaded after
+            # the optimizer's masters): the master holds those values with their low bits.
+            if not torch.equal(model_p, master.to(model_p.dtype)):
                 master.copy_(model_p)
-                self._model_stamps[i] = stamp
                 changed += 1
         if changed:
             logger.info(

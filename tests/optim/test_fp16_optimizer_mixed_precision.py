@@ -190,6 +190,25 @@ def test_weights_loaded_after_the_wrapper_is_built_are_the_ones_stepped() -> Non
         assert torch.equal(master, value.float()), name
 
 
+def test_model_weights_loaded_after_the_optimizer_keep_the_masters_low_bits() -> None:
+    """A checkpoint loaded optimizer first, then model: the model's weights are the masters'
+    rounding, and the masters keep their float32 bits (not re-read from the float16 weights)."""
+    model = _model(torch.float16)
+    opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=1e-3))
+    for _ in range(2):
+        opt.zero_grad()
+        opt.backward(model(torch.randn(4, 16, dtype=torch.float16)).float().pow(2).mean())
+        opt.step()
+    saved_model, saved_opt = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+    resumed = _model(torch.float16)
+    resumed_opt = FP16_Optimizer(torch.optim.SGD(resumed.parameters(), lr=1e-3))
+    resumed_opt.load_state_dict(saved_opt)
+    resumed.load_state_dict(saved_model)
+    kept = resumed_opt.state_dict()["master_params"]
+    for master, saved in zip(kept, saved_opt["master_params"], strict=True):
+        assert torch.equal(master, saved)
+
+
 def test_a_scheduler_attaches_to_the_wrapper_and_it_pickles() -> None:
     """Schedulers refuse anything but a ``torch.optim.Optimizer`` ("MixedPrecisionOptimizer is not
     an Optimizer", wave 45's review); the wrapper is one, and its own fields survive a copy."""
