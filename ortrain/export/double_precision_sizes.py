@@ -39,6 +39,10 @@ _BINARY = {
 }
 
 
+# Marks the node rounding such a number to the graph's dtype (a user's own ``t.half()`` is not one).
+SIZE_NUMBER = "ortrain_size_number"
+
+
 class _Unhandled(Exception):
     pass
 
@@ -70,7 +74,9 @@ def _in_double(node: torch.fx.Node) -> torch.fx.Node | None:
     except _Unhandled:
         return None
     if value.dtype != torch.float64:
-        return builder.call(aten._to_copy.default, number, dtype=value.dtype)
+        rounded = builder.call(aten._to_copy.default, number, dtype=value.dtype)
+        rounded.meta[SIZE_NUMBER] = True  # read by half_precision_numbers
+        return rounded
     return number
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ortrain.export.double_precision_sizes import SIZE_NUMBER
 from ortrain.export.spelled_out_math import NodeBuilder, rewrite_nodes
 
 aten = torch.ops.aten
@@ -55,7 +56,8 @@ def _in_float32(node: torch.fx.Node) -> torch.fx.Node | None:
 
 def _number_in_float32(number: object, dtype: torch.dtype) -> tuple[object, tuple, dict] | None:
     """The call making ``number`` in float32 where it is a 0-d ``dtype`` tensor made from a size: a
-    ``scalar_tensor`` of a symbolic number, or a float64 number rounded to ``dtype``."""
+    ``scalar_tensor`` of a symbolic number, or the rounding of one that double_precision_sizes
+    computed in float64 (not a user's ``t.half()``, which eager rounds first too)."""
     if not isinstance(number, torch.fx.Node) or number.op != "call_function":
         return None
     held = number.meta.get("val")
@@ -68,12 +70,7 @@ def _number_in_float32(number: object, dtype: torch.dtype) -> tuple[object, tupl
     symbolic = isinstance(source_value, torch.SymInt | torch.SymFloat)
     if number.target is aten.scalar_tensor.default and symbolic:
         return aten.scalar_tensor.default, (source,), {**number.kwargs, "dtype": torch.float32}
-    if (
-        number.target is aten._to_copy.default
-        and isinstance(source_value, torch.Tensor)
-        and source_value.dim() == 0
-        and source_value.dtype == torch.float64
-    ):
+    if number.target is aten._to_copy.default and number.meta.get(SIZE_NUMBER):
         return aten._to_copy.default, (source,), {"dtype": torch.float32}
     return None
 
