@@ -40,6 +40,17 @@ logger = logging.getLogger("ortrain.ortmodule")
 __all__ = ["GraphBreakPath", "in_control_flow_operator", "is_data_dependent", "reads_outside_tensors"]
 
 
+# How many GraphBreakPath calls are running: TorchDynamo tracing an ORTModule nested in the model
+# is then ortrain's own doing, not a torch.compile of the user's (a plain global: Dynamo reads it
+# as a constant while it traces the nested wrapper's forward).
+_calls_running = [0]
+
+
+def inside_graph_break_path() -> bool:
+    """Whether ortrain's own graph-break path is running (TorchDynamo traces for it)."""
+    return _calls_running[0] > 0
+
+
 class GraphBreakPath:
     """``torch.compile(module, backend=ortrain)`` with one INFO line per graph break."""
 
@@ -79,6 +90,7 @@ class GraphBreakPath:
             self._compile()
         watched = recompile_limit_watched(self._limit_reached)
         with graph_breaks_reported(self._report), hooks_guarded(), watched:
+            _calls_running[0] += 1
             try:
                 outputs = self.compiled(*args, **kwargs)
             except Exception as error:
@@ -91,6 +103,8 @@ class GraphBreakPath:
                         f"capture of a graph between graph breaks failed: {_described(inner)}"
                     ) from error
                 raise
+            finally:
+                _calls_running[0] -= 1
         # AOTAutograd's graphs cannot be differentiated twice: a gradient penalty hears why at its
         # first backward, as on the whole-graph path (wave 42: only torch.compile's own error).
         watch_for_create_graph(pytree.tree_leaves(outputs))

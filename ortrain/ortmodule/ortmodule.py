@@ -62,6 +62,7 @@ from ortrain.ortmodule.forward_hooks import user_forward_hooks
 from ortrain.ortmodule.graph_breaks import (
     GraphBreakPath,
     in_control_flow_operator,
+    inside_graph_break_path,
     is_data_dependent,
     reads_outside_tensors,
 )
@@ -616,8 +617,11 @@ class ORTModule(nn.Module):
             return self._ortrain_module(*args, **kwargs)
         if torch.compiler.is_dynamo_compiling():
             # torch.compile(ORTModule(model)): Dynamo traces through the wrapper, and its backend
-            # compiles the model; ortrain's graphs would run on Dynamo's traced values.
-            _warn_once_compiled_around()
+            # compiles the model; ortrain's graphs would run on Dynamo's traced values. (Under
+            # ortrain's own graph-break path, a wrapper nested in the model is part of its graphs:
+            # no torch.compile of the user's to advise against, wave 45's review.)
+            if not inside_graph_break_path():
+                _warn_once_compiled_around()
             return self._ortrain_module(*args, **kwargs)
         if functorch_transform_active():
             _warn_once_under_transforms()

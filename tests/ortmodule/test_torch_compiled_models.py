@@ -91,3 +91,23 @@ def test_torch_compile_around_the_wrapper_says_what_compiles(
     assert len(messages) == 1, messages
     assert "torch.compile traces through ORTModule" in messages[0]
     assert 'backend="ortrain"' in messages[0]
+
+
+def test_a_wrapper_nested_in_a_model_on_the_graph_break_path_hears_no_torch_compile_advice(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ortrain's own graph-break path traces the nested wrapper with TorchDynamo: the warning
+    advised against a torch.compile the user never called (wave 45's review)."""
+    monkeypatch.setattr(ortmodule_module, "_compiled_around_warned", [False])
+    torch.manual_seed(0)
+    inner = ORTModule(torch.nn.Linear(8, 8))
+    eager = torch.nn.Sequential(copy.deepcopy(inner.module), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    outer = ORTModule(torch.nn.Sequential(inner, torch.nn.ReLU(), copy.deepcopy(eager[2])))
+    kept: list[torch.Tensor] = []
+    outer.module[1].register_forward_hook(lambda m, i, o: kept.append(o.detach()))  # a graph break
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for rows in (4, 5):
+            x = torch.randn(rows, 8)
+            torch.testing.assert_close(outer(x), eager(x))
+    assert len(kept) == 2
+    assert not any("torch.compile traces through" in r.getMessage() for r in caplog.records)
