@@ -230,15 +230,32 @@ class _TwiceDifferentiable(torch.autograd.Function):
         ]
         found: Sequence[torch.Tensor | None] = [None] * len(wanted)
         if pairs and wanted:
-            found = torch.autograd.grad(
-                [o for o, _ in pairs],
-                wanted,
-                [g for _, g in pairs],
-                retain_graph=keep or torch.is_grad_enabled(),
-                create_graph=torch.is_grad_enabled(),
-                allow_unused=True,
-            )
+            try:
+                found = torch.autograd.grad(
+                    [o for o, _ in pairs],
+                    wanted,
+                    [g for _, g in pairs],
+                    retain_graph=keep or torch.is_grad_enabled(),
+                    create_graph=torch.is_grad_enabled(),
+                    allow_unused=True,
+                )
+            except RuntimeError as error:
+                if "modified by an inplace operation" not in str(error):
+                    raise
+                raise RuntimeError(f"{error}\n{_WRITTEN_BETWEEN_BACKWARDS}") from error
         return (None, None, *(None if at is None else found[at] for at in ctx.positions))
+
+
+# An actor-critic's ``actor_loss.backward(retain_graph=True); actor_optimizer.step();
+# critic_loss.backward()``: eager runs it when the critic's loss does not reach the actor's head;
+# the captured forward is one node whose graph saved every weight it read (wave 45's review: the
+# error alone named neither ortrain nor a way out; torch.compile refuses it the same way).
+_WRITTEN_BETWEEN_BACKWARDS = (
+    "ortrain: the wrapped model's forward is one captured graph, which saved the weights it read; "
+    "one of them was changed in place (an optimizer.step()) between two backward passes through "
+    "the same forward, which the graph refuses even where this backward does not read it. Step the "
+    "optimizers after the last backward, or backward the sum of the losses once"
+)
 
 
 def _recomputed(

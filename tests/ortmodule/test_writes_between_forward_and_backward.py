@@ -82,3 +82,26 @@ def test_the_second_order_path_still_refuses_a_written_parameter() -> None:
         model.module[0].bias.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         torch.autograd.grad(loss, x, create_graph=True)
+
+
+class _ActorCritic(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk, self.pi, self.v = nn.Linear(6, 32), nn.Linear(32, 3), nn.Linear(32, 1)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.trunk(obs))
+        return self.pi(h), self.v(h).squeeze(-1)
+
+
+def test_an_optimizer_step_between_two_backwards_says_what_to_do() -> None:
+    """The actor's step between the actor's and the critic's backward: eager runs it, the captured
+    graph (one node that saved the head's weight) refuses it; the error now says why and what to
+    do (wave 45's review: AOTAutograd's message alone named neither)."""
+    wrapped = ORTModule(_ActorCritic())
+    actor = torch.optim.SGD(wrapped.module.pi.parameters(), lr=0.1)
+    logits, value = wrapped(torch.randn(4, 6))
+    logits.logsumexp(-1).mean().backward(retain_graph=True)
+    actor.step()
+    with pytest.raises(RuntimeError, match="Step the optimizers after the last backward"):
+        value.pow(2).mean().backward()
