@@ -12,6 +12,7 @@ copies of them instead, so small updates are not lost to fp16 rounding. Each ste
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -95,7 +96,8 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
 
     A ``torch.optim.Optimizer`` only so that learning-rate schedulers, which refuse anything else,
     attach to it (its ``param_groups`` are the wrapped optimizer's); it keeps no state of its own
-    there and runs no optimizer hooks.
+    there, and its hooks are the wrapped optimizer's. Gradients from a ``loss.backward()`` of the
+    caller's own (not :meth:`backward`) are taken as unscaled, with one warning.
 
     Typical loop::
 
@@ -144,6 +146,10 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         self._unscaled = False
         self._overflow = False
         self.last_step_skipped = False
+        # Whether the gradients were made by ``self.backward`` (scaled) since the last step: a loop
+        # that calls ``loss.backward()`` itself (the Hugging Face Trainer, accelerate) hands over
+        # unscaled gradients, which were divided by the scale (65536) until wave 45's second look.
+        self._scaled_backward = False
 
     def _take_over(self, group: dict[str, Any]) -> None:
         """Give ``group``'s low-precision parameters fp32 masters in the wrapped optimizer."""
@@ -164,7 +170,27 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
             self._model_stamps.append(_stamp(p))
 
     def __getstate__(self) -> dict[str, Any]:  # torch.optim.Optimizer's keeps only its own fields
-        return self.__dict__.copy()
+        # Not a scheduler's patch of ``step`` (bound to this object: a copy stepped the original).
+        return {k: v for k, v in self.__dict__.items() if k not in ("step", "_opt_called")}
+
+    # The wrapped optimizer runs the hooks (it steps the masters): registered there.
+    def register_step_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        return self.optimizer.register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook: Callable[..., Any]) -> Any:
+        return self.optimizer.register_step_post_hook(hook)
+
+    def register_state_dict_pre_hook(self, hook: Callable[..., Any], prepend: bool = False) -> Any:
+        return self.optimizer.register_state_dict_pre_hook(hook, prepend)
+
+    def register_state_dict_post_hook(self, hook: Callable[..., Any], prepend: bool = False) -> Any:
+        return self.optimizer.register_state_dict_post_hook(hook, prepend)
+
+    def register_load_state_dict_pre_hook(self, hook: Callable[..., Any], prepend: bool = False) -> Any:
+        return self.optimizer.register_load_state_dict_pre_hook(hook, prepend)
+
+    def register_load_state_dict_post_hook(self, hook: Callable[..., Any], prepend: bool = False) -> Any:
+        return self.optimizer.register_load_state_dict_post_hook(hook, prepend)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -245,17 +271,21 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
                 p.grad.detach_()
                 p.grad.zero_()
         self._unscaled = False
+        self._scaled_backward = False
 
     def backward(self, loss: Tensor, **kwargs: Any) -> None:
         """``(loss · scale).backward()``; the scaling is undone on the fp32 master gradients."""
         self._unscaled = False
+        self._scaled_backward = True
         (loss.float() * self.loss_scaler.scale).backward(**kwargs)
 
     def _unscale(self) -> None:
         """Model gradients → unscaled fp32 master gradients, and the overflow verdict (one sync)."""
         if self._unscaled:
             return
-        inv_scale = 1.0 / self.loss_scaler.scale
+        if not self._scaled_backward:
+            _warn_once_unscaled_backward()
+        inv_scale = 1.0 / self.loss_scaler.scale if self._scaled_backward else 1.0
         copies: dict[tuple[torch.device, torch.dtype], tuple[list[Tensor], list[Tensor]]] = {}
         master_grads: list[Tensor] = []
         self._check_groups()
@@ -302,6 +332,7 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         self._unscale()
         overflow = self._overflow
         self._unscaled = False
+        self._scaled_backward = False
         self.last_step_skipped = overflow
         scale = self.loss_scaler.scale
         self.loss_scaler.update(overflow)
@@ -349,6 +380,15 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
             for master, value in zip(self.master_params, saved, strict=True):
                 master.copy_(value)
         self._copy_masters_to_model()
+
+
+@functools.cache
+def _warn_once_unscaled_backward() -> None:
+    logger.warning(
+        "FP16_Optimizer: step() after a backward that was not optimizer.backward(loss) (the Hugging "
+        "Face Trainer, accelerate, or loss.backward()): the gradients are taken as unscaled, and this "
+        "step has no loss scaling; call optimizer.backward(loss) for it"
+    )
 
 
 def _stamp(p: Tensor) -> tuple[int, int]:

@@ -293,3 +293,55 @@ def test_groups_added_later_get_masters_and_a_direct_one_is_refused() -> None:
     late.grad = torch.ones_like(late)
     with pytest.raises(RuntimeError, match=r"add it with wrapper\.add_param_group"):
         optimizer.step()
+
+
+def test_a_loop_calling_loss_backward_itself_steps_on_unscaled_gradients(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The Hugging Face Trainer and accelerate call ``loss.backward()``, not the wrapper's: the
+    gradients were divided by the loss scale all the same (65536), and the model barely trained
+    (wave 45's second look, once an fp32 optimizer came back wrapped)."""
+    from ortrain.optim import mixed_precision
+
+    mixed_precision._warn_once_unscaled_backward.cache_clear()  # an earlier test may have warned
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.float16):
+        model = _model(dtype)
+        reference = copy.deepcopy(model).float()
+        opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        plain = torch.optim.SGD(reference.parameters(), lr=0.1)
+        x = torch.randn(4, 16)
+        with caplog.at_level(logging.WARNING, logger="ortrain.optim"):
+            opt.zero_grad()
+            model(x.to(dtype)).float().pow(2).mean().backward()
+            opt.step()
+        plain.zero_grad()
+        reference(x.to(dtype).float()).pow(2).mean().backward()
+        plain.step()
+        for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(a.float(), b, atol=2e-3, rtol=2e-3)
+    assert "the gradients are taken as unscaled" in caplog.text
+
+
+def test_the_wrapper_copies_apart_from_its_scheduler_and_takes_hooks() -> None:
+    """A scheduler patches ``step`` on the wrapper: a deep copy stepped the original, and pickling
+    failed; the Optimizer hook API raised AttributeError (wave 45's second look)."""
+    import pickle
+
+    model = _model(torch.float16)
+    opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=1.0))
+    torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+    copied = copy.deepcopy(opt)
+    assert all(a is not b for a, b in zip(copied.master_params, opt.master_params, strict=True))
+    before = [m.clone() for m in opt.master_params]
+    for m in copied.master_params:
+        m.grad = torch.ones_like(m)
+    copied.optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, opt.master_params, strict=True))
+    assert pickle.loads(pickle.dumps(opt)).loss_scale == opt.loss_scale
+    calls: list[str] = []
+    opt.register_step_pre_hook(lambda optimizer, args, kwargs: calls.append("pre"))
+    opt.zero_grad()
+    opt.backward(model(torch.randn(4, 16, dtype=torch.float16)).float().pow(2).mean())
+    opt.step()
+    assert calls == ["pre"]
