@@ -355,7 +355,10 @@ def _walk(
                     # Python code to walk, but what ``self.ACT(x)`` runs: by identity (wave 32).
                     code_found += _method_reads(cls, name)
                 if name not in namespace:
-                    if not methods and other_names is not None:
+                    # ``self.scaler.apply(h)``: also a name of PyTorch's (``nn.Module.apply``), which
+                    # the model's own class does not define; it may be another object's method.
+                    ours = [m for m in methods if not _is_library(str(m.__module__), m.__code__)]
+                    if not ours and other_names is not None:
                         other_names.add(name)
                     continue
                 if name in _globals_loaded(code):
