@@ -10,14 +10,17 @@ constant value means a new graph, which is what the traced model would compute a
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from ortrain.capture.exact_numbers import ExactBool, ExactFloat, exact
 from ortrain.capture.held_objects import is_held_object
 from ortrain.capture.huggingface import layered_cache, rebuilt_cache
 from ortrain.capture.plain_values import NAMESPACES, is_other_number, python_attributes
@@ -50,11 +53,32 @@ def flatten(value: Any, what: str = "value") -> tuple[list[torch.Tensor], Spec]:
 def flatten_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[torch.Tensor], Spec]:
     """Flatten a call's arguments; an error names a keyword argument by its name (``input 'batch.mask'``)."""
     tensors: list[torch.Tensor] = []
-    children = (
-        ("tuple", tuple, tuple(_flatten(v, tensors, ("input", f"[{i}]")) for i, v in enumerate(args))),
-        ("dict", dict, tuple(kwargs), tuple(_flatten(v, tensors, ("input", k)) for k, v in kwargs.items())),
-    )
+    try:
+        children = (
+            ("tuple", tuple, tuple(_flatten(v, tensors, ("input", f"[{i}]")) for i, v in enumerate(args))),
+            (
+                "dict",
+                dict,
+                tuple(kwargs),
+                tuple(_flatten(v, tensors, ("input", k)) for k, v in kwargs.items()),
+            ),
+        )
+    except RecursionError:
+        # A tree whose nodes point back at their parents (a tree-LSTM's input): a RecursionError at
+        # every call until wave 45, with no fallback.
+        raise ORTModuleIOError(
+            "ORTModule cannot pass inputs that refer back to themselves (objects in a cycle, such as "
+            "tree nodes with parent links); pass the tree's tensors and its structure without the "
+            "back references"
+        ) from None
     return tensors, ("tuple", tuple, children)
+
+
+@functools.cache
+def _default_dict_of(cls: type, factory: Callable[[], Any]) -> Callable[[Any], Any]:
+    """``cls`` (a ``defaultdict``) built from pairs with ``factory``; one object per pair, so that
+    two calls' specs compare equal."""
+    return functools.partial(cls, factory)
 
 
 def flatten_outputs(value: Any) -> tuple[list[torch.Tensor], Spec]:
@@ -144,7 +168,10 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
     # A NumPy scalar, a Fraction (``model(x, np.float32(t))``) too: a constant, by value, as
     # eager's code gets it (until wave 36 the model fell back to PyTorch for good).
     if isinstance(value, _CONSTANT_TYPES) or is_other_number(type(value)):
-        return ("const", type(value), value)
+        # Floats and bools held exactly: ``-0.0`` after ``0.0``, ``1`` after ``True``, are other
+        # inputs, and a NaN equals a NaN (wave 45's review: ``copysign(1, direction)`` ran the
+        # graph of ``0.0`` for ``-0.0``, and a NaN switch captured at every call).
+        return ("const", type(value), exact(value) if type(value) in (float, bool) else value)
     if isinstance(value, tuple(_SYMBOLIC_NUMBERS)):
         # A number computed from a size the graph leaves open (``x.shape[0]`` returned by a model
         # captured for any batch size): the graph returns it as a 0-d tensor, given back as a number.
@@ -154,8 +181,15 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
         keys = tuple(value.keys())
         children = tuple(_flatten(value[k], tensors, _child(where, k)) for k in keys)
         return ("model_output", type(value), keys, children)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        names = tuple(f.name for f in dataclasses.fields(value) if f.init)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and hasattr(value, "__dict__"):
+        # By its attributes, rebuilt without ``__init__``: a ``__post_init__`` that normalizes a
+        # field ran again on the normalized value, a field with ``init=False`` set after building
+        # (``b.weight = 10``) came back None, a custom ``__init__`` refused the fields (wave 45).
+        names = tuple(vars(value))
+        children = tuple(_flatten(vars(value)[n], tensors, _child(where, n)) for n in names)
+        return ("object", type(value), names, children)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # slots=True: its fields
+        names = tuple(f.name for f in dataclasses.fields(value))
         children = tuple(_flatten(getattr(value, n), tensors, _child(where, n)) for n in names)
         return ("dataclass", type(value), names, children)
     if _is_structseq(value):
@@ -180,7 +214,10 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
                     f"ORTModule supports dict keys of plain types only, not {type(k).__name__} "
                     f"(in {_describe(where)})"
                 )
-        return ("dict", type(value), keys, tuple(_flatten(value[k], tensors, _child(where, k)) for k in keys))
+        kind = type(value)
+        if isinstance(value, collections.defaultdict) and value.default_factory is not None:
+            kind = _default_dict_of(kind, value.default_factory)  # ``cls(pairs)`` took the pairs as it
+        return ("dict", kind, keys, tuple(_flatten(value[k], tensors, _child(where, k)) for k in keys))
     layered = layered_cache(value)
     if layered is not None:
         attributes, layers = layered
@@ -223,15 +260,19 @@ def _unflatten(spec: Spec, take: Callable[[], Any]) -> Any:
     if kind == "tensor":
         return take() if len(spec) == 1 else take().as_subclass(spec[1])
     if kind == "const":
-        return spec[2]
+        value = spec[2]
+        return spec[1](value) if type(value) in (ExactFloat, ExactBool) else value
     if kind == "symbolic_number":
         return spec[1](take().item())
     if kind == "model_output":
         _, cls, keys, children = spec
         return cls(**{k: _unflatten(c, take) for k, c in zip(keys, children, strict=True)})
-    if kind == "dataclass":
+    if kind == "dataclass":  # one without a ``__dict__`` (slots=True): set, not built again
         _, cls, names, children = spec
-        return cls(**{n: _unflatten(c, take) for n, c in zip(names, children, strict=True)})
+        rebuilt = object.__new__(cls)
+        for n, c in zip(names, children, strict=True):
+            object.__setattr__(rebuilt, n, _unflatten(c, take))
+        return rebuilt
     if kind == "object":
         _, cls, names, children = spec
         # Its __init__ may take other arguments: its state is set.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import re
@@ -245,3 +246,54 @@ def test_a_tensor_subclass_with_its_own_operators_is_refused_with_what_to_pass()
         flatten_inputs((), {"x": x})
     assert "pass tensor.as_subclass(torch.Tensor)" in str(raised.value)
     assert flatten_outputs((x,))[0][0] is x  # a graph's outputs are not inputs: left as they are
+
+
+@dataclasses.dataclass
+class _NormalizedBatch:
+    pixels: torch.Tensor
+    weight: float = dataclasses.field(init=False, default=1.0)
+
+    def __post_init__(self) -> None:
+        self.pixels = self.pixels / 255.0  # must run once, when the user builds the batch
+
+
+def test_a_dataclass_comes_back_as_it_was_without_its_init_again() -> None:
+    """Rebuilt with ``cls(**fields)`` until wave 45: ``__post_init__`` normalized the pixels again,
+    a field with ``init=False`` set after building came back as its default, an extra attribute
+    was lost."""
+    batch = _NormalizedBatch(torch.full((2,), 255.0))
+    batch.weight = 10.0
+    batch.note = "kept"  # type: ignore[attr-defined]
+    tensors, spec = flatten(batch)
+    rebuilt = unflatten(spec, tensors)
+    assert type(rebuilt) is _NormalizedBatch
+    torch.testing.assert_close(rebuilt.pixels, torch.ones(2))
+    assert rebuilt.weight == 10.0 and rebuilt.note == "kept"
+
+
+def test_a_defaultdict_keeps_its_factory_and_one_spec() -> None:
+    """``cls(pairs)`` took the pairs for the factory: every call failed (wave 45's review)."""
+    value = collections.defaultdict(list, {"a": torch.ones(1)})
+    tensors, spec = flatten(value)
+    rebuilt = unflatten(spec, tensors)
+    assert isinstance(rebuilt, collections.defaultdict) and rebuilt["missing"] == []
+    assert flatten(collections.defaultdict(list, {"a": torch.zeros(1)}))[1] == spec
+
+
+def test_numbers_are_held_exactly_and_handed_back_plain() -> None:
+    """``-0.0`` after ``0.0`` reused the graph of ``0.0``; a NaN compared unequal to itself and
+    captured at every call (wave 45's review)."""
+    assert flatten(0.0)[1] != flatten(-0.0)[1]
+    assert flatten(float("nan"))[1] == flatten(float("nan"))[1]
+    assert flatten(1)[1] != flatten(True)[1]
+    for value in (-0.0, True, 2.5):
+        rebuilt = unflatten(flatten(value)[1], [])
+        assert type(rebuilt) is type(value) and repr(rebuilt) == repr(value)
+
+
+def test_inputs_in_a_cycle_are_refused_with_advice() -> None:
+    """A RecursionError at every call until wave 45 (a tree whose nodes link to their parents)."""
+    node: dict[str, object] = {"value": torch.ones(1)}
+    node["parent"] = {"child": node}
+    with pytest.raises(ORTModuleIOError, match="refer back to themselves"):
+        flatten_inputs((node,), {})
