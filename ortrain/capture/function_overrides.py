@@ -23,6 +23,8 @@ from ortrain.capture.byte_class_labels import OVERRIDES as BYTE_CLASS_LABELS
 from ortrain.capture.decompositions import refuse_sparse
 from ortrain.capture.decompositions_ctc import ctc_loss_function
 from ortrain.capture.decompositions_rnn import recurrent_overrides
+from ortrain.capture.lifted_numbers import OVERRIDES as LIFTED_NUMBERS
+from ortrain.capture.lifted_numbers import mark_numbers_computed
 from ortrain.capture.margin_losses import OVERRIDES as MARGIN_LOSSES
 from ortrain.capture.mixed_precision_norms import OVERRIDES as MIXED_PRECISION_NORMS
 from ortrain.capture.recurrent_layers import recurrent_python_ops
@@ -51,6 +53,7 @@ def _overrides(recurrent_as_python_ops: bool) -> dict[Callable[..., Any], Callab
         **STORAGE_VIEWS,
         **_CORRECTIONS,
         **_SPARSE_CONVERSIONS,
+        **LIFTED_NUMBERS,
     }
 
 
@@ -99,6 +102,7 @@ class _Overrides(TorchFunctionMode):
         if result is NotImplemented:
             result = func(*args, **kwargs)
         mark_results(args, kwargs, result)  # tensor subclasses: see capture/subclass_views.py
+        mark_numbers_computed(args, kwargs, result)  # see capture/lifted_numbers.py
         return result
 
 

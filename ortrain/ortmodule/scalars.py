@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ortrain.ortmodule.schema import Spec
+from ortrain.ortmodule.schema import LiftedNumber, Spec
 
 if TYPE_CHECKING:
     from ortrain.capture.aot_capture import Capture
@@ -92,7 +92,7 @@ def _rewrite(
         dtype = torch.get_default_dtype() if spec[1] is float else torch.int64
         lifted_at.append(len(out))
         out.append(torch.tensor(spec[2], dtype=dtype))
-        return ("tensor",)
+        return ("tensor", LiftedNumber)
     children = tuple(_rewrite(c, tensors, lift, out, count, lifted_at) for c in spec[-1])
     return (*spec[:-1], children)
 

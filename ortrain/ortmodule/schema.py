@@ -23,6 +23,7 @@ from torch import nn
 from ortrain.capture.exact_numbers import ExactBool, ExactFloat, exact
 from ortrain.capture.held_objects import is_held_object
 from ortrain.capture.huggingface import layered_cache, rebuilt_cache
+from ortrain.capture.lifted_numbers import is_lifted_number, mark_lifted_number
 from ortrain.capture.plain_values import NAMESPACES, is_other_number, python_attributes
 from ortrain.capture.pytree_nodes import NodeContext, flatten_registered, unflatten_registered
 from ortrain.capture.subclass_views import made_as
@@ -159,6 +160,12 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
         if where[0] == "input":
             tensors.append(_plain_input(value, where))
             kind: type | None = type(value)
+        elif is_lifted_number(value):
+            # The number argument returned as it was given (``{"step": step}``): a number again,
+            # as eager returns it (until wave 45 a 0-d tensor from its second value on).
+            tensors.append(value)
+            kind = float if value.is_floating_point() else bool if value.dtype == torch.bool else int
+            return ("symbolic_number", kind)
         else:
             tensors.append(value)
             kind = made_as(value)  # returned as ``tensor.as_subclass(kind)`` (capture only)
@@ -247,6 +254,11 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
     )
 
 
+class LiftedNumber:
+    """Marks the spec ``("tensor", LiftedNumber)`` of a number argument handed over as a 0-d
+    tensor (:mod:`ortrain.ortmodule.scalars`, :mod:`ortrain.capture.lifted_numbers`)."""
+
+
 def unflatten(spec: Spec, tensors: list[Any]) -> Any:
     it = iter(tensors)
     value = _unflatten(spec, it.__next__)
@@ -258,7 +270,11 @@ def unflatten(spec: Spec, tensors: list[Any]) -> Any:
 def _unflatten(spec: Spec, take: Callable[[], Any]) -> Any:
     kind = spec[0]
     if kind == "tensor":
-        return take() if len(spec) == 1 else take().as_subclass(spec[1])
+        if len(spec) == 1:
+            return take()
+        if spec[1] is LiftedNumber:
+            return mark_lifted_number(take())
+        return take().as_subclass(spec[1])
     if kind == "const":
         value = spec[2]
         return spec[1](value) if type(value) in (ExactFloat, ExactBool) else value

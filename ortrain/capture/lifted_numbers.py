@@ -1,0 +1,59 @@
+"""Number arguments handed to a captured forward as 0-d tensors, refused where the model formats them.
+
+A number argument that changes between calls becomes a 0-d tensor input of the graph
+(:mod:`ortrain.ortmodule.scalars`); a forward that needs a Python number there fails to trace, and
+the argument is then baked in, one graph per value. Formatting it did not fail: ``f"block{n}"``
+or ``str(n)`` of a traced tensor is the tensor's own text (``FunctionalTensor(...)``), which the
+graph then held, so a branch on it (``if f"block{n}" in SPECIAL``) took the path of no value at all
+and an output keyed by it came back under that text (wave 45's review: a loss half of eager's,
+silently). While capturing, formatting such a tensor fails the capture, and the number is baked in.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+# id -> the tensor standing for a number argument in the trace running now.
+_LIFTED: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+
+def mark_lifted_number(tensor: torch.Tensor) -> torch.Tensor:
+    """Note that ``tensor`` stands for a number argument (see the module); returns it."""
+    _LIFTED[id(tensor)] = tensor
+    return tensor
+
+
+def mark_numbers_computed(args: Any, kwargs: Any, result: Any) -> None:
+    """A 0-d result computed from number arguments alone (``state["steps"] + T``, ``n * 0.5``)
+    stands for a number too: formatted, it fails the capture, and returned, it is a number."""
+    if not _LIFTED or not isinstance(result, torch.Tensor) or result.dim() != 0:
+        return
+    tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    if tensors and all(is_lifted_number(t) for t in tensors):
+        mark_lifted_number(result)
+
+
+def is_lifted_number(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` stands for a number argument in the trace (a forward returning the
+    number itself gives it back as a number, as eager does)."""
+    return _LIFTED.get(id(tensor)) is tensor
+
+
+def _refuse_text(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    if is_lifted_number(tensor):
+        raise TypeError(
+            "the forward formats a number argument as text (an f-string, str(), %): it needs the "
+            "Python number, which each new value captures with"
+        )
+    return NotImplemented
+
+
+OVERRIDES: dict[Callable[..., Any], Callable[..., Any]] = {
+    torch.Tensor.__format__: _refuse_text,
+    torch.Tensor.__repr__: _refuse_text,
+}

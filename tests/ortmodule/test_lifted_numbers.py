@@ -1,0 +1,40 @@
+"""A number argument that changes between calls is a 0-d tensor in the graph: formatted as text it
+captures per value (it was the tensor's own text, silently), and returned, it is a number again."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from ortrain import ORTModule
+
+SPECIAL = {"block2"}
+
+
+class _NamedBlocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, block: int, steps: int) -> dict[str, object]:
+        y = self.fc(x) * block
+        if f"block{block}" in SPECIAL:  # wave 45's review: the branch of no value at all
+            y = y * 2
+        return {"loss": y.pow(2).mean(), "block": block, "steps": steps + x.shape[0]}
+
+
+def test_a_number_argument_formatted_or_returned_is_eager() -> None:
+    torch.manual_seed(0)
+    eager = _NamedBlocks()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for step, block in enumerate((1, 2, 3, 2)):
+        x = torch.randn(3, 4)
+        expected, got = eager(x, block, 10 * step), wrapped(x, block, 10 * step)
+        torch.testing.assert_close(got["loss"], expected["loss"])
+        for key in ("block", "steps"):
+            assert type(got[key]) is int and got[key] == expected[key], (step, key, got[key])
+        expected["loss"].backward()
+        got["loss"].backward()
+        torch.testing.assert_close(wrapped.module.fc.weight.grad, eager.fc.weight.grad)
