@@ -317,6 +317,26 @@ def _function(value: Any) -> types.FunctionType | None:
     return value if isinstance(value, types.FunctionType) else None
 
 
+def _functions(value: Any) -> list[types.FunctionType]:
+    """The Python functions a method runs: each decorator's wrapper (``functools.wraps`` names the
+    function it wraps) and the function itself. Until wave 45 only the innermost was walked: a
+    wrapper reading ``SCHEDULE["scale"]`` around ``forward`` was never watched, and the graph kept
+    the first value."""
+    if isinstance(value, staticmethod | classmethod):
+        value = value.__func__
+    elif isinstance(value, property):
+        value = value.fget
+    found: list[types.FunctionType] = []
+    while callable(value) and len(found) < 16:
+        if isinstance(value, types.FunctionType):
+            found.append(value)
+        wrapped = getattr(value, "__wrapped__", None)
+        if wrapped is None or wrapped is value:
+            break
+        value = wrapped
+    return found
+
+
 def _walk(
     cls: type,
     code_found: list[CodeRead],
@@ -327,7 +347,10 @@ def _walk(
     """The values read by the methods ``starts`` of ``cls`` (and by ``functions``) and the code
     they name; the places that code is looked up go to ``code_found``, names it looks up elsewhere
     to ``other_names``."""
-    todo = [_function(inspect.getattr_static(cls, start, None)) for start in starts] + list(functions)
+    todo: list[types.FunctionType | None] = [
+        f for start in starts for f in _functions(inspect.getattr_static(cls, start, None))
+    ]
+    todo += functions
     for start in starts:  # PyTorch's classes too: their forward is not walked
         code_found += _method_reads(cls, start)
     seen_functions: set[types.CodeType] = set()
@@ -345,8 +368,7 @@ def _walk(
             for name in names:
                 if name.startswith("__"):
                     continue
-                methods = [_function(klass.__dict__.get(name)) for klass in cls.__mro__]
-                methods = [method for method in methods if method is not None]
+                methods = [m for klass in cls.__mro__ for m in _functions(klass.__dict__.get(name))]
                 if methods:  # self.name(...) or super().name(...): the class's methods
                     todo += methods
                     code_found += _method_reads(cls, name)
@@ -406,7 +428,7 @@ def _global_read(
             # A callable object: a partial, or Hugging Face's hub kernel wrapper
             # (``apply_rotary_pos_emb`` is an nn.Module instance): walked through what
             # it wraps or its class's forward.
-            todo.append(_function(value) or _function(getattr(type(value), "forward", None)))
+            todo += _functions(value) or _functions(getattr(type(value), "forward", None))
     elif isinstance(value, types.ModuleType) and not _is_module_library(value):
         # ``settings.TEMPERATURE``, ``helpers.act(x)``, ``pkg.sub.SCALE``: the attributes of an
         # imported module named in the same code. Of the user's own modules (not installed ones)

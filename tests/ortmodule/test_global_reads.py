@@ -583,3 +583,38 @@ def test_an_equal_value_of_another_kind_is_seen(
     reasons = _capture_reasons_training_beside_eager(_BranchesOnKind(), changes, 6, caplog)
     assert len(reasons) == 4, reasons  # the first call, 3.0, 1 and True; a NaN again: none
     assert "changed from 3 to 3.0" in reasons[1] and "changed from 1 to True" in reasons[3]
+
+
+_SCHEDULE = {"scale": 1.0}
+
+
+def _scheduled(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    @functools.wraps(function)
+    def wrapper(self: nn.Module, *args: torch.Tensor) -> torch.Tensor:
+        return function(self, *args) * _SCHEDULE["scale"]
+
+    return wrapper
+
+
+class _ScheduledForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 1)
+
+    @_scheduled
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x).pow(2).mean()
+
+
+def test_what_a_wrapping_decorator_reads_is_watched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``functools.wraps`` decorator around ``forward`` reading a schedule: only the function it
+    wraps was walked, and the graph kept the first scale (wave 45's review: loss 0.087 where
+    eager's was 0.173, silently)."""
+    assert "_SCHEDULE" in {name for _, _, name in global_reads(_ScheduledForward)}
+    torch.manual_seed(0)
+    eager = _ScheduledForward()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(4, 8)
+    for scale in (1.0, 2.0, 3.0):
+        monkeypatch.setitem(_SCHEDULE, "scale", scale)
+        torch.testing.assert_close(wrapped(x), eager(x))
