@@ -78,6 +78,10 @@ def output_aliases(outputs: Sequence[Any]) -> dict[int, tuple[int, Layout]]:
             for j, holder, (held_first, held_last) in holders:
                 if j == i or holder.dtype != o.dtype or not held_first <= first <= last <= held_last:
                     continue
+                if not holder.requires_grad:
+                    # ``x[:, :3]`` next to ``x.detach().view(-1)``: made from the detached one, the
+                    # view lost its history, and the input's gradient through it (wave 45's review).
+                    continue
                 if (held_first, held_last) == (first, last) and dense and j > i:
                     continue  # ``o`` holds the same elements, and comes first: it is the holder
                 aliases[i] = (j, (o.shape, o.stride(), o.storage_offset()))

@@ -306,4 +306,6 @@ def run_twice_differentiable(
     returned = _TwiceDifferentiable.apply(recompute, user_inputs, *tensors)
     if recompute.input_aliases:
         returned = from_inputs(returned, recompute.input_aliases, tensors)
-    return as_views(returned, recompute.aliases) if recompute.aliases else returned
+    # Outputs made from the call's tensors above are views of those, not of another output.
+    aliases = {i: a for i, a in recompute.aliases.items() if i not in recompute.input_aliases}
+    return as_views(returned, aliases) if aliases else returned

@@ -65,3 +65,30 @@ def test_a_detached_view_feeding_a_graph_break_trains_at_new_sizes() -> None:
         torch.testing.assert_close(wrapped.linear.weight.grad, eager.linear.weight.grad)
         eager.zero_grad()
         wrapped.zero_grad()
+
+
+class _ReturnsItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.linear(x), x[:, :3], x.detach().view(-1)
+
+
+def test_a_view_of_the_input_next_to_a_detached_one_keeps_its_gradient() -> None:
+    """``x[:, :3]`` was made again as a view of ``x.detach().view(-1)`` (the other output over the
+    same memory): it lost its history, and ``x``'s gradient through it, at every size."""
+    torch.manual_seed(0)
+    eager = _ReturnsItsInput()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for rows in (4, 6):
+        x = torch.randn(rows, 8)
+        grads = []
+        for model in (eager, wrapped):
+            given = x.clone().requires_grad_()
+            h, view, detached = model(given)
+            assert (view.requires_grad, detached.requires_grad) == (True, False)
+            ((view * h[:, :3]).sum() + detached.sum()).backward()
+            grads.append(given.grad)
+        torch.testing.assert_close(grads[1], grads[0])
