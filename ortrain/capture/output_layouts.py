@@ -79,18 +79,15 @@ def traced_layouts(graph: torch.fx.Graph, metadata: Any = None) -> Layouts:
     first = metadata.num_mutated_inp_runtime_indices  # the new values of mutated inputs come first
     output = graph.output_node()
     results = output.args[0] if isinstance(output.args[0], tuple | list) else (output.args[0],)
-    bases = {
-        info.base_idx
-        for info in metadata.output_info
-        if info.output_type == OutputType.alias_of_intermediate_base_is_user_output
-    }
     layouts: Layouts = {}
     for index, info in enumerate(metadata.output_info):
         # Outputs remade from an input (the tensor returned gives its layout and is then dropped)
-        # and outputs of their own. (A base of other outputs' views is handed to the user as
-        # ONNX Runtime made it, its views with it.)
+        # and outputs of their own, a base of other outputs' views included: AOTAutograd remakes
+        # the views from it, and from ONNX Runtime's contiguous copy ``h.permute(0, 2, 3,
+        # 1).reshape(-1, C)`` of a channels_last ``h`` failed ("view size is not compatible"),
+        # and a dropout on the base drew other masks than eager's (wave 45's review).
         remade = info.output_type == OutputType.alias_of_input
-        own = info.output_type in _OWN and index not in bases
+        own = info.output_type in _OWN
         if not (remade or own) or first + index >= len(results):
             continue
         position = first + index

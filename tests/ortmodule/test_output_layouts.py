@@ -125,3 +125,31 @@ def test_outputs_selected_from_another_output_hold_its_values_at_every_length(
         for a, b in zip(wrapped.parameters(), eager.parameters(), strict=True):
             torch.testing.assert_close(a.grad, b.grad, msg=lambda m, n=length: f"length {n}: {m}")
             a.grad = b.grad = None
+
+
+class _SequenceFirstWithRows(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 6)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.linear(x).transpose(0, 1))  # (T, B, C), laid out batch-first
+        return h, h.transpose(0, 1).reshape(-1, h.size(-1))  # a view of h, in eager's layout only
+
+
+def test_an_output_other_outputs_view_keeps_eagers_layout() -> None:
+    """A base of other outputs' views was handed over as ONNX Runtime made it, contiguous: the
+    view failed to be made again from it ("view size is not compatible"), and a dropout on the
+    base drew other masks than eager's (wave 45's review)."""
+    torch.manual_seed(0)
+    eager = _SequenceFirstWithRows()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for batch in (2, 3):
+        x = torch.randn(batch, 5, 8)
+        (h, rows), (expected_h, expected_rows) = wrapped(x), eager(x)
+        assert h.stride() == expected_h.stride()
+        torch.testing.assert_close(rows, expected_rows)
+        torch.manual_seed(1)
+        dropped = F.dropout(h, 0.5)
+        torch.manual_seed(1)
+        torch.testing.assert_close(dropped, F.dropout(expected_h, 0.5))
