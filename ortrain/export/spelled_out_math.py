@@ -245,6 +245,25 @@ def _sigmoid(b: NodeBuilder, x_arg: Any) -> torch.fx.Node:
     return b.call(aten.reciprocal.default, denominator)
 
 
+def _silu(b: NodeBuilder, x_arg: Any) -> torch.fx.Node:
+    # PyTorch's kernel: x / (1 + exp(-x)); through ONNX Runtime's Sigmoid, 0 from -20 on where
+    # PyTorch's is -4.1e-8 at -20 (wave 45's review: SwiGLU's and Mish's small negative values).
+    x = b.operand(x_arg)
+    denominator = b.call(
+        aten.add.Tensor, b.call(aten.exp.default, b.call(aten.neg.default, x)), b.operand(1.0)
+    )
+    return b.call(aten.div.Tensor, x, denominator)
+
+
+def _silu_backward(b: NodeBuilder, grad_arg: Any, x_arg: Any) -> torch.fx.Node:
+    # PyTorch's kernel: dy * s * (1 + x * (1 - s)), s = 1 / (1 + exp(-x))
+    x, grad = b.operand(x_arg), b.operand(grad_arg)
+    s = _sigmoid(b, x)
+    inner = b.call(aten.mul.Tensor, x, b.call(aten.sub.Tensor, b.operand(1.0), s))
+    factor = b.call(aten.mul.Tensor, s, b.call(aten.add.Tensor, inner, b.operand(1.0)))
+    return b.call(aten.mul.Tensor, grad, factor)
+
+
 def _log_base(b: NodeBuilder, x_arg: Any, *, base: float) -> torch.fx.Node:
     # log(x) / log(base) rounded in float64 and then to float32: correctly rounded for float32
     # inputs (log2(32768) is 15, log10(1e9) is 9), as PyTorch's log2 and log10 kernels are.
@@ -284,6 +303,8 @@ _FORMS: dict[Any, Callable[..., torch.fx.Node]] = {
     aten.log2.default: lambda b, x: _log_base(b, x, base=2.0),
     aten.log10.default: lambda b, x: _log_base(b, x, base=10.0),
     aten.sigmoid.default: _sigmoid,
+    aten.silu.default: _silu,
+    aten.silu_backward.default: _silu_backward,
     aten.atan2.default: _atan2,
     aten.logaddexp.default: lambda b, x, y: _log_add(b, x, y, base2=False),
     aten.logaddexp2.default: lambda b, x, y: _log_add(b, x, y, base2=True),

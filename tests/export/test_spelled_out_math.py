@@ -22,6 +22,9 @@ _SPECIAL += [float("inf"), float("-inf"), float("nan"), -120.0, 95.0, -30.0, -15
 _FORMS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "atan2": torch.atan2,
     "sigmoid": lambda y, x: torch.sigmoid(y),  # ONNX Runtime's kernel: 0 at -30, not 9.4e-14
+    # wave 45: through ONNX Runtime's Sigmoid, silu was 0 from -20 on (PyTorch: -4.1e-8 at -20)
+    "silu": lambda y, x: torch.nn.functional.silu(y),
+    "silu backward": lambda y, x: torch.ops.aten.silu_backward.default(x, y),
     # log(x) / log(2) in float32: log2(32768) was 14.999999, its floor 14
     "log2 floor": lambda y, x: torch.log2(y.abs()).floor(),
     "log10 floor": lambda y, x: torch.log10(y.abs()).floor(),
@@ -49,7 +52,7 @@ def _pairs(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
 def _assert_same(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:
     """Equal to a float32 rounding (absolute near 0: logaddexp2(-1, -1) is -1e-8 in PyTorch), NaN
     where PyTorch has NaN, and the same sign on zeros where the sign is the answer's."""
-    atol = 0.0 if name == "sigmoid" else 1e-7  # sigmoid's tail is what it is about
+    atol = 0.0 if name in ("sigmoid", "silu") else 1e-7  # their tails are what they are about
     torch.testing.assert_close(actual, expected, equal_nan=True, rtol=1e-6, atol=atol)
     if not name.startswith("logaddexp"):  # there a zero is a rounding of ±1e-8
         zeros = expected == 0
