@@ -41,6 +41,7 @@ from collections.abc import Iterator
 import torch
 
 from ortrain.capture.attention_kernel import attention_kernel_choice
+from ortrain.capture.distribution_validation import distribution_checks_off
 from ortrain.capture.huggingface import hf_masks_traceable
 from ortrain.capture.tensor_python_attributes import python_attributes_carried
 from ortrain.capture.torchscript_calls import torchscript_unoptimized
@@ -115,4 +116,5 @@ def tracing_context() -> Iterator[None]:
         stack.enter_context(saved_tensor_hooks_ignored())
         stack.enter_context(torchscript_unoptimized())
         stack.enter_context(python_attributes_carried())
+        stack.enter_context(distribution_checks_off())  # see capture/distribution_validation.py
         yield

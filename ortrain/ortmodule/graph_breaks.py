@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ortrain.capture.data_assignments import IN_PLACE_ADVICE
+from ortrain.capture.distribution_validation import distribution_checks_off
 from ortrain.capture.dynamo_backend import (
     backend_failure,
     graph_breaks_reported,
@@ -69,9 +70,10 @@ class GraphBreakPath:
     def _compile(self) -> None:
         # Each ORTModule's TorchDynamo entries apart from other instances', dropped with it: see
         # capture/dynamo_regions.py.
-        self.compiled = torch.compile(
-            self.module, backend=self.backend, fullgraph=False, isolate_recompiles=True
-        )
+        with distribution_checks_off():  # torch.compile turns them off for good: put back
+            self.compiled = torch.compile(
+                self.module, backend=self.backend, fullgraph=False, isolate_recompiles=True
+            )
         self._close = weakref.finalize(self, close_region, open_region(self.compiled))
         # TorchDynamo traces the global module hooks registered when it compiles and does not
         # guard them: one registered later never ran (wave 42: a global forward hook doubling
@@ -89,7 +91,7 @@ class GraphBreakPath:
             self._close()
             self._compile()
         watched = recompile_limit_watched(self._limit_reached)
-        with graph_breaks_reported(self._report), hooks_guarded(), watched:
+        with graph_breaks_reported(self._report), hooks_guarded(), watched, distribution_checks_off():
             _calls_running[0] += 1
             try:
                 outputs = self.compiled(*args, **kwargs)
