@@ -63,15 +63,11 @@ class GraphCache(Generic[Entry]):
             self._warned = True
             logger.warning(
                 "ORTModule captured this model again at each of the last %d calls because %s each time "
-                "(last: %s), each capture costing about what a first step does. ortrain watches every "
-                "plain attribute of the model's modules and configs, and the attributes the forward "
-                "reads of the other objects they hold: keep a value that changes at every step and "
-                "that the forward does not read off the modules (on the training loop, or on an "
-                "object a module holds), and pass one it reads to the forward as an argument (a "
-                "changing number becomes an input of the graph).",
+                "(last: %s), each capture costing about what a first step does. %s",
                 STREAK,
                 kind,
                 reason,
+                _advice(kind),
             )
         while len(self) > self.capacity:
             self._evict_oldest()
@@ -109,6 +105,31 @@ class GraphCache(Generic[Entry]):
 
     def __bool__(self) -> bool:
         return bool(self._groups)
+
+
+def _advice(kind: str) -> str:
+    """What to do about captures in a row of one kind (until wave 45 the advice about attributes
+    was given for sizes and arguments too, where it did not apply)."""
+    if kind == "input sizes changed":
+        return (
+            "A size the model's code reads as a Python number (a pooling window of `h.size(-1)`, a "
+            "branch or a loop on a size) makes each new size a new graph: pad the inputs to a few "
+            "sizes (buckets), or compute with the size as tensor operations do."
+        )
+    if kind.startswith("input "):
+        return (
+            "The forward needs this argument as a Python value (a branch on it, range(), a list "
+            "turned into a tensor): each new value is a new graph. Pass it as a tensor, or keep it "
+            "out of branches (a changing number the forward only computes with becomes an input of "
+            "the graph)."
+        )
+    return (
+        "ortrain watches every plain attribute of the model's modules and configs, and the "
+        "attributes the forward reads of the other objects they hold: keep a value that changes at "
+        "every step and that the forward does not read off the modules (on the training loop, or "
+        "on an object a module holds), and pass one it reads to the forward as an argument (a "
+        "changing number becomes an input of the graph)."
+    )
 
 
 def _kind(reason: str) -> str:

@@ -1260,3 +1260,26 @@ def test_tensor_attributes_reach_a_forward_traced_as_written() -> None:
         x = torch.randn(2, 4)
         x.keep, x.scale, x.temperature = keep, scale, temperature
         assert wrapped(x).item() == pytest.approx(model(x).item(), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("reason", "advice"),
+    [
+        ("input sizes changed", "pad the inputs to a few sizes"),
+        ("input 'temp' changed from 0.3 to 0.4", "Pass it as a tensor"),
+        ("(the model).global_step changed from 5 to 6", "watches every plain attribute"),
+    ],
+    ids=["sizes", "an argument", "an attribute"],
+)
+def test_the_capture_streak_warning_advises_for_what_changed(
+    reason: str, advice: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The advice about attributes was given for sizes and arguments too (wave 45's review)."""
+    from ortrain.ortmodule.graph_cache import GraphCache
+
+    cache: GraphCache[int] = GraphCache(capacity=32)
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for call in range(6):
+            cache.add(call, call, reason)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert advice in warning
