@@ -61,6 +61,7 @@ from ortrain.capture.global_reads import (
     Read,
     class_reads,
     function_reads,
+    is_users_function,
     methods_called_from_outside,
 )
 from ortrain.capture.held_objects import is_held_object
@@ -175,16 +176,24 @@ def _values_of(function: Any) -> dict[str, Any]:
     }
 
 
-def _methods(cls: type) -> dict[str, Any]:
+def _methods(cls: type, depth: int = 0) -> dict[str, Any]:
     """The methods of an object's classes with their defaults (``def apply(self, h,
     s=CFG["s"])`` on a held object: wave 42's review found a later process loading the capture
-    made with another ``s``); the globals read by those the model's code calls are keyed with the
-    model's classes (:func:`describe_model`)."""
+    made with another ``s``), and, for the user's own, the globals they read (``return h * S``
+    with ``S`` read from a file at start-up: until wave 45 a later process with another ``S``
+    loaded the capture made with the first). Every method, called or not: which ones the forward
+    reaches (``__call__``, ``forward``, through a list or another held object) is not known here,
+    and keying fewer loaded stale captures (wave 45's second look); a per-process value read by a
+    method the forward never calls (a start time) makes every process miss, slower and right."""
     found: dict[str, Any] = {}
     for klass in cls.__mro__[:-1]:  # not ``object``
         for name, value in vars(klass).items():
             if isinstance(value, (types.FunctionType, staticmethod, classmethod)) and name not in found:
                 found[name] = _describe_code(value)
+                function = getattr(value, "__func__", value)
+                if isinstance(function, types.FunctionType) and is_users_function(function):
+                    reads = _described_reads(*function_reads(function), depth + 1)
+                    found[name] = {"method": found[name], "reads": reads}
     return dict(sorted(found.items()))
 
 
@@ -320,7 +329,7 @@ def describe(value: Any, depth: int = 0) -> Any:
             f"{cls.__module__}.{cls.__qualname__}",
             described,
             _class_attributes(cls, depth),
-            _methods(cls),
+            _methods(cls, depth),
         ]
     raise Undescribable(f"a {type(value).__module__}.{type(value).__qualname__} attribute")
 
@@ -407,16 +416,10 @@ def describe_model(root: nn.Module, *, depth: int = 0, by_value: bool = False) -
             torch_module._global_backward_pre_hooks,
         )
     ]
-    # Methods one module's forward calls on another (``self.scorer.score(h)``), patched or not,
-    # and on the objects the modules hold (``self.scaler.apply(h)`` reading a global ``S`` set
-    # from a file at start-up: until wave 45 a later process with another ``S`` loaded the capture
-    # made with the first). Only those the model's code names: an unused ``elapsed()`` reading
-    # the process's start time would make every process miss.
-    classes = {type(m) for m in root.modules()}
-    classes |= {type(v) for m in root.modules() for v in m.__dict__.values() if is_held_object(v)}
+    # Methods one module's forward calls on another (``self.scorer.score(h)``), patched or not.
     called = {
         f"{cls.__module__}.{cls.__qualname__}": _described_reads(reads, code)
-        for cls, (reads, code) in methods_called_from_outside(classes).items()
+        for cls, (reads, code) in methods_called_from_outside({type(m) for m in root.modules()}).items()
     }
     return [modules, global_hooks, dict(sorted(called.items()))]
 

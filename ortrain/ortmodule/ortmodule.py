@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import sys
 import threading
 import weakref
@@ -29,6 +28,7 @@ from ortrain.capture.autograd_hooks import AutogradHookError, refusing_autograd_
 from ortrain.capture.buffer_assignments import buffers_before, keep_assignments_as_updates
 from ortrain.capture.checkpointing import RECOMPUTATION_STOPS
 from ortrain.capture.compile_lock import COMPILE_LOCK
+from ortrain.capture.exact_numbers import exact
 from ortrain.capture.functorch_transforms import functorch_transform_active
 from ortrain.capture.generator_resets import GeneratorResetError, refusing_generator_resets, user_forward
 from ortrain.capture.huggingface import register_hf_cache_types
@@ -37,7 +37,7 @@ from ortrain.capture.lazy_recompile import graph_modules_compiled_on_first_call
 from ortrain.capture.memoized_functions import memoized_functions_unwrapped
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.capture.parametrization_cache import parametrizations_cached
-from ortrain.capture.plain_values import python_attributes
+from ortrain.capture.plain_values import NOT_PLAIN, plain_form, python_attributes
 from ortrain.capture.tracing_context import capturing
 from ortrain.errors import exception_chain
 from ortrain.inspector.runtime_inspector import RuntimeInspector
@@ -1153,15 +1153,18 @@ _ABSENT = object()
 
 
 def _same_plain_value(old: Any, new: Any) -> bool:
-    """The same object, or an equal number, string, bool or None of the same type (``-0.0`` is
-    not ``0.0``: a graph may branch on the sign)."""
+    """The same object, or an equal plain value of the same type, compared as the guards compare
+    (``-0.0`` is not ``0.0``, a NaN is a NaN, tuples and NumPy scalars by value: until wave 45 a
+    fresh ``float("nan")``, ``np.float32(0.5)`` or ``(0.5, 1.0)`` set through the wrapper at every
+    step dropped every graph at every step, without a warning)."""
     if old is new:
         return old is not _ABSENT
-    if type(old) is not type(new) or type(new) not in (int, float, str, bool):
+    if type(old) is not type(new):
         return False
-    if type(new) is float:
-        return old == new and math.copysign(1.0, old) == math.copysign(1.0, new)
-    return bool(old == new)
+    old_form, new_form = plain_form(old), plain_form(new)
+    if old_form is NOT_PLAIN or new_form is NOT_PLAIN:
+        return False
+    return bool(exact(old_form) == exact(new_form))
 
 
 def _first(errors: Iterator[BaseException], kind: type[BaseException]) -> BaseException | None:

@@ -14,13 +14,14 @@ import collections
 import dataclasses
 import enum
 import functools
+import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from ortrain.capture.exact_numbers import ExactBool, ExactFloat, exact
+from ortrain.capture.exact_numbers import ExactBool, ExactFloat
 from ortrain.capture.held_objects import is_held_object
 from ortrain.capture.huggingface import layered_cache, rebuilt_cache
 from ortrain.capture.lifted_numbers import is_lifted_number, mark_lifted_number
@@ -68,15 +69,43 @@ def flatten_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[
         # A tree whose nodes point back at their parents (a tree-LSTM's input): a RecursionError at
         # every call until wave 45, with no fallback.
         raise ORTModuleIOError(
-            "ORTModule cannot pass inputs that refer back to themselves (objects in a cycle, such as "
-            "tree nodes with parent links); pass the tree's tensors and its structure without the "
-            "back references"
+            "ORTModule cannot pass inputs that refer back to themselves or nest hundreds deep "
+            "(objects in a cycle, such as tree nodes with parent links, or a long linked list); pass "
+            "the tensors and the structure as flat lists of them"
         ) from None
     return tensors, ("tuple", tuple, children)
 
 
+def _exact_constant(value: Any) -> Any:
+    """``value`` as the spec holds it: floats (NumPy's too) and bools exactly (``-0.0`` is not
+    ``0.0``, a NaN is a NaN, ``True`` is not ``1``), other constants as they are."""
+    if type(value) is bool:
+        return ExactBool(value)
+    if isinstance(value, float) or getattr(getattr(value, "dtype", None), "kind", None) == "f":
+        return ExactFloat(float(value))
+    return value
+
+
+def _plain_constant(value: Any, kind: type | None = None) -> Any:
+    """A constant as the model is given it (its own type: ``np.float32``, ``float``, ``bool``)."""
+    if type(value) is ExactBool:
+        return bool(value)
+    if type(value) is ExactFloat:
+        return (kind or float)(float(value))
+    return value
+
+
+def _kept_factory(factory: Any) -> Any:
+    """A ``defaultdict``'s factory where the spec can hold it (a class or a builtin: ``list``,
+    ``int``); another one (a lambda made per batch, an object) is not kept: a missing key then
+    raises KeyError where eager makes a value (a capture per batch, or none, otherwise)."""
+    if factory is None or isinstance(factory, type | types.BuiltinFunctionType):
+        return factory
+    return None
+
+
 @functools.cache
-def _default_dict_of(cls: type, factory: Callable[[], Any]) -> Callable[[Any], Any]:
+def _default_dict_of(cls: type, factory: Callable[[], Any] | None) -> Callable[[Any], Any]:
     """``cls`` (a ``defaultdict``) built from pairs with ``factory``; one object per pair, so that
     two calls' specs compare equal."""
     return functools.partial(cls, factory)
@@ -160,12 +189,13 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
         if where[0] == "input":
             tensors.append(_plain_input(value, where))
             kind: type | None = type(value)
-        elif is_lifted_number(value):
-            # The number argument returned as it was given (``{"step": step}``): a number again,
-            # as eager returns it (until wave 45 a 0-d tensor from its second value on).
+        elif is_lifted_number(value) and not value.is_floating_point():
+            # An int argument returned as it was given, or computed from such (``{"step": step}``,
+            # ``steps + T``): a number again, as eager returns it (until wave 45 a 0-d tensor from
+            # its second value on). A float one stays a 0-d tensor: the graph holds it in float32,
+            # and 0.7 would come back 0.699999988 as if it were eager's.
             tensors.append(value)
-            kind = float if value.is_floating_point() else bool if value.dtype == torch.bool else int
-            return ("symbolic_number", kind)
+            return ("symbolic_number", bool if value.dtype == torch.bool else int)
         else:
             tensors.append(value)
             kind = made_as(value)  # returned as ``tensor.as_subclass(kind)`` (capture only)
@@ -178,7 +208,7 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
         # Floats and bools held exactly: ``-0.0`` after ``0.0``, ``1`` after ``True``, are other
         # inputs, and a NaN equals a NaN (wave 45's review: ``copysign(1, direction)`` ran the
         # graph of ``0.0`` for ``-0.0``, and a NaN switch captured at every call).
-        return ("const", type(value), exact(value) if type(value) in (float, bool) else value)
+        return ("const", type(value), _exact_constant(value))
     if isinstance(value, tuple(_SYMBOLIC_NUMBERS)):
         # A number computed from a size the graph leaves open (``x.shape[0]`` returned by a model
         # captured for any batch size): the graph returns it as a 0-d tensor, given back as a number.
@@ -188,17 +218,25 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
         keys = tuple(value.keys())
         children = tuple(_flatten(value[k], tensors, _child(where, k)) for k in keys)
         return ("model_output", type(value), keys, children)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type) and hasattr(value, "__dict__"):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         # By its attributes, rebuilt without ``__init__``: a ``__post_init__`` that normalizes a
         # field ran again on the normalized value, a field with ``init=False`` set after building
         # (``b.weight = 10``) came back None, a custom ``__init__`` refused the fields (wave 45).
-        names = tuple(vars(value))
-        children = tuple(_flatten(vars(value)[n], tensors, _child(where, n)) for n in names)
-        return ("object", type(value), names, children)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # slots=True: its fields
-        names = tuple(f.name for f in dataclasses.fields(value))
-        children = tuple(_flatten(getattr(value, n), tensors, _child(where, n)) for n in names)
-        return ("dataclass", type(value), names, children)
+        # Its fields that are set (in slots or not), then its other attributes that are data (a
+        # function ``__post_init__`` keeps is left out, as before).
+        names = [f.name for f in dataclasses.fields(value) if hasattr(value, f.name)]
+        children = [_flatten(getattr(value, n), tensors, _child(where, n)) for n in names]
+        for name, attribute in getattr(value, "__dict__", {}).items():
+            if name in names:
+                continue
+            before = len(tensors)
+            try:
+                children.append(_flatten(attribute, tensors, _child(where, name)))
+            except ORTModuleIOError:
+                del tensors[before:]
+                continue
+            names.append(name)
+        return ("dataclass", type(value), tuple(names), tuple(children))
     if _is_structseq(value):
         return (
             "structseq",
@@ -222,9 +260,12 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
                     f"(in {_describe(where)})"
                 )
         kind = type(value)
-        if isinstance(value, collections.defaultdict) and value.default_factory is not None:
-            kind = _default_dict_of(kind, value.default_factory)  # ``cls(pairs)`` took the pairs as it
-        return ("dict", kind, keys, tuple(_flatten(value[k], tensors, _child(where, k)) for k in keys))
+        if isinstance(value, collections.defaultdict):  # ``cls(pairs)`` took the pairs as its factory
+            kind = _default_dict_of(kind, _kept_factory(value.default_factory))
+        children = tuple(_flatten(value[k], tensors, _child(where, k)) for k in keys)
+        # Keys held exactly: ``{True: t}`` after ``{1: t}``, ``{-0.0: t}`` after ``{0.0: t}`` ran the
+        # first one's graph (wave 45's review).
+        return ("dict", kind, tuple(_exact_constant(k) for k in keys), children)
     layered = layered_cache(value)
     if layered is not None:
         attributes, layers = layered
@@ -276,14 +317,13 @@ def _unflatten(spec: Spec, take: Callable[[], Any]) -> Any:
             return mark_lifted_number(take())
         return take().as_subclass(spec[1])
     if kind == "const":
-        value = spec[2]
-        return spec[1](value) if type(value) in (ExactFloat, ExactBool) else value
+        return _plain_constant(spec[2], spec[1])
     if kind == "symbolic_number":
         return spec[1](take().item())
     if kind == "model_output":
         _, cls, keys, children = spec
         return cls(**{k: _unflatten(c, take) for k, c in zip(keys, children, strict=True)})
-    if kind == "dataclass":  # one without a ``__dict__`` (slots=True): set, not built again
+    if kind == "dataclass":  # by its attributes, without ``__init__`` (see _flatten)
         _, cls, names, children = spec
         rebuilt = object.__new__(cls)
         for n, c in zip(names, children, strict=True):
@@ -309,7 +349,7 @@ def _unflatten(spec: Spec, take: Callable[[], Any]) -> Any:
         return cls(_unflatten(c, take) for c in children)
     if kind == "dict":
         _, cls, keys, children = spec
-        return cls((k, _unflatten(c, take)) for k, c in zip(keys, children, strict=True))
+        return cls((_plain_constant(k), _unflatten(c, take)) for k, c in zip(keys, children, strict=True))
     if kind == "layered_cache":
         _, cls, attributes, layer_specs = spec
         layers = [

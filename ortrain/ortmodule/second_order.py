@@ -251,10 +251,11 @@ class _TwiceDifferentiable(torch.autograd.Function):
 # the captured forward is one node whose graph saved every weight it read (wave 45's review: the
 # error alone named neither ortrain nor a way out; torch.compile refuses it the same way).
 _WRITTEN_BETWEEN_BACKWARDS = (
-    "ortrain: the wrapped model's forward is one captured graph, which saved the weights it read; "
-    "one of them was changed in place (an optimizer.step()) between two backward passes through "
-    "the same forward, which the graph refuses even where this backward does not read it. Step the "
-    "optimizers after the last backward, or backward the sum of the losses once"
+    "ortrain: the wrapped model's forward is one captured graph, which saved the tensors it read. "
+    "If one of its weights was changed in place between two backward passes through the same "
+    "forward (an optimizer.step() between them), the graph refuses that even where this backward "
+    "does not read the weight: step the optimizers after the last backward, or backward the sum of "
+    "the losses once"
 )
 
 

@@ -1283,3 +1283,23 @@ def test_the_capture_streak_warning_advises_for_what_changed(
             cache.add(call, call, reason)
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert advice in warning
+
+
+def test_the_same_value_set_again_through_the_wrapper_keeps_the_graphs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A fresh ``float("nan")``, ``np.float32(0.5)`` or ``(0.5, 1.0)`` set through the wrapper at
+    every step dropped every graph at every step, without a warning (wave 45's review)."""
+    import numpy as np
+
+    fresh = (lambda: float("nan"), lambda: np.float32(0.5), lambda: tuple([0.5, float(1)]))
+    for make in fresh:
+        wrapped = ORTModule(Net())
+        x, y = _batch(0)
+        with caplog.at_level(logging.INFO, logger="ortrain"):
+            caplog.clear()
+            for _ in range(4):
+                wrapped.clip = make()  # a new object of the same value at every step
+                wrapped(x, y).backward()
+        captures = [r for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+        assert len(captures) == 1, (make(), [r.getMessage() for r in captures])

@@ -297,3 +297,31 @@ def test_inputs_in_a_cycle_are_refused_with_advice() -> None:
     node["parent"] = {"child": node}
     with pytest.raises(ORTModuleIOError, match="refer back to themselves"):
         flatten_inputs((node,), {})
+
+
+def test_numpy_floats_and_dict_keys_are_held_exactly() -> None:
+    """``np.float64(-0.0)`` after ``0.0`` and ``{True: t}`` after ``{1: t}`` reused the first
+    graph; a NumPy NaN captured at every call (wave 45's second look)."""
+    import numpy as np
+
+    assert flatten(np.float64(0.0))[1] != flatten(np.float64(-0.0))[1]
+    assert flatten(np.float32(float("nan")))[1] == flatten(np.float32(float("nan")))[1]
+    rebuilt = unflatten(flatten(np.float32(-0.0))[1], [])
+    assert type(rebuilt) is np.float32 and np.signbit(rebuilt)
+    t = torch.ones(1)
+    assert flatten({1: t})[1] != flatten({True: t})[1]
+    assert flatten({0.0: t})[1] != flatten({-0.0: t})[1]
+    tensors, spec = flatten({True: t, -0.0: t})
+    assert [type(k) for k in unflatten(spec, tensors)] == [bool, float]
+
+
+@dataclasses.dataclass(slots=True)
+class _SlottedBatch:
+    x: torch.Tensor
+    weight: float = dataclasses.field(init=False)  # set by some collators only
+
+
+def test_a_slotted_dataclass_with_an_unset_field_passes() -> None:
+    tensors, spec = flatten(_SlottedBatch(torch.ones(2)))
+    rebuilt = unflatten(spec, tensors)
+    assert type(rebuilt) is _SlottedBatch and not hasattr(rebuilt, "weight")
