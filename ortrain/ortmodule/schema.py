@@ -41,8 +41,10 @@ Spec = tuple[Any, ...]
 
 
 def _is_model_output(value: object) -> bool:
-    # Duck-typed so that transformers stays an optional dependency.
-    return type(value).__name__.endswith("Output") and hasattr(value, "to_tuple") and isinstance(value, dict)
+    # Duck-typed so that transformers stays an optional dependency. Any ``ModelOutput`` (a dict
+    # and a dataclass: ``CausalLMOutputWithCrossAttentions`` too), rebuilt by its ``__init__``,
+    # which keeps its dict and its fields in step (its ``__post_init__`` sets what it is given).
+    return hasattr(value, "to_tuple") and isinstance(value, dict) and dataclasses.is_dataclass(value)
 
 
 def flatten(value: Any, what: str = "value") -> tuple[list[torch.Tensor], Spec]:

@@ -325,3 +325,14 @@ def test_a_slotted_dataclass_with_an_unset_field_passes() -> None:
     tensors, spec = flatten(_SlottedBatch(torch.ones(2)))
     rebuilt = unflatten(spec, tensors)
     assert type(rebuilt) is _SlottedBatch and not hasattr(rebuilt, "weight")
+
+
+def test_every_model_output_keeps_its_dict_and_fields() -> None:
+    """``CausalLMOutputWithCrossAttentions`` (no "Output" at the end of its name) went through the
+    dataclass path, which builds without ``__init__``: a ModelOutput must not be built so."""
+    outputs = pytest.importorskip("transformers.modeling_outputs")
+    value = outputs.CausalLMOutputWithCrossAttentions(loss=torch.ones(()), logits=torch.zeros(2))
+    tensors, spec = flatten(value)
+    rebuilt = unflatten(spec, tensors)
+    assert type(rebuilt) is type(value) and list(rebuilt.keys()) == ["loss", "logits"]
+    assert rebuilt["loss"] is rebuilt.loss and rebuilt.to_tuple()[1] is rebuilt.logits
