@@ -103,5 +103,5 @@ def test_an_optimizer_step_between_two_backwards_says_what_to_do() -> None:
     logits, value = wrapped(torch.randn(4, 6))
     logits.logsumexp(-1).mean().backward(retain_graph=True)
     actor.step()
-    with pytest.raises(RuntimeError, match="Step the optimizers after the last backward"):
+    with pytest.raises(RuntimeError, match="step the optimizers after the last backward"):
         value.pow(2).mean().backward()
