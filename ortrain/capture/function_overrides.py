@@ -102,7 +102,7 @@ class _Overrides(TorchFunctionMode):
         if result is NotImplemented:
             result = func(*args, **kwargs)
         mark_results(args, kwargs, result)  # tensor subclasses: see capture/subclass_views.py
-        mark_numbers_computed(args, kwargs, result)  # see capture/lifted_numbers.py
+        mark_numbers_computed(func, args, kwargs, result)  # see capture/lifted_numbers.py
         return result
 
 

@@ -28,10 +28,26 @@ def mark_lifted_number(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def mark_numbers_computed(args: Any, kwargs: Any, result: Any) -> None:
-    """A 0-d result computed from number arguments alone (``state["steps"] + T``, ``n * 0.5``)
+# Python's operators on numbers: where eager computes a number from number arguments. (Not
+# ``torch.as_tensor(step)``, ``.clone()``, ``.long()``: eager's results there are tensors.)
+# (The methods a Tensor's operators dispatch as: ``t + 1`` arrives as ``Tensor.add``.)
+_NUMBER_ARITHMETIC = frozenset(
+    getattr(torch.Tensor, name)
+    for name in (
+        "add", "sub", "mul", "div", "neg", "pow", "remainder", "abs", "__rsub__", "__rpow__",
+        "__floordiv__", "__rfloordiv__", "__rmod__", "__rtruediv__", "__rdiv__", "__and__", "__or__",
+        "__xor__", "__lshift__", "__rshift__",
+    )
+    if hasattr(torch.Tensor, name)
+)  # fmt: skip
+
+
+def mark_numbers_computed(func: Any, args: Any, kwargs: Any, result: Any) -> None:
+    """A 0-d result of Python arithmetic on number arguments alone (``state["steps"] + T``)
     stands for a number too: formatted, it fails the capture, and returned, it is a number."""
-    if not _LIFTED or not isinstance(result, torch.Tensor) or result.dim() != 0:
+    if not _LIFTED or func not in _NUMBER_ARITHMETIC:
+        return
+    if not isinstance(result, torch.Tensor) or result.dim() != 0:
         return
     tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
     if tensors and all(is_lifted_number(t) for t in tensors):
@@ -53,7 +69,24 @@ def _refuse_text(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     return NotImplemented
 
 
+_AS_TENSOR, _ASARRAY = torch.as_tensor, torch.asarray
+
+
+def _as_tensor(data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    # ``torch.as_tensor(step)``: eager makes a tensor of the number; traced, it is the number's
+    # own tensor, which would come back as a number.
+    result = _AS_TENSOR(data, *args, **kwargs)
+    return result.clone() if is_lifted_number(result) else result
+
+
+def _asarray(data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    result = _ASARRAY(data, *args, **kwargs)
+    return result.clone() if is_lifted_number(result) else result
+
+
 OVERRIDES: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.Tensor.__format__: _refuse_text,
     torch.Tensor.__repr__: _refuse_text,
+    torch.as_tensor: _as_tensor,
+    torch.asarray: _asarray,
 }

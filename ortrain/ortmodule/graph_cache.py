@@ -119,9 +119,11 @@ def _advice(kind: str) -> str:
     if kind.startswith("input "):
         return (
             "The forward needs this argument as a Python value (a branch on it, range(), a list "
-            "turned into a tensor): each new value is a new graph. Pass it as a tensor, or keep it "
-            "out of branches (a changing number the forward only computes with becomes an input of "
-            "the graph)."
+            "turned into a tensor, or formatting it as text: an f-string, even one for a log call "
+            "that is not emitted): each new value is a new graph. Pass it as a tensor, keep it out "
+            "of branches and text (log it in the training loop), or leave the formatting to the "
+            "logger (logger.debug('step %d', step) formats only when it emits; a changing number "
+            "the forward only computes with becomes an input of the graph)."
         )
     return (
         "ortrain watches every plain attribute of the model's modules and configs, and the "

@@ -22,7 +22,8 @@ class _NamedBlocks(nn.Module):
         y = self.fc(x) * block
         if f"block{block}" in SPECIAL:  # wave 45's review: the branch of no value at all
             y = y * 2
-        return {"loss": y.pow(2).mean(), "block": block, "steps": steps + x.shape[0]}
+        made = torch.as_tensor(steps)  # eager: a tensor, whatever the graph holds
+        return {"loss": y.pow(2).mean(), "block": block, "steps": steps + x.shape[0], "made": made}
 
 
 def test_a_number_argument_formatted_or_returned_is_eager() -> None:
@@ -35,6 +36,7 @@ def test_a_number_argument_formatted_or_returned_is_eager() -> None:
         torch.testing.assert_close(got["loss"], expected["loss"])
         for key in ("block", "steps"):
             assert type(got[key]) is int and got[key] == expected[key], (step, key, got[key])
+        assert isinstance(got["made"], torch.Tensor) and got["made"].item() == expected["made"].item()
         expected["loss"].backward()
         got["loss"].backward()
         torch.testing.assert_close(wrapped.module.fc.weight.grad, eager.fc.weight.grad)
