@@ -24,7 +24,7 @@ from ortrain.capture.decompositions import refuse_sparse
 from ortrain.capture.decompositions_ctc import ctc_loss_function
 from ortrain.capture.decompositions_rnn import recurrent_overrides
 from ortrain.capture.lifted_numbers import OVERRIDES as LIFTED_NUMBERS
-from ortrain.capture.lifted_numbers import mark_numbers_computed
+from ortrain.capture.lifted_numbers import mark_numbers_computed, number_lookups_refused
 from ortrain.capture.margin_losses import OVERRIDES as MARGIN_LOSSES
 from ortrain.capture.mixed_precision_norms import OVERRIDES as MIXED_PRECISION_NORMS
 from ortrain.capture.recurrent_layers import recurrent_python_ops
@@ -110,7 +110,7 @@ class _Overrides(TorchFunctionMode):
 def function_overrides(*, recurrent_as_python_ops: bool) -> Iterator[None]:
     """``recurrent_as_python_ops``: recurrent layers over padded batches run as one opaque op each
     (:mod:`ortrain.capture.recurrent_layers`); otherwise, and for packed sequences, unrolled."""
-    with _Overrides(_overrides(recurrent_as_python_ops)):
+    with _Overrides(_overrides(recurrent_as_python_ops)), number_lookups_refused():
         yield
 
 

@@ -11,8 +11,9 @@ silently). While capturing, formatting such a tensor fails the capture, and the 
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -67,6 +68,33 @@ def _refuse_text(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             "Python number, which each new value captures with"
         )
     return NotImplemented
+
+
+_TENSOR_HASH = torch.Tensor.__hash__
+
+
+def _hash_refusing_numbers(tensor: torch.Tensor) -> int:
+    if is_lifted_number(tensor):
+        raise TypeError(
+            "the forward looks a number argument up in a dict or a set (a tensor's hash is its "
+            "identity): it needs the Python number, which each new value captures with"
+        )
+    return _TENSOR_HASH(tensor)
+
+
+@contextlib.contextmanager
+def number_lookups_refused() -> Iterator[None]:
+    """While capturing: a number argument used as a dict key or set member (``SCALE.get(stage,
+    1.0)``, ``stage in FROZEN``) fails the capture, and the value is baked in. Traced it is a
+    tensor, hashed by identity: the lookup missed and the default was baked into the graph for
+    every value (loss 0.58 where eager's was 1.60, wave 45's review). A tensor's hash does not pass
+    through PyTorch's function overrides, so the class's own is swapped for the capture's time (the
+    same answer, ``id``, for every other tensor)."""
+    torch.Tensor.__hash__ = _hash_refusing_numbers  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.__hash__ = _TENSOR_HASH  # type: ignore[method-assign]
 
 
 _AS_TENSOR, _ASARRAY = torch.as_tensor, torch.asarray
