@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ortrain.capture.plain_values import plain_form
+
 
 class ExactFloat(float):
     __slots__ = ()
@@ -59,3 +61,9 @@ def exact(form: Any) -> Any:
     if kind is tuple:
         return tuple(exact(item) for item in form)
     return form
+
+
+def exact_plain_form(value: Any) -> Any:
+    """``plain_values.plain_form(value)`` with its floats and bools exact: how the guards compare
+    plain values (``NOT_PLAIN`` where ``value`` is not plain)."""
+    return exact(plain_form(value))

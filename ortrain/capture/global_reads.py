@@ -308,11 +308,17 @@ def _globals_loaded(code: types.CodeType) -> frozenset[str]:
     return frozenset(i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME"))
 
 
-def _function(value: Any) -> types.FunctionType | None:
+def _descriptor_target(value: Any) -> Any:
+    """What a class attribute runs: a static or class method's function, a property's getter."""
     if isinstance(value, staticmethod | classmethod):
-        value = value.__func__
-    elif isinstance(value, property):
-        value = value.fget
+        return value.__func__
+    if isinstance(value, property):
+        return value.fget
+    return value
+
+
+def _function(value: Any) -> types.FunctionType | None:
+    value = _descriptor_target(value)
     value = inspect.unwrap(value) if callable(value) else value
     return value if isinstance(value, types.FunctionType) else None
 
@@ -322,10 +328,7 @@ def _functions(value: Any) -> list[types.FunctionType]:
     function it wraps) and the function itself. Until wave 45 only the innermost was walked: a
     wrapper reading ``SCHEDULE["scale"]`` around ``forward`` was never watched, and the graph kept
     the first value."""
-    if isinstance(value, staticmethod | classmethod):
-        value = value.__func__
-    elif isinstance(value, property):
-        value = value.fget
+    value = _descriptor_target(value)
     found: list[types.FunctionType] = []
     while callable(value) and len(found) < 16:
         if isinstance(value, types.FunctionType):

@@ -97,24 +97,21 @@ def number_lookups_refused() -> Iterator[None]:
         torch.Tensor.__hash__ = _TENSOR_HASH  # type: ignore[method-assign]
 
 
-_AS_TENSOR, _ASARRAY = torch.as_tensor, torch.asarray
+def _a_new_tensor(convert: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``convert`` (``torch.as_tensor``, ``torch.asarray``) making a tensor of its own of a number
+    argument: eager makes a tensor of the number; traced, the conversion hands back the number's
+    own tensor, which would come back as a number."""
 
+    def converted(data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        result = convert(data, *args, **kwargs)
+        return result.clone() if is_lifted_number(result) else result
 
-def _as_tensor(data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-    # ``torch.as_tensor(step)``: eager makes a tensor of the number; traced, it is the number's
-    # own tensor, which would come back as a number.
-    result = _AS_TENSOR(data, *args, **kwargs)
-    return result.clone() if is_lifted_number(result) else result
-
-
-def _asarray(data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-    result = _ASARRAY(data, *args, **kwargs)
-    return result.clone() if is_lifted_number(result) else result
+    return converted
 
 
 OVERRIDES: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.Tensor.__format__: _refuse_text,
     torch.Tensor.__repr__: _refuse_text,
-    torch.as_tensor: _as_tensor,
-    torch.asarray: _asarray,
+    torch.as_tensor: _a_new_tensor(torch.as_tensor),
+    torch.asarray: _a_new_tensor(torch.asarray),
 }

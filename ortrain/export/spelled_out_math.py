@@ -236,23 +236,21 @@ def _floor_divide(b: NodeBuilder, x_arg: Any, y_arg: Any) -> torch.fx.Node:
     return b.call(aten.mul.Tensor, b.call(aten.abs.default, result), sign)
 
 
+def _one_plus_exp_neg(b: NodeBuilder, x: torch.fx.Node) -> torch.fx.Node:
+    """``1 + exp(-x)``: the denominator of PyTorch's sigmoid and silu kernels."""
+    return b.call(aten.add.Tensor, b.call(aten.exp.default, b.call(aten.neg.default, x)), b.operand(1.0))
+
+
 def _sigmoid(b: NodeBuilder, x_arg: Any) -> torch.fx.Node:
     # PyTorch's kernel: 1 / (1 + exp(-x)); 0 below -88.7 where exp(-x) overflows, as PyTorch's
-    x = b.operand(x_arg)
-    denominator = b.call(
-        aten.add.Tensor, b.call(aten.exp.default, b.call(aten.neg.default, x)), b.operand(1.0)
-    )
-    return b.call(aten.reciprocal.default, denominator)
+    return b.call(aten.reciprocal.default, _one_plus_exp_neg(b, b.operand(x_arg)))
 
 
 def _silu(b: NodeBuilder, x_arg: Any) -> torch.fx.Node:
     # PyTorch's kernel: x / (1 + exp(-x)); through ONNX Runtime's Sigmoid, 0 from -20 on where
     # PyTorch's is -4.1e-8 at -20 (wave 45's review: SwiGLU's and Mish's small negative values).
     x = b.operand(x_arg)
-    denominator = b.call(
-        aten.add.Tensor, b.call(aten.exp.default, b.call(aten.neg.default, x)), b.operand(1.0)
-    )
-    return b.call(aten.div.Tensor, x, denominator)
+    return b.call(aten.div.Tensor, x, _one_plus_exp_neg(b, x))
 
 
 def _silu_backward(b: NodeBuilder, grad_arg: Any, x_arg: Any) -> torch.fx.Node:

@@ -48,7 +48,7 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 from ortrain.capture.attribute_reads import ABSENT, AttributeReads
-from ortrain.capture.exact_numbers import exact
+from ortrain.capture.exact_numbers import exact, exact_plain_form
 from ortrain.capture.global_reads import (
     CodeRead,
     Read,
@@ -75,13 +75,10 @@ from ortrain.capture.plain_values import NOT_PLAIN as _NOT_PLAIN
 from ortrain.capture.plain_values import PLAIN as _PLAIN
 from ortrain.capture.plain_values import SEQUENCES as _SEQUENCES
 from ortrain.capture.plain_values import SHORT as _SHORT
-from ortrain.capture.plain_values import plain_form as _untyped_plain_form
 from ortrain.capture.tensor_attributes import is_tensor_attribute, tensor_attributes
 
-
-def _plain_form(value: Any) -> Any:
-    """A plain value's form, its numbers compared exactly (``3`` is not ``3.0``: exact_numbers)."""
-    return exact(_untyped_plain_form(value))
+# A plain value's form, its numbers compared exactly (``3`` is not ``3.0``: exact_numbers).
+_plain_form = exact_plain_form
 
 
 _UNINITIALIZED = frozenset({nn.UninitializedParameter, nn.UninitializedBuffer})

@@ -28,7 +28,7 @@ from ortrain.capture.autograd_hooks import AutogradHookError, refusing_autograd_
 from ortrain.capture.buffer_assignments import buffers_before, keep_assignments_as_updates
 from ortrain.capture.checkpointing import RECOMPUTATION_STOPS
 from ortrain.capture.compile_lock import COMPILE_LOCK
-from ortrain.capture.exact_numbers import exact
+from ortrain.capture.exact_numbers import exact_plain_form
 from ortrain.capture.functorch_transforms import functorch_transform_active
 from ortrain.capture.generator_resets import GeneratorResetError, refusing_generator_resets, user_forward
 from ortrain.capture.huggingface import register_hf_cache_types
@@ -37,7 +37,7 @@ from ortrain.capture.lazy_recompile import graph_modules_compiled_on_first_call
 from ortrain.capture.memoized_functions import memoized_functions_unwrapped
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.capture.parametrization_cache import parametrizations_cached
-from ortrain.capture.plain_values import NOT_PLAIN, plain_form, python_attributes
+from ortrain.capture.plain_values import NOT_PLAIN, python_attributes
 from ortrain.capture.tracing_context import capturing
 from ortrain.errors import exception_chain
 from ortrain.inspector.runtime_inspector import RuntimeInspector
@@ -1161,10 +1161,10 @@ def _same_plain_value(old: Any, new: Any) -> bool:
         return old is not _ABSENT
     if type(old) is not type(new):
         return False
-    old_form, new_form = plain_form(old), plain_form(new)
+    old_form, new_form = exact_plain_form(old), exact_plain_form(new)
     if old_form is NOT_PLAIN or new_form is NOT_PLAIN:
         return False
-    return bool(exact(old_form) == exact(new_form))
+    return bool(old_form == new_form)
 
 
 def _first(errors: Iterator[BaseException], kind: type[BaseException]) -> BaseException | None:
