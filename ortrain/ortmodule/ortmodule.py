@@ -29,6 +29,7 @@ from ortrain.capture.buffer_assignments import buffers_before, keep_assignments_
 from ortrain.capture.checkpointing import RECOMPUTATION_STOPS
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.exact_numbers import exact_plain_form
+from ortrain.capture.forward_mode_ad import carries_tangents
 from ortrain.capture.functorch_transforms import functorch_transform_active
 from ortrain.capture.generator_resets import GeneratorResetError, refusing_generator_resets, user_forward
 from ortrain.capture.huggingface import register_hf_cache_types
@@ -626,6 +627,9 @@ class ORTModule(nn.Module):
         if functorch_transform_active():
             _warn_once_under_transforms()
             return self._ortrain_module(*args, **kwargs)
+        if carries_tangents((args, kwargs), self._ortrain_module):
+            _warn_once_under_forward_ad()
+            return self._ortrain_module(*args, **kwargs)
         if capturing():  # inside the model another capture traces: part of its graph
             return self._ortrain_module(*args, **kwargs)
         if parametrizations_cached(self._ortrain_module):
@@ -1203,6 +1207,15 @@ def _warn_once_under_transforms() -> None:
     logger.warning(
         "ORTModule runs the model in PyTorch under torch.func transforms (vmap, grad, jacrev, ...): "
         "their wrapped tensors cannot enter a captured graph; calls outside them run on the graphs"
+    )
+
+
+@functools.cache
+def _warn_once_under_forward_ad() -> None:
+    logger.warning(
+        "ORTModule runs the model in PyTorch for calls with forward-mode AD tangents "
+        "(torch.autograd.forward_ad dual tensors): a captured graph computes no tangents; calls "
+        "without them run on the graphs"
     )
 
 

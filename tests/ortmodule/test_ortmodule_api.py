@@ -319,6 +319,32 @@ def test_torch_func_transforms_get_eager_answers_with_one_warning(caplog: pytest
     assert ort_graph_count(wrapped) == 1
 
 
+@pytest.mark.parametrize("grad_mode", [False, True], ids=["no_grad", "grad"])
+def test_forward_mode_ad_tangents_get_eager_answers_and_training_stays_on_graphs(grad_mode: bool) -> None:
+    """A dual input (``torch.autograd.forward_ad``, a JVP probe) went through the captured graph
+    as a plain tensor: under ``no_grad`` the output had no tangent (forward AD's zero derivative,
+    silently); in grad mode ortrain's autograd Function, which has no ``jvp``, failed and sent the
+    model to PyTorch for good. Such a call runs in PyTorch; the next plain call runs on the graph."""
+    import torch.autograd.forward_ad as forward_ad
+
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x, tangent = torch.randn(5, 6, dtype=torch.float64), torch.randn(5, 6, dtype=torch.float64)
+    wrapped(x).sum().backward()
+    graphs = ort_graph_count(wrapped)
+    assert graphs == 1
+    with torch.set_grad_enabled(grad_mode), forward_ad.dual_level():
+        expected = forward_ad.unpack_dual(eager(forward_ad.make_dual(x, tangent))).tangent
+        got = forward_ad.unpack_dual(wrapped(forward_ad.make_dual(x, tangent))).tangent
+    assert got is not None
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    out = wrapped(x)
+    assert type(out.grad_fn).__name__ != "AddmmBackward0"  # still ortrain's graph, not PyTorch's
+    assert ort_graph_count(wrapped) == graphs
+    torch.testing.assert_close(out, eager(x), rtol=1e-12, atol=1e-12)
+
+
 def test_a_wrapped_container_indexes_iterates_and_takes_a_new_head() -> None:
     """``model[-1]``, ``len(model)``, ``for layer in model``, ``"k" in model`` reach the wrapped
     Sequential or ModuleDict (they raised "object is not subscriptable"); writing an item drops
