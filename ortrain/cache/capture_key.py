@@ -22,7 +22,8 @@ serves), and anything that might matter is in it, so a miss is the usual price o
   or a scheduler sets per session; see ``options.environment_for_cache_key``);
 - the call: input structure and constants, each input's dtype, shape, device (with its index) and
   ``requires_grad``, which sizes are dynamic, grad mode, autocast, and the global switches that
-  change a trace (default dtype, deterministic algorithms, float32 matmul precision);
+  change a trace (default dtype, deterministic algorithms, float32 matmul precision, and the rank,
+  world size and backend of ``torch.distributed``'s default process group);
 - every ``ORTMODULE_*`` option, and the versions of Python, torch, onnx, onnxscript, onnxruntime
   and ortrain.
 
@@ -557,7 +558,20 @@ def global_switches() -> dict[str, Any]:
         "default dtype": str(torch.get_default_dtype()),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "matmul precision": torch.get_float32_matmul_precision(),
+        "process group": process_group(),
     }
+
+
+def process_group() -> dict[str, Any] | None:
+    """This process's rank and world size, where ``torch.distributed`` is initialized: TorchDynamo
+    bakes ``dist.get_rank()`` and ``get_world_size()`` into a graph as constants (a contrastive
+    loss's ``arange(n) + n * rank`` labels). Wave 46: ranks started by ``mp.spawn``, which sets no
+    ``RANK`` variable, shared one key, and rank 1 ran rank 0's stored capture, silently."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return {"rank": dist.get_rank(), "world size": dist.get_world_size(), "backend": str(dist.get_backend())}
 
 
 def capture_key(

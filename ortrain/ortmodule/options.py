@@ -392,6 +392,12 @@ _VOLATILE_VARIABLES = frozenset(
         "XDG_SESSION_ID",
         "INVOCATION_ID",
         "JOURNAL_STREAM",
+        # torchrun's per launch: a fresh run id, error file and (standalone) port each start, so
+        # that no warm restart ever hit (wave 46). The rank is keyed by the process group itself.
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_ERROR_FILE",
+        "TORCHELASTIC_RESTART_COUNT",
+        "MASTER_PORT",
     }
 )
 _VOLATILE_PREFIXES = ("SSH_", "TERM", "VSCODE_", "XDG_RUNTIME", "KITTY_", "ITERM_")

@@ -159,6 +159,40 @@ def test_options_environment_argv_versions_and_switches_miss(
     assert _key(_Block()) == reference
 
 
+def test_the_rank_and_world_size_miss_and_torchruns_per_launch_variables_hit(
+    reference: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forward may read ``dist.get_rank()`` (contrastive labels ``arange(n) + n * rank``), which
+    the graph holds as a constant: ranks started without a ``RANK`` variable (``mp.spawn``) shared
+    one key, and rank 1 ran rank 0's capture (wave 46). torchrun's run id, error file and port,
+    new at each launch, made every warm restart miss."""
+    import torch.distributed as dist
+
+    from ortrain.ortmodule.options import environment_for_cache_key
+
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    try:
+        assert capture_key_module.process_group() == {"rank": 0, "world size": 1, "backend": "gloo"}
+        torch.manual_seed(0)
+        rank0 = _key(_Block())
+        assert rank0 not in (None, reference)
+        with monkeypatch.context() as patch:
+            patch.setattr(dist, "get_rank", lambda group=None: 1)
+            torch.manual_seed(0)
+            assert _key(_Block()) not in (rank0, reference)
+    finally:
+        dist.destroy_process_group()
+    torch.manual_seed(0)
+    assert _key(_Block()) == reference
+    before = environment_for_cache_key()
+    for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RESTART_COUNT", "MASTER_PORT"):
+        monkeypatch.setenv(name, "launch-2")
+    assert environment_for_cache_key() == before
+    monkeypatch.setenv("RANK", "1")  # kept: a forward may read it
+    assert environment_for_cache_key() != before
+
+
 def test_installed_distribution_versions_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Code in site-packages is keyed by the name and version of each installed distribution, read
     from the metadata directories' names (a version-less ``.egg-info`` from its metadata)."""
