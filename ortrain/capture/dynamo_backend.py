@@ -190,7 +190,14 @@ _DYNAMO_NOTICES = {
     "torch._dynamo.variables.tensor": "Graph break from `Tensor.item()`",
     "torch._dynamo.exc": "Backend compiler exception",
 }
-_DYNAMO_WARNING = r"Dynamo does not know how to trace the builtin"
+# And two UserWarnings of its own: an untraceable builtin, and (wave 46's review, Hugging Face's
+# CTC models through `is_fsdp_managed_module`) a call to an `functools.lru_cache`-wrapped function,
+# which TorchDynamo traces through, ignoring the cache, with a warning of "silent incorrectness"
+# meant for torch.compile's users: on this path the function's value enters the graph traced at
+# each capture, and the guards of TorchDynamo's own graphs recompile when what it read changes.
+_DYNAMO_WARNING = (
+    r"(Dynamo does not know how to trace the builtin|Dynamo detected a call to a `?functools\.lru_cache)"
+)
 # (file, line, reason, whether that code runs in eager PyTorch for want of a capture)
 BreakReport = Callable[[str, int, str, bool], None]
 

@@ -187,6 +187,44 @@ def test_graph_break_is_logged_with_its_source_line(caplog: pytest.LogCaptureFix
     assert skipped and all("\n" not in m and "data-dependent" in m for m in skipped)
 
 
+@functools.lru_cache
+def _cached_flag() -> bool:
+    return False
+
+
+class CachedHelperAndItem(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        if _cached_flag():  # Hugging Face's is_fsdp_managed_module, on its CTC models' path
+            h = h * 2
+        n = int((labels > 0).sum().item())  # a graph break
+        return h[:, :n].sum() if n else h.sum()
+
+
+def test_dynamos_lru_cache_warning_stays_unshown_on_the_graph_break_path() -> None:
+    """TorchDynamo warns torch.compile's users of "silent incorrectness" where it traces through an
+    ``lru_cache``-wrapped function; Wav2Vec2ForCTC's users saw it from ORTModule (wave 46's review)."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    eager = CachedHelperAndItem()
+    model = ORTModule(copy.deepcopy(eager))
+    x, labels = torch.randn(3, 4), torch.tensor([1, 2, 0])
+    try:
+        with warnings.catch_warnings(record=True) as shown:
+            warnings.simplefilter("always")
+            for m in (model, eager):
+                m(x, labels).backward()
+    finally:
+        torch._dynamo.reset()
+    assert model._ortrain_graph_breaks is not None
+    assert not [w for w in shown if "lru_cache" in str(w.message)], [str(w.message) for w in shown]
+    torch.testing.assert_close(model.lin.weight.grad, eager.lin.weight.grad)
+
+
 def test_whole_graph_capture_stays_first_choice() -> None:
     torch.manual_seed(0)
     model = ORTModule(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1)))
