@@ -80,7 +80,6 @@ from ortrain.ortmodule.inactive_options import announce_inactive_options
 from ortrain.ortmodule.input_containers import InputContainerChange, contents, refuse_changed_containers
 from ortrain.ortmodule.log_output import configure_log_output
 from ortrain.ortmodule.module_snapshot import ModuleSnapshot
-from ortrain.ortmodule.nested_state_dict import load_wrapped_model
 from ortrain.ortmodule.options import (
     DebugOptions,
     RuntimeOptions,
@@ -101,6 +100,7 @@ from ortrain.ortmodule.schema import (
     unflatten,
 )
 from ortrain.ortmodule.second_order import BufferWrites, needs_second_order_path, run_twice_differentiable
+from ortrain.ortmodule.shared_registries import refuse_root_parametrization, share_registries
 from ortrain.ortmodule.signature import (
     base_wrapper_class,
     new_wrapper,
@@ -342,6 +342,7 @@ class ORTModule(nn.Module):
                 f"{type(debug_options).__name__}: ORTModule(model, DebugOptions(save_onnx=True))"
             )
         super().__init__()
+        share_registries(self, module)
         debug = debug_options or DebugOptions()
         options = runtime_options()
         object.__setattr__(self, "_ortrain_module", module)
@@ -428,15 +429,19 @@ class ORTModule(nn.Module):
         if name in _OWN_ATTRIBUTES or name in _CALL_ATTRIBUTES or is_deepspeed_hook_state(name):
             object.__setattr__(self, name, value)
             return
-        unchanged = _same_plain_value(getattr(self._ortrain_module, name, _ABSENT), value)
+        keyed = _keyed_by_the_guards(getattr(self._ortrain_module, name, _ABSENT), value)
         setattr(self._ortrain_module, name, value)
-        # The model changed under us: whatever was captured may no longer describe it. The same
-        # plain value set again (a loop's `model.temp = 1.5` at every step) changes nothing: until
-        # wave 44 it dropped every graph, and each step captured again.
-        if not unchanged:
+        # The model changed under us: whatever was captured may no longer describe it. A plain
+        # value replacing a plain value, or a tensor a tensor, needs nothing dropped: the guards
+        # key each module's plain attributes and its tensors' dtypes, shapes and requires_grad,
+        # and tensors are bound afresh at every step (until wave 44 the same value set again
+        # dropped every graph; until wave 46 a GAN's `model.phase = "d"/"g"` and pruning's mask
+        # applied to the root's weight at every step captured at every step, 170x slower).
+        if not keyed:
             self._invalidate()
 
     def __delattr__(self, name: str) -> None:
+        refuse_root_parametrization(self._ortrain_module, name, sys._getframe(1))
         delattr(self._ortrain_module, name)
         self._invalidate()
 
@@ -479,6 +484,7 @@ class ORTModule(nn.Module):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
+        share_registries(self, self._ortrain_module)
         object.__setattr__(self, "_ortrain_graphs", GraphCache(self._ortrain_options.graph_cache_size))
         object.__setattr__(self, "_ortrain_reads", AttributeReads())
         object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
@@ -555,15 +561,10 @@ class ORTModule(nn.Module):
         unexpected_keys: list[str],
         error_msgs: list[str],
     ) -> None:
-        # A parent's load_state_dict reaches the wrapper (see nested_state_dict.py).
-        load_wrapped_model(
-            self._ortrain_module,
-            state_dict,
-            prefix,
-            local_metadata,
-            missing_keys,
-            unexpected_keys,
-            error_msgs,
+        # A parent's load_state_dict reaches the wrapper: the model's own tensors load here, its
+        # submodules through the parent's walk over the tables the wrapper shares with it.
+        self._ortrain_module._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
 
     def apply(self, fn: Any) -> ORTModule:  # type: ignore[override]
@@ -1156,19 +1157,16 @@ class ORTModule(nn.Module):
 _ABSENT = object()
 
 
-def _same_plain_value(old: Any, new: Any) -> bool:
-    """The same object, or an equal plain value of the same type, compared as the guards compare
-    (``-0.0`` is not ``0.0``, a NaN is a NaN, tuples and NumPy scalars by value: until wave 45 a
-    fresh ``float("nan")``, ``np.float32(0.5)`` or ``(0.5, 1.0)`` set through the wrapper at every
-    step dropped every graph at every step, without a warning)."""
+def _keyed_by_the_guards(old: Any, new: Any) -> bool:
+    """Whether an attribute set through the wrapper keeps the guards' view complete: the same
+    object, a plain value replacing a plain value (the state key holds both, compared exactly:
+    ``-0.0`` is not ``0.0``, a NaN is a NaN, tuples and NumPy scalars by value), or a tensor
+    replacing a tensor (keyed by dtype, device, shape and requires_grad, bound at every step)."""
     if old is new:
         return old is not _ABSENT
-    if type(old) is not type(new):
-        return False
-    old_form, new_form = exact_plain_form(old), exact_plain_form(new)
-    if old_form is NOT_PLAIN or new_form is NOT_PLAIN:
-        return False
-    return bool(old_form == new_form)
+    if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
+        return True
+    return exact_plain_form(old) is not NOT_PLAIN and exact_plain_form(new) is not NOT_PLAIN
 
 
 def _first(errors: Iterator[BaseException], kind: type[BaseException]) -> BaseException | None:

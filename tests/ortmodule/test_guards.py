@@ -337,7 +337,7 @@ def test_python_attributes_of_a_parameter_and_an_input_are_read_and_seen(
         return lambda m: setattr(m.head.weight, "logit_scale", value)  # deepcopy drops it: set both
 
     reasons = _capture_reasons(caplog, model, {0: attribute(2.0), 2: attribute(3.0)})
-    assert len(reasons) == 2, reasons
+    assert len(reasons) == 2, (reasons, caplog.text[-3000:])
     assert "Python attributes of parameter 'head.weight' changed" in reasons[1]
     wrapped, eager = ORTModule(copy.deepcopy(model)), model
     attribute(3.0)(wrapped)
@@ -1283,6 +1283,63 @@ def test_the_capture_streak_warning_advises_for_what_changed(
             cache.add(call, call, reason)
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert advice in warning
+
+
+class _PhaseFlagNet(Net):
+    phase = "d"
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return F.cross_entropy(self.head(h if self.phase == "d" else -h), y)
+
+
+def test_a_value_alternated_through_the_wrapper_reuses_each_values_graph(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A GAN's ``model.phase = "d"`` / ``"g"`` set through the wrapper at every step dropped every
+    graph (the setattr invalidated them all), and each step captured again, 170x slower (wave 46's
+    review); the guards key the value, and each phase finds its graph."""
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")  # ORTModule sets the "ortrain" logger's level
+    flips = {step: (lambda m, phase="dg"[step % 2]: setattr(m, "phase", phase)) for step in range(6)}
+    reasons = _capture_reasons(caplog, _PhaseFlagNet(), flips)
+    assert len(reasons) == 2, reasons
+
+
+def test_pruning_the_roots_weight_through_the_wrapper_captures_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``prune.l1_unstructured(wrapped, "weight")`` on the wrapped model's own weight: it raised
+    ``KeyError`` half-way (the wrapper's parameter table was its own, empty), and its mask, applied
+    through the wrapper by a pre-hook at every step, then dropped every graph at every step."""
+    from torch.nn.utils import prune
+
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+    model = nn.Linear(8, 3)
+    eager, wrapped = copy.deepcopy(model), ORTModule(model)
+    for m in (eager, wrapped):
+        prune.l1_unstructured(m, "weight", amount=0.5)
+    assert list(wrapped.state_dict()) == list(eager.state_dict()) == ["bias", "weight_orig", "weight_mask"]
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for step in range(4):
+            x = _batch(step)[0]
+            losses = []
+            for m in (eager, wrapped):
+                m.zero_grad()
+                loss = m(x).square().sum()
+                loss.backward()
+                with torch.no_grad():
+                    for p in m.parameters():
+                        p -= 0.01 * p.grad
+                losses.append(loss.item())
+            assert losses[0] == pytest.approx(losses[1], rel=1e-5), step
+    captures = [r for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    assert len(captures) == 1, [r.getMessage() for r in captures]
+    torch.testing.assert_close(wrapped.module.weight_orig, eager.weight_orig)
+    prune.remove(wrapped, "weight")
+    prune.remove(eager, "weight")
+    assert isinstance(wrapped.module.weight, nn.Parameter)
+    torch.testing.assert_close(wrapped(_batch(5)[0]), eager(_batch(5)[0]))
 
 
 def test_the_same_value_set_again_through_the_wrapper_keeps_the_graphs(

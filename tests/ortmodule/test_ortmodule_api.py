@@ -345,6 +345,59 @@ def test_forward_mode_ad_tangents_get_eager_answers_and_training_stays_on_graphs
     torch.testing.assert_close(out, eager(x), rtol=1e-12, atol=1e-12)
 
 
+def test_code_writing_the_module_tables_through_the_wrapper_changes_the_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``prepare_qat(wrapped)`` swaps submodules with ``module._modules[name] = ...``: written into
+    the wrapper's own table, the model trained without weight fake-quant, silently (a loss 4e-3
+    off eager's), and ``convert`` left float layers (wave 46's review). The tables are the model's."""
+    import torch.ao.quantization as quantization
+
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")  # the default: the fake-quant op runs in PyTorch
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    eager, wrapped = copy.deepcopy(model), ORTModule(model)
+    for m in (eager, wrapped):
+        m.train()
+        m.qconfig = quantization.get_default_qat_qconfig("qnnpack")
+        quantization.prepare_qat(m, inplace=True)
+    assert type(wrapped.module[0]) is type(eager[0]) is torch.ao.nn.qat.Linear
+    assert wrapped._modules is model._modules and list(wrapped.state_dict()) == list(eager.state_dict())
+    for step in range(3):
+        x = torch.randn(6, 8, generator=torch.Generator().manual_seed(step))
+        losses = []
+        for m in (eager, wrapped):
+            m.zero_grad()
+            loss = m(x).square().mean()
+            loss.backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= 0.1 * p.grad
+            losses.append(loss.item())
+        assert losses[1] == pytest.approx(losses[0], rel=1e-6), step
+    converted = quantization.convert(wrapped.eval(), inplace=False)
+    assert type(converted.module[0]) is torch.ao.nn.quantized.Linear
+
+
+def test_a_parametrization_of_the_roots_own_tensor_through_the_wrapper_is_refused_untouched() -> None:
+    """``register_parametrization(wrapped, "weight", ...)`` would move the weight out of the model
+    and put its property on the wrapper's class: refused before anything moved."""
+    from torch.nn.utils import parametrize
+
+    class Double(nn.Module):
+        def forward(self, w: torch.Tensor) -> torch.Tensor:
+            return 2 * w
+
+    model = nn.Linear(4, 2)
+    wrapped = ORTModule(model)
+    with pytest.raises(TypeError, match=r"register_parametrization\(wrapped.module, 'weight'"):
+        parametrize.register_parametrization(wrapped, "weight", Double())
+    assert list(model.state_dict()) == ["weight", "bias"] and isinstance(model.weight, nn.Parameter)
+    parametrize.register_parametrization(wrapped.module, "weight", Double())  # the advice works
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(wrapped(x), x @ (2 * model.parametrizations.weight.original).t() + model.bias)
+
+
 def test_a_wrapped_container_indexes_iterates_and_takes_a_new_head() -> None:
     """``model[-1]``, ``len(model)``, ``for layer in model``, ``"k" in model`` reach the wrapped
     Sequential or ModuleDict (they raised "object is not subscriptable"); writing an item drops
@@ -615,14 +668,16 @@ class _Tempered(nn.Module):
 
 def test_the_same_value_set_again_through_the_wrapper_keeps_the_graphs() -> None:
     """A loop's `model.temp = 1.5` at every step dropped every graph until wave 44 (a capture per
-    step); another value, or another type of an equal one (`-0.0`, `True` for 1), still does."""
-    wrapped = ORTModule(_Tempered())
+    step); another value got a graph of its own, and going back found the first (until wave 46
+    every other value dropped them all)."""
+    eager = _Tempered()
+    wrapped = ORTModule(copy.deepcopy(eager))
     x = torch.randn(3, 4)
     runners = set()
-    for _ in range(3):
-        wrapped.temp = 1.5
+    for temp in (1.5, 1.5, 1.5, 2.0, 1.5, 2.0):
+        wrapped.temp = eager.temp = temp
+        torch.testing.assert_close(wrapped(x), eager(x))
         wrapped(x).backward()
         runners |= {id(runner) for _, runner in wrapped.graph_runners()}
-    assert len(runners) == 2  # one forward, one backward: captured once
-    wrapped.temp = 2.0
-    assert ort_graph_count(wrapped) == 0
+    assert len(runners) == 4  # a forward and a backward per value: each captured once
+    assert ort_graph_count(wrapped) == 2
