@@ -25,6 +25,4 @@ def carries_tangents(arguments: object, module: torch.nn.Module) -> bool:
 
 
 def _any_dual(values: Iterable[object]) -> bool:
-    return any(
-        isinstance(v, torch.Tensor) and forward_ad.unpack_dual(v).tangent is not None for v in values
-    )
+    return any(isinstance(v, torch.Tensor) and forward_ad.unpack_dual(v).tangent is not None for v in values)

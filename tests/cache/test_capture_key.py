@@ -186,7 +186,8 @@ def test_the_rank_and_world_size_miss_and_torchruns_per_launch_variables_hit(
     torch.manual_seed(0)
     assert _key(_Block()) == reference
     before = environment_for_cache_key()
-    per_launch = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RESTART_COUNT", "MASTER_PORT")
+    per_launch = ["TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "MASTER_PORT"]
+    per_launch.append("TORCHELASTIC_RESTART_COUNT")
     for name in per_launch:
         monkeypatch.setenv(name, "launch-2")
     assert environment_for_cache_key() == before
