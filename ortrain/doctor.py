@@ -78,13 +78,13 @@ def extra_checks() -> list[Check]:
 def variables_check() -> Check:
     """The ``ORTMODULE_*`` variables as an ``ORTModule`` reads them: a bad value is a finding here,
     not a traceback (as it was until wave 42)."""
-    from ortrain.ortmodule.options import ortmodule_variables_set, runtime_options
+    from ortrain.ortmodule.options import KNOWN_VARIABLES, ortmodule_variables_set, runtime_options
 
     try:
         runtime_options()
     except ValueError as error:
         return Check("variables", False, str(error))
-    names = ortmodule_variables_set()
+    names = [n for n in ortmodule_variables_set() if n in KNOWN_VARIABLES]
     return Check("variables", True, f"set: {', '.join(names)}" if names else "none set (defaults)")
 
 
@@ -171,6 +171,10 @@ def run_doctor(report: Callable[[str], None]) -> bool:
     report(f"ORTMODULE_* variables:\n  {'ok ' if variables.ok else 'NO '} {variables.detail}")
     if not variables.ok:  # every ORTModule would raise the same error: nothing to train
         return False
+    from ortrain.ortmodule.options import unknown_variable_messages
+
+    for message in unknown_variable_messages().values():  # a finding: ORTModule ignores them
+        report(f"  NO  {message}")
     cache = cache_check()
     if cache is not None:  # a finding, not a failure: training runs uncached
         report(f"capture cache:\n  {'ok ' if cache.ok else 'NO '} {cache.detail}")

@@ -1,4 +1,5 @@
-"""One message per process for each guideline variable that is set but cannot act in this build.
+"""One message per process for each guideline variable that is set but cannot act in this build,
+and for each ``ORTMODULE_*`` variable set that ortrain does not read at all.
 
 Upstream's Triton variables (guidelines §6) drive executors that run on NVIDIA GPUs;
 ortrain accepts and validates them, and says once, at WARNING, why a value the user set does
@@ -11,7 +12,7 @@ import logging
 
 import torch
 
-from ortrain.ortmodule.options import RuntimeOptions
+from ortrain.ortmodule.options import RuntimeOptions, unknown_variable_messages
 
 logger = logging.getLogger("ortrain.ortmodule")
 
@@ -40,8 +41,10 @@ def inactive_option_messages(options: RuntimeOptions) -> dict[str, str]:
 
 
 def announce_inactive_options(options: RuntimeOptions) -> None:
-    """Log each message of :func:`inactive_option_messages` once per process."""
-    for name, message in inactive_option_messages(options).items():
+    """Log each message of :func:`inactive_option_messages`, and one for each ``ORTMODULE_*``
+    variable set that ortrain does not read (a typo), once per process."""
+    messages = {**inactive_option_messages(options), **unknown_variable_messages()}
+    for name, message in messages.items():
         if name not in _announced:
             _announced.add(name)
             logger.warning(message)

@@ -6,6 +6,7 @@ whole configuration surface is visible here and can be documented from one file.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import json
 import logging
@@ -225,6 +226,56 @@ def parse_memory_opt_config(raw: str) -> tuple[RecomputeRequest, ...]:
 def ortmodule_variables_set() -> list[str]:
     """The names of the ``ORTMODULE_*`` variables set in this process, sorted (``ortrain doctor``)."""
     return sorted(name for name in os.environ if name.startswith("ORTMODULE_"))
+
+
+# Every ``ORTMODULE_*`` variable ortrain reads (README, "Options and environment variables").
+KNOWN_VARIABLES = frozenset(
+    f"ORTMODULE_{name}"
+    for name in (
+        "ALLOW_AUTOGRAD_CHECKPOINT",
+        "BACKWARD_SEGMENTS",
+        "CACHE_CAPTURE",
+        "CACHE_DIR",
+        "ENABLE_COMPUTE_OPTIMIZER",
+        "ENABLE_CUSTOM_AUTOGRAD",
+        "ENABLE_EMBEDDING_SPARSE_OPTIMIZER",
+        "ENABLE_SPARSE_OPTIMIZER",
+        "ENABLE_TUNING",
+        "FALLBACK_POLICY",
+        "FUSE_LINEAR_CROSS_ENTROPY",
+        "GRAPH_CACHE_SIZE",
+        "LOG_LEVEL",
+        "MAX_TUNING_DURATION_MS",
+        "MEMORY_OPT_CONFIG",
+        "MEMORY_OPT_LEVEL",
+        "ONNX_OPSET_VERSION",
+        "PRINT_INPUT_DENSITY",
+        "PRINT_MEMORY_STATS",
+        "REUSE_FREED_MEMORY",
+        "SAVE_ONNX_PATH",
+        "SKIPPED_AUTOGRAD_FUNCTIONS",
+        "TRITON_DEBUG",
+        "TUNING_RESULTS_PATH",
+        "USE_TRITON",
+    )
+)
+
+
+def unknown_variable_messages() -> dict[str, str]:
+    """Each ``ORTMODULE_*`` variable set that ortrain does not read → what to say about it (wave
+    46's review: ``ORTMODULE_ENABLE_TUNNING=0`` left op tuning on without a word, and ``ortrain
+    doctor`` listed it as "ok"). Upstream's variables that ortrain has no use for land here too."""
+    messages = {}
+    for name in ortmodule_variables_set():
+        if name in KNOWN_VARIABLES:
+            continue
+        close = difflib.get_close_matches(name, sorted(KNOWN_VARIABLES), n=1, cutoff=0.8)
+        hint = f"did you mean {close[0]}? " if close else ""
+        messages[name] = (
+            f"{name} is set, but ortrain reads no such variable and ignores it; {hint}the variables "
+            "it reads are listed in the README (Options and environment variables)"
+        )
+    return messages
 
 
 def cache_directory() -> Path | None:

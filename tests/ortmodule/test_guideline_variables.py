@@ -17,7 +17,7 @@ from torch import nn
 from ortrain.capture.memory_optimizer import RecomputeRequest
 from ortrain.ortmodule import DebugOptions, ORTModule, inactive_options
 from ortrain.ortmodule.fallback import FallbackPolicy
-from ortrain.ortmodule.options import runtime_options
+from ortrain.ortmodule.options import KNOWN_VARIABLES, runtime_options
 
 # Every variable the guidelines (and the memory optimizer's page) name, with a value that must be
 # accepted, the RuntimeOptions field it lands in, and what the field must then hold.
@@ -87,8 +87,31 @@ def test_a_wrong_value_is_an_error_naming_the_variable_and_accepted_values(
 
 def test_the_readme_table_documents_every_variable() -> None:
     readme = (Path(__file__).parents[2] / "README.md").read_text()
-    for name in {a[0] for a in ACCEPTED} | {"ORTMODULE_LOG_LEVEL", "ORTMODULE_SAVE_ONNX_PATH"}:
+    assert {a[0] for a in ACCEPTED} | {"ORTMODULE_LOG_LEVEL", "ORTMODULE_SAVE_ONNX_PATH"} <= KNOWN_VARIABLES
+    for name in KNOWN_VARIABLES:
         assert f"| `{name}` |" in readme, name
+
+
+def test_a_variable_ortrain_does_not_read_is_warned_about_once_with_the_likely_name(
+    monkeypatch, caplog
+) -> None:
+    """``ORTMODULE_ENABLE_TUNNING=0`` (a typo) left op tuning on without a word; upstream's
+    ``ORTMODULE_DEEPCOPY_BEFORE_MODEL_EXPORT`` is not read here either (wave 46's review)."""
+    monkeypatch.setattr(inactive_options, "_announced", set())
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNNING", "0")
+    monkeypatch.setenv("ORTMODULE_DEEPCOPY_BEFORE_MODEL_EXPORT", "0")
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        ORTModule(nn.Linear(2, 2))
+        ORTModule(nn.Linear(2, 2))
+    messages = [r.getMessage() for r in caplog.records if r.name == "ortrain.ortmodule"]
+    typo = [m for m in messages if m.startswith("ORTMODULE_ENABLE_TUNNING is set")]
+    assert len(typo) == 1 and "did you mean ORTMODULE_ENABLE_TUNING?" in typo[0], messages
+    upstream = [m for m in messages if m.startswith("ORTMODULE_DEEPCOPY_BEFORE_MODEL_EXPORT is set")]
+    assert len(upstream) == 1 and "did you mean" not in upstream[0], messages
+    assert not [m for m in messages if "ORTMODULE_FALLBACK_POLICY is set" in m]  # the conftest's: read
+    from ortrain.doctor import variables_check
+
+    assert "TUNNING" not in variables_check().detail  # doctor said "ok  set: ORTMODULE_ENABLE_TUNNING"
 
 
 INACTIVE = {
