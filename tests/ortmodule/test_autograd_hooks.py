@@ -178,3 +178,40 @@ def test_a_forward_that_reads_a_gradient_sees_each_steps_gradient() -> None:
         assert losses[0].item() == pytest.approx(losses[1].item(), rel=1e-5)
     torch.testing.assert_close(wrapped.linear.weight.grad, eager.linear.weight.grad)
     assert wrapped._ortrain_graph_breaks is not None
+
+
+class _FeaturesAndLogits(nn.Module):
+    """A domain-adversarial model's shape: features returned beside the classifier that reads them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.feat = nn.Linear(6, 8)
+        self.cls = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.feat(x))
+        return self.cls(h), h, h * 2  # h is read inside, h * 2 is not
+
+
+def test_a_hook_on_an_output_the_forward_also_reads_is_refused_at_the_backward() -> None:
+    """Gradient reversal registered on a returned feature that the model's own classifier reads:
+    eager's hook scales both parts of its gradient, the captured node's saw the outside part only,
+    and the feature layer's gradient came out 4.91 for eager's 2.15, silently (wave 46's review).
+    A hook on an output the forward does not read, and retain_grad (documented), still run."""
+    torch.manual_seed(0)
+    eager = _FeaturesAndLogits()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(5, 6)
+    logits, h, _ = wrapped(x)
+    h.register_hook(lambda g: -0.5 * g)
+    with pytest.raises(RuntimeError, match="a gradient hook on output 1 .* also uses itself"):
+        (logits.square().sum() + h.sum()).backward()
+    assert wrapped.feat.weight.grad is None  # refused before any gradient landed
+    for m in (wrapped, eager):
+        m.zero_grad()
+        logits, h, doubled = m(x)
+        h.retain_grad()
+        doubled.register_hook(lambda g: -0.5 * g)
+        (logits.square().sum() + doubled.sum()).backward()
+    torch.testing.assert_close(wrapped.feat.weight.grad, eager.feat.weight.grad)
+    torch.testing.assert_close(wrapped.cls.weight.grad, eager.cls.weight.grad)
