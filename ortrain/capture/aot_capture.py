@@ -42,6 +42,7 @@ from ortrain.capture.module_paths import annotate_module_paths
 from ortrain.capture.output_layouts import traced_layouts
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import python_op, python_op_grad, release_calls
+from ortrain.capture.shape_env_caches import release_shape_env_caches
 from ortrain.capture.shared_submodules import shared_submodules_restored
 from ortrain.capture.size_guards import SizeGuards
 from ortrain.capture.stale_gradients import stale_gradients_set_aside
@@ -384,4 +385,5 @@ def capture(
     backward = captured.backward.graph if captured.backward is not None else None
     graphs = (captured.forward.graph, backward, trace.graph_module if trace is not None else None)
     forget_real_tensors([joint._aot_state.fake_mode, *graph_fake_modes(graphs)])
+    release_shape_env_caches()
     return captured
