@@ -160,6 +160,40 @@ def test_an_argument_onnx_runtimes_kernel_fails_on_runs_alone_in_pytorch(monkeyp
     assert "output_padding [2] not below the stride [2]" in warned[0]
 
 
+@pytest.mark.parametrize(
+    ("norm_type", "dtype", "why"),
+    [
+        (float("inf"), torch.float32, "computes norm_type=inf as a sum of powers"),
+        (float("-inf"), torch.float32, "computes norm_type=-inf as a sum of powers"),
+        (2.0, torch.float64, "rounds max_norm to float32 in a float64 embedding"),
+    ],
+)
+def test_an_embedding_renorm_its_translation_gets_wrong_runs_in_pytorch(
+    monkeypatch, caplog, norm_type, dtype, why
+) -> None:
+    """``nn.Embedding(max_norm=0.5, norm_type=inf)``: onnxscript's renorm took the row norm as
+    ``sum(|w|^p)^(1/p)`` = 1 and scaled every looked-up row by max_norm (a loss 0.16 for eager's
+    0.39, the weight itself renormed wrong); in float64 it rounded max_norm to float32."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    torch.manual_seed(0)
+    eager = nn.Embedding(
+        10, 4, max_norm=0.5 if dtype == torch.float32 else 0.3, norm_type=norm_type, dtype=dtype
+    )
+    with torch.no_grad():
+        eager.weight.mul_(0.3)
+    wrapped = ORTModule(copy.deepcopy(eager))
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for step in range(3):
+            ids = torch.tensor([[1, 2, 3], [3, 7, step]])
+            for m in (eager, wrapped):
+                m.zero_grad()
+                m(ids).sin().sum().backward()
+                with torch.no_grad():
+                    m.weight -= 0.5 * m.weight.grad
+            torch.testing.assert_close(wrapped.module.weight, eager.weight, rtol=1e-12, atol=1e-7)
+    assert any(why in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
 def test_fallback_disable_names_the_operator() -> None:
     with pytest.raises(
         ORTModuleONNXModelException, match=r"aten\.segment_reduce\.default \(no ONNX translation\)"
