@@ -17,6 +17,8 @@ leaves no trace.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -34,6 +36,39 @@ from ortrain.ortmodule.python_randomness import python_generators_kept, torch_ge
 
 def run_eagerly_leaving_no_trace(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Run ``module(*args, **kwargs)`` for its exceptions only; raises what PyTorch raises."""
+    inference = any(
+        isinstance(t, torch.Tensor) and t.is_inference() for t in pytree.tree_leaves((args, kwargs))
+    )
+    if inference and torch.is_grad_enabled():
+        _run_once(module, args, kwargs, torch.enable_grad())
+        return
+    try:
+        _run_once(module, args, kwargs, torch.no_grad())
+    except Exception:
+        if not torch.is_grad_enabled():
+            raise
+        # A forward that differentiates inside (a force field's autograd.grad of its energy, a
+        # PINN's derivatives) fails without gradients where the caller's mode runs it: the
+        # caller's mode decides (wave 46's review: "element 0 of tensors does not require grad"
+        # was raised as the user's error in place of the fallback the policy asks for).
+        with _gradients_kept(module, args, kwargs):  # a backward inside accumulates into .grad
+            _run_once(module, args, kwargs, torch.enable_grad())
+
+
+@contextlib.contextmanager
+def _gradients_kept(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[None]:
+    """Put back the ``.grad`` of the parameters and of the call's leaf tensors: a forward that runs
+    a backward of its own (``aux_loss.backward()``) accumulates into them."""
+    leaves = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_leaf]
+    kept = [(t, None if t.grad is None else t.grad.clone()) for t in (*module.parameters(), *leaves)]
+    try:
+        yield
+    finally:
+        for tensor, grad in kept:
+            tensor.grad = grad
+
+
+def _run_once(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], grad_mode: Any) -> None:
     saved = [
         (m, name, buffer, buffer.clone())
         for m in module.modules()
@@ -42,10 +77,6 @@ def run_eagerly_leaving_no_trace(module: nn.Module, args: tuple[Any, ...], kwarg
     ]
     writes = WritesUndone({key for _, _, buffer, _ in saved if (key := storage_key(buffer)) is not None})
     cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    inference = any(
-        isinstance(t, torch.Tensor) and t.is_inference() for t in pytree.tree_leaves((args, kwargs))
-    )
-    grad_mode = torch.enable_grad() if inference and torch.is_grad_enabled() else torch.no_grad()
     try:
         # Every generator the forward may draw from is put back (wave 44: one the model held was
         # left one draw ahead, and every later step drew other numbers than eager's).

@@ -507,6 +507,58 @@ def test_a_graph_that_fails_to_capture_runs_in_pytorch_alone(monkeypatch, caplog
     assert type(wrapped(positions)[0].grad_fn).__name__ == "_TwiceDifferentiableBackward"
 
 
+class _EnergyInCallersMode(_Energy):
+    """The same force field without its own ``enable_grad``: it differentiates in the caller's mode."""
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = positions.detach().requires_grad_(True)
+        energy = self.out(torch.tanh(self.hidden(positions))).sum()
+        forces = -torch.autograd.grad(energy, positions, create_graph=self.training)[0]
+        return energy, forces
+
+
+class _AuxiliaryBackwardInside(nn.Module):
+    """A forward that runs a backward of its own (an auxiliary loss), then returns the main loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 8)
+        self.b = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        (h.pow(2).mean() * 0.1).backward(retain_graph=True)
+        return self.b(torch.tanh(h)).pow(2).mean()
+
+
+def test_the_eager_check_runs_a_forward_that_differentiates_inside_in_the_callers_mode(
+    monkeypatch, caplog
+) -> None:
+    """The check that asks eager PyTorch whether a failure is the user's ran without gradients, so a
+    forward taking ``autograd.grad`` itself failed there ("element 0 of tensors does not require
+    grad"), and that error was raised as the user's in place of the policy's fallback; a forward
+    running its own backward, checked with gradients, must leave no gradient behind (wave 46)."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    torch.manual_seed(0)
+    model = _EnergyInCallersMode()
+    wrapped = ORTModule(copy.deepcopy(model))
+    positions = torch.randn(5, 3)
+    wrapped(positions)[0].backward()
+    model.eval()
+    wrapped.eval()  # its capture fails: this graph's calls run in PyTorch
+    for got, want in zip(wrapped(positions), model(positions), strict=True):
+        torch.testing.assert_close(got, want)
+    torch.manual_seed(0)
+    model = _AuxiliaryBackwardInside()
+    wrapped = ORTModule(copy.deepcopy(model))
+    x = torch.randn(4, 6)
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for m in (model, wrapped):
+            m(x).backward()
+    assert any("trains it in PyTorch instead" in r.getMessage() for r in caplog.records)
+    torch.testing.assert_close(wrapped.a.weight.grad, model.a.weight.grad)
+
+
 class _ListArgument(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, tensors: list[torch.Tensor]) -> torch.Tensor:
