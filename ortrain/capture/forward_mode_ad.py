@@ -18,10 +18,16 @@ from torch.utils._pytree import tree_leaves
 
 
 def carries_tangents(arguments: object, module: torch.nn.Module) -> bool:
-    """Whether a forward-AD level is open and an input, parameter or buffer holds a tangent at it."""
+    """Whether a forward-AD level is open and an input, parameter, buffer or tensor attribute
+    (``self.temp = make_dual(...)``, bound like a buffer) holds a tangent at it."""
     if forward_ad._current_level < 0:  # no ``dual_level()`` open: the common case costs one read
         return False
-    return _any_dual(tree_leaves(arguments)) or _any_dual(module.parameters()) or _any_dual(module.buffers())
+    return (
+        _any_dual(tree_leaves(arguments))
+        or _any_dual(module.parameters())
+        or _any_dual(module.buffers())
+        or _any_dual(value for m in module.modules() for value in vars(m).values())
+    )
 
 
 def _any_dual(values: Iterable[object]) -> bool:

@@ -345,6 +345,36 @@ def test_forward_mode_ad_tangents_get_eager_answers_and_training_stays_on_graphs
     torch.testing.assert_close(out, eager(x), rtol=1e-12, atol=1e-12)
 
 
+class _Tempered2(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.temp = torch.ones(3)  # neither parameter nor buffer: bound like a buffer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x)) * self.temp
+
+
+def test_a_tangent_on_a_tensor_attribute_gets_eagers_answer() -> None:
+    """``model.temp = make_dual(...)``: the tangent of a plain tensor attribute went unseen (the
+    check read inputs, parameters and buffers), and the output had no tangent (wave 46)."""
+    import torch.autograd.forward_ad as forward_ad
+
+    torch.manual_seed(0)
+    eager = _Tempered2().double()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(2, 4, dtype=torch.float64)
+    wrapped(x).sum().backward()
+    tangent = torch.randn(3, dtype=torch.float64)
+    with torch.no_grad(), forward_ad.dual_level():
+        answers = []
+        for m in (eager, wrapped):
+            m.temp = forward_ad.make_dual(torch.ones(3, dtype=torch.float64), tangent)
+            answers.append(forward_ad.unpack_dual(m(x)).tangent)
+    assert answers[1] is not None
+    torch.testing.assert_close(answers[1], answers[0])
+
+
 def test_code_writing_the_module_tables_through_the_wrapper_changes_the_model(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
