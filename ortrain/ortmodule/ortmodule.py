@@ -101,7 +101,7 @@ from ortrain.ortmodule.schema import (
     unflatten,
 )
 from ortrain.ortmodule.second_order import BufferWrites, needs_second_order_path, run_twice_differentiable
-from ortrain.ortmodule.shared_registries import refuse_root_parametrization, share_registries
+from ortrain.ortmodule.shared_registries import ModelPostHooks, ModelTable, refuse_root_parametrization
 from ortrain.ortmodule.signature import (
     base_wrapper_class,
     new_wrapper,
@@ -328,6 +328,14 @@ class ORTModule(nn.Module):
     checkpoints and wrappers such as DistributedDataParallel see the model they expect.
     """
 
+    # The model's own tables, read live (ortrain.ortmodule.shared_registries): code that writes
+    # them directly (prepare_qat's ``module._modules[name] = ...``) changes the model.
+    _parameters = ModelTable()
+    _buffers = ModelTable()
+    _modules = ModelTable()
+    _non_persistent_buffers_set = ModelTable()
+    _load_state_dict_post_hooks = ModelPostHooks()
+
     def __new__(cls, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> ORTModule:
         # A subclass per wrapped class, whose class-level forward shows the wrapped class's
         # signature: the HF Trainer reads label names off type(model) (see signature.py).
@@ -343,7 +351,6 @@ class ORTModule(nn.Module):
                 f"{type(debug_options).__name__}: ORTModule(model, DebugOptions(save_onnx=True))"
             )
         super().__init__()
-        share_registries(self, module)
         debug = debug_options or DebugOptions()
         options = runtime_options()
         object.__setattr__(self, "_ortrain_module", module)
@@ -485,7 +492,6 @@ class ORTModule(nn.Module):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        share_registries(self, self._ortrain_module)
         object.__setattr__(self, "_ortrain_graphs", GraphCache(self._ortrain_options.graph_cache_size))
         object.__setattr__(self, "_ortrain_reads", AttributeReads())
         object.__setattr__(self, "_ortrain_scalars", ScalarLifter())

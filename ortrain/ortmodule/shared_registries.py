@@ -9,7 +9,8 @@ silently (a loss 4e-3 off eager's); ``prune.l1_unstructured(wrapped, "weight")``
 ``weight_norm(wrapped)`` on a root parameter (``del module._parameters[name]``) raised
 ``KeyError`` half-way, leaving a stray ``weight_orig`` in the model's ``state_dict``. Shared,
 the tables hold the model's entries, and a write lands where the forward reads it; the guards
-see it at the next step as any change to the model.
+see it at the next step as any change to the model. The tables are read from the model at each
+access (``ModelTable``), so a model that rebinds one is followed too.
 
 One write stays refused: ``torch.nn.utils.parametrize`` on a tensor of the model's root, through
 the wrapper, moves the tensor out of the model and puts the property that computes it on the
@@ -18,26 +19,59 @@ wrapper's class, where the model's forward never reads it: it is refused before 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from types import FrameType
+from typing import Any
 
 from torch import nn
 
-# And the load-state-dict post hooks: a parent's ``load_state_dict`` walks these tables and runs
-# each module's post hooks after its submodules (those registered through the wrapper are the
-# model's); until wave 46 the wrapper loaded its model by a walk of its own (nested_state_dict.py).
-_TABLES = (
-    "_parameters",
-    "_buffers",
-    "_modules",
-    "_non_persistent_buffers_set",
-    "_load_state_dict_post_hooks",
-)
+
+class ModelTable:
+    """A class attribute of the wrapper: its ``name`` table is the wrapped model's, read live (the
+    model may rebind it: ``model._modules = OrderedDict(...)`` left a shared copy stale, and a
+    parent's ``load_state_dict`` walked the old submodules, wave 46's review). Until the model is
+    set (``nn.Module.__init__`` makes the wrapper's own), the wrapper's own; set afterwards, the
+    model's."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, wrapper: nn.Module | None, owner: type | None = None) -> Any:
+        if wrapper is None:
+            return self
+        model = wrapper.__dict__.get("_ortrain_module")
+        return wrapper.__dict__[self.name] if model is None else model.__dict__[self.name]
+
+    def __set__(self, wrapper: nn.Module, value: Any) -> None:
+        model = wrapper.__dict__.get("_ortrain_module")
+        if model is None:
+            wrapper.__dict__[self.name] = value
+        else:
+            setattr(model, self.name, value)
 
 
-def share_registries(wrapper: nn.Module, module: nn.Module) -> None:
-    """Make ``wrapper``'s tables the very objects ``module`` holds."""
-    for name in _TABLES:
-        object.__setattr__(wrapper, name, module.__dict__[name])
+class ModelPostHooks:
+    """The wrapper's load-state-dict post hooks: one that runs the model's own, with the model as
+    their module. A parent's ``load_state_dict`` walks the wrapper's tables (the model's
+    submodules) and runs the wrapper's post hooks after them; those registered through the
+    wrapper are the model's, and a hook that checks its module's class must meet the model."""
+
+    def __get__(self, wrapper: nn.Module | None, owner: type | None = None) -> Any:
+        if wrapper is None:
+            return self
+        model = wrapper.__dict__.get("_ortrain_module")
+        if model is None:
+            return wrapper.__dict__["_load_state_dict_post_hooks"]
+
+        def run_the_models(module: nn.Module, incompatible_keys: Any) -> None:
+            for hook in model._load_state_dict_post_hooks.values():
+                if hook(model, incompatible_keys) is not None:
+                    raise RuntimeError("load_state_dict post hooks should modify incompatible_keys in place")
+
+        return OrderedDict({0: run_the_models})
+
+    def __set__(self, wrapper: nn.Module, value: Any) -> None:
+        wrapper.__dict__["_load_state_dict_post_hooks"] = value
 
 
 def refuse_root_parametrization(module: nn.Module, name: str, caller: FrameType | None) -> None:

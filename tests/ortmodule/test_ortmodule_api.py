@@ -486,6 +486,29 @@ def test_a_parent_loads_a_state_dict_into_its_wrapped_child() -> None:
     assert result.missing_keys == ["encoder.0.bias"] and result.unexpected_keys == ["encoder.0.extra"]
 
 
+def test_a_rebound_table_and_the_models_post_hooks_are_the_models_in_a_parents_load() -> None:
+    """The wrapper's tables are read from the model at each access: one the model rebinds
+    (``_modules = OrderedDict(...)``) left a shared copy stale, and a parent's load filled the old
+    submodules; a post hook registered on the model met the wrapper as its module (wave 46)."""
+    from collections import OrderedDict
+
+    torch.manual_seed(0)
+    parent = _Parent(wrap=True)
+    encoder = parent.encoder.module
+    new_layers = OrderedDict([("0", nn.Linear(4, 4)), ("1", nn.BatchNorm1d(4))])
+    encoder._modules = new_layers
+    assert parent.encoder._modules is new_layers
+    modules_seen = []
+    encoder.register_load_state_dict_post_hook(lambda module, keys: modules_seen.append(module))
+    saved = {
+        k: torch.full_like(v, 7.0) if v.is_floating_point() else v for k, v in parent.state_dict().items()
+    }
+    result = parent.load_state_dict(saved)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert torch.equal(new_layers["0"].weight, torch.full((4, 4), 7.0))
+    assert modules_seen == [encoder]
+
+
 def test_apply_reaches_the_wrapped_model_itself() -> None:
     """``apply`` called ``fn`` on the wrapper, not on the model: an init keyed on the model's class
     (its own parameters) was skipped."""
