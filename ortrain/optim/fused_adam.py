@@ -115,7 +115,21 @@ class FusedAdam(torch.optim.Optimizer):
         param_group.setdefault("step", 0)
         super().add_param_group(param_group)
 
+    # torch.optim.Optimizer's __getstate__ keeps defaults, state and param_groups only: a copy,
+    # pickle or torch.save of the optimizer lost these two, and its next step raised
+    # AttributeError (wave 46's review).
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["adam_w_mode"] = self.adam_w_mode
+        state["set_grad_none"] = self.set_grad_none
+        return state
+
     def __setstate__(self, state: dict[str, Any]) -> None:
+        # load_state_dict comes through here too, with state and param_groups only: keep ours.
+        state = dict(state)
+        mode = state.pop("adam_w_mode", getattr(self, "adam_w_mode", AdamWMode.ADAMW_TRANSFORMERS))
+        self.adam_w_mode = AdamWMode(mode)
+        self.set_grad_none = state.pop("set_grad_none", getattr(self, "set_grad_none", True))
         super().__setstate__(state)
         for group in self.param_groups:
             group.setdefault("step", 0)

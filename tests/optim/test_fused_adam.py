@@ -381,3 +381,30 @@ def test_complex_params_are_updated_as_torch_adam_updates_them(mode: AdamWMode) 
     for p, r in zip(params, ref_params, strict=True):
         torch.testing.assert_close(p.detach(), r.detach(), atol=1e-6, rtol=1e-6)
     assert opt.state[params[0]]["exp_avg"].dtype == torch.cfloat
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_optimizer_keeps_its_mode_and_steps_as_the_original(how: str) -> None:
+    """``copy.deepcopy``/``pickle``/``torch.save`` kept only torch's defaults, state and groups: the
+    copy's next step raised "no attribute 'adam_w_mode'" (wave 46's review)."""
+    import pickle
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(4, 3)) for _ in range(2)]
+    optimizer = FusedAdam(
+        params, lr=0.1, weight_decay=0.1, adam_w_mode=AdamWMode.ADAMW_TORCH, set_grad_none=False
+    )
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    both = (params, optimizer)
+    copied_params, copied = copy.deepcopy(both) if how == "deepcopy" else pickle.loads(pickle.dumps(both))
+    assert copied.adam_w_mode is AdamWMode.ADAMW_TORCH and copied.set_grad_none is False
+    for original, twin in zip(params, copied_params, strict=True):
+        twin.grad = original.grad.clone()
+    optimizer.step()
+    copied.step()
+    for original, twin in zip(params, copied_params, strict=True):
+        torch.testing.assert_close(twin, original, rtol=0, atol=0)
+    copied.zero_grad()
+    assert all(p.grad is not None and not p.grad.any() for p in copied_params)  # zeroed, as asked
