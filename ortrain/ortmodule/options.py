@@ -220,7 +220,18 @@ def parse_memory_opt_config(raw: str) -> tuple[RecomputeRequest, ...]:
         entries = loaded
     else:
         entries = text.split(",")
-    return tuple(_parse_plan(e) for e in entries if e.strip())
+    plans = tuple(_parse_plan(e) for e in entries if e.strip())
+    # Two plans for one pattern contradict each other (wave 46's review: "Gelu+:1:-1,Gelu+:0:-1"
+    # was taken without a word, one of them silently winning).
+    seen: set[str] = set()
+    for plan in plans:
+        if plan.pattern in seen:
+            raise ValueError(
+                f"ORTMODULE_MEMORY_OPT_CONFIG={raw!r} gives pattern {plan.pattern!r} more than one "
+                "plan; give each pattern once"
+            )
+        seen.add(plan.pattern)
+    return plans
 
 
 def ortmodule_variables_set() -> list[str]:

@@ -60,6 +60,7 @@ REJECTED = [
     ("ORTMODULE_MEMORY_OPT_LEVEL", "high", "0, 1, 2"),
     ("ORTMODULE_MEMORY_OPT_CONFIG", "Gelu+:5:1", "pattern:type:count"),
     ("ORTMODULE_MEMORY_OPT_CONFIG", "/no/such/plans.json", "no such JSON file"),
+    ("ORTMODULE_MEMORY_OPT_CONFIG", "Gelu+:1:-1,Gelu+:0:-1", "pattern 'Gelu+' more than one plan"),
     ("ORTMODULE_USE_TRITON", "triton", "1 or 0"),
     ("ORTMODULE_ENABLE_TUNING", "on-the-fly", "1 or 0"),
     ("ORTMODULE_MAX_TUNING_DURATION_MS", "soon", "positive whole number of milliseconds"),
