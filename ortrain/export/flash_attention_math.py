@@ -17,8 +17,10 @@ Conventions of PyTorch's CPU kernels that the math follows (checked in
   ``i`` sees keys ``0..i``) also when there are more keys than queries;
 - a float ``attn_mask`` is added to the scores; a row that it masks whole gets the output 0, the
   log-sum-exp 0 and no gradient;
-- the log-sum-exp is float32 whatever the inputs' dtype, and the products run in float32 for
-  16-bit inputs, as the kernel accumulates;
+- the log-sum-exp is in the accumulating dtype (float32 for 16-bit and float32 inputs, float64
+  for float64: until wave 46 it was float32 always, and every float64 model's attention was
+  refused as a dtype mismatch), and the products run in float32 for 16-bit inputs, as the kernel
+  accumulates;
 - grouped keys and values (``enable_gqa``: fewer key heads than query heads, a divisor of them)
   serve query head ``h`` with key head ``h // group``; the backward sums each group's gradients.
 """
@@ -121,7 +123,7 @@ def flash_attention_forward(
     logsumexp = torch.log(total) + row_max
     if attn_mask is not None:
         logsumexp = torch.where(torch.isneginf(logsumexp), 0.0, logsumexp)
-    return output, logsumexp.to(torch.float32)
+    return output, logsumexp.to(torch.promote_types(query.dtype, torch.float32))
 
 
 def flash_attention_backward(

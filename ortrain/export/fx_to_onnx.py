@@ -52,7 +52,7 @@ from ortrain.export.exporter_decompositions import lean_decomposition
 from ortrain.export.factory_dtypes import spell_out_factory_dtypes
 from ortrain.export.flash_attention_math import NoMathForm
 from ortrain.export.half_precision_numbers import size_numbers_in_float32
-from ortrain.export.index_dtypes import cast_indices_to_int64
+from ortrain.export.index_dtypes import cast_indices_to_int64, int64_advanced_indices
 from ortrain.export.known_shape_inference import shape_inference_only_where_unknown
 from ortrain.export.nan_propagation import propagate_nan
 from ortrain.export.negative_indices import refuse_negative_indices
@@ -521,6 +521,7 @@ def _translate(
     if views_as_reshapes(gm.graph):
         gm.recompile()
     refuse_negative_indices(gm)  # both translate gathers and scatters that count negatives from the end
+    int64_advanced_indices(gm)  # onnxscript's index/index_put combine index dtypes (see index_dtypes)
     spell_out_math(gm)  # the operators whose translations lose PyTorch's answers (see the module)
     copy_slice_backwards(gm)  # a slice's backward as a Pad, not a scatter between two transposes
     numbers_as_operands(gm)  # float64 graphs: no float32 attributes (double_precision_constants)

@@ -1,5 +1,12 @@
 """Give ONNX Runtime the int64 indices its scatter and gather kernels require.
 
+Advanced indexing with int32 index tensors (``table[heads_int64, rel_int32]``, a relative-position
+bias; ``flex_attention``'s block mask, written with int32 indices): onnxscript's ``index`` and
+``index_put`` combine the index tensors with ``Concat`` and ``Max``, which ONNX Runtime refuses
+when their dtypes differ ("Type parameter (T) of Optype (Max) bound to different types"), and the
+whole region ran in PyTorch (wave 46's review). Before translation, each int32 index tensor of
+those operators is cast to int64 (:func:`int64_advanced_indices`), which changes no value.
+
 Some onnxscript translations (``unfold_backward``, for one) build ``ScatterND`` with int32
 indices, which ONNX allows for no version of the op: ONNX Runtime then refuses the model at
 session creation. A ``Cast`` to int64 in front of such an input fixes the model without changing
@@ -9,6 +16,58 @@ any value.
 from __future__ import annotations
 
 import onnx_ir as ir
+import torch
+
+aten = torch.ops.aten
+
+# operators of advanced indexing: position of their list of index tensors
+_ADVANCED_INDEXING = {
+    aten.index.Tensor: 1,
+    aten._unsafe_index.Tensor: 1,
+    aten.index_put.default: 1,
+    aten.index_put_.default: 1,
+    aten._unsafe_index_put.default: 1,
+    aten._index_put_impl_.default: 1,
+}
+
+
+def int64_advanced_indices(gm: torch.fx.GraphModule) -> int:
+    """Cast every int32 index tensor of ``gm``'s advanced-indexing nodes to int64; returns how many."""
+    cast: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in list(gm.graph.nodes):
+        position = _ADVANCED_INDEXING.get(node.target) if node.op == "call_function" else None
+        if (
+            position is None
+            or len(node.args) <= position
+            or not isinstance(node.args[position], list | tuple)
+        ):
+            continue
+        indices = list(node.args[position])
+        changed = False
+        for i, index in enumerate(indices):
+            value = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+            if not isinstance(value, torch.Tensor) or value.dtype != torch.int32:
+                continue
+            if index not in cast:
+                with gm.graph.inserting_after(index):
+                    cast[index] = gm.graph.call_function(
+                        aten._to_copy.default, (index,), {"dtype": torch.int64}
+                    )
+                mode = getattr(value, "fake_mode", None)
+                if mode is not None:
+                    with mode:
+                        cast[index].meta["val"] = torch.empty_like(value, dtype=torch.int64)
+                else:
+                    cast[index].meta["val"] = torch.empty_like(value, dtype=torch.int64)
+            indices[i] = cast[index]
+            changed = True
+        if changed:
+            node.update_arg(position, type(node.args[position])(indices))
+    if cast:
+        gm.graph.lint()
+        gm.recompile()
+    return len(cast)
+
 
 # op type -> position of its indices input, for the ops whose indices must be int64 (Gather,
 # GatherElements and ScatterElements accept int32 too).

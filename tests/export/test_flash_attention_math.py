@@ -31,7 +31,7 @@ def _inputs(queries: int, keys: int, dtype: torch.dtype, masked: bool, kv_heads:
     return q, k, v, mask
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "mask"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize(("queries", "keys"), [(5, 7), (7, 5), (6, 6)])

@@ -134,6 +134,46 @@ def test_unfold_then_max_trains_like_eager() -> None:
     torch.testing.assert_close(module.weight.grad, eager.weight.grad)
 
 
+class _RelativeBias(nn.Module):
+    """A relative-position bias read with int64 head indices and int32 offsets, and a window mask
+    written with them: onnxscript's index and index_put combine index tensors of both dtypes,
+    which ONNX Runtime refuses ("bound to different types")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(2, 33))
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        i = torch.arange(n, dtype=torch.int32)
+        offsets = (i[None, :] - i[:, None]).clamp(-16, 16) + 16
+        heads = torch.arange(2)[:, None, None]
+        bias = self.table[heads, offsets[None]]
+        window = torch.zeros(2, n, n)
+        window[heads, torch.arange(n)[None, :, None], offsets[None].clamp(max=n - 1)] = 1.0
+        h = self.proj(x)
+        return ((h @ h.t())[None] + bias * window).softmax(-1).sum(0) @ x
+
+
+def test_advanced_indexing_with_int32_and_int64_indices_runs_on_onnx_runtime(monkeypatch) -> None:
+    import copy
+
+    from ortrain import ORTModule
+
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")  # nothing left to PyTorch
+    torch.manual_seed(0)
+    eager = _RelativeBias()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for n in (5, 6, 7):  # the second size captures with open sizes
+        x = torch.randn(n, 4)
+        for m in (eager, wrapped):
+            m.zero_grad()
+            m(x).pow(2).sum().backward()
+        torch.testing.assert_close(wrapped.table.grad, eager.table.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(wrapped.proj.weight.grad, eager.proj.weight.grad, rtol=1e-4, atol=1e-5)
+
+
 class _MatrixVector(nn.Module):
     """mv's backward is mv(matrix.t(), grad), which ONNX Runtime's optimizer got wrong."""
 
