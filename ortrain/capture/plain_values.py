@@ -77,7 +77,7 @@ def has_plain_form(kind: type) -> bool:
 
 
 def plain_form(value: Any) -> Any:
-    """``value`` if plain, a sequence of plain values as a tuple, a NumPy array as
+    """``value`` if plain, a tuple of plain values as itself, a list as ``("list", values)``, a NumPy array as
     ``("ndarray", dtype, shape, bytes)`` (up to :data:`LONG` entries, :data:`ARRAY_BYTES`), a
     deque of plain values as ``("deque", maxlen, values)``, a ``bytearray`` or an ``array.array``
     by its bytes, a ``torch.Size`` as a tuple, a ``torch.device`` as ``("device", name)``, another
@@ -93,7 +93,9 @@ def plain_form(value: Any) -> Any:
     if is_other_number(kind):
         return ("number", f"{kind.__module__}.{kind.__qualname__}", repr(value))
     if kind in SEQUENCES and len(value) <= LONG and all(type(i) in PLAIN for i in value):
-        return tuple(value)
+        # A list as a list: ``h[self.sel]`` indexes rows by a list and one element by a tuple
+        # (wave 46's review: ``sel = (0, 1)`` after ``[0, 1]`` kept the list's graph).
+        return tuple(value) if kind is tuple else ("list", tuple(value))
     if kind in OTHER_SEQUENCES:
         if kind is collections.deque:
             plain = len(value) <= LONG and all(type(i) in PLAIN for i in value)

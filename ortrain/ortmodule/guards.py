@@ -261,7 +261,12 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
             uninitialized.append(name)
             return (name, "uninitialized")
         attributes = python_attributes(tensor)  # ``weight.lr_scale``, read like a module's (wave 30)
-        return (name, tensor.dtype, tensor.device, tensor.shape, tensor.requires_grad, attributes)
+        # Its class and layout too (wave 46's review: a tensor attribute replaced by a
+        # ``__torch_function__`` subclass, or by a sparse tensor, of the same shape ran the old
+        # graph: the subclass's own arithmetic skipped silently, the sparse one failing in it).
+        kind = type(tensor)
+        layout = tensor.layout
+        return (name, tensor.dtype, tensor.device, tensor.shape, tensor.requires_grad, attributes, kind, layout)
 
     stack: list[nn.Module] = [root]
     while stack:
@@ -848,6 +853,8 @@ def _show_value(value: Any) -> str:
         return f"an array ({value[1]}, shape {list(value[2])})"
     if type(value) is tuple and len(value) == 3 and value[0] == "number":
         return value[2]  # a NumPy scalar, a Fraction: its repr
+    if type(value) is tuple and len(value) == 2 and value[0] == "list" and type(value[1]) is tuple:
+        value = list(value[1])  # a list's plain form: shown as the list
     shown = repr(value)
     return shown if len(shown) <= 80 else f"{shown[:60]}... ({len(value)} entries)"
 
@@ -864,7 +871,7 @@ def _first_difference(before: dict[str, Any], after: dict[str, Any]) -> tuple[st
 def _tensor_change(module: str, kind: str, before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
     if [t[0] for t in before] != [t[0] for t in after]:
         return f"{kind}s of {module!r} were added or removed"
-    fields = ("dtype", "device", "shape", "requires_grad", "Python attributes")
+    fields = ("dtype", "device", "shape", "requires_grad", "Python attributes", "class", "layout")
     for b, a in zip(before, after, strict=True):
         if b == a:
             continue
@@ -880,4 +887,6 @@ def _tensor_change(module: str, kind: str, before: tuple[Any, ...], after: tuple
 def _show(value: Any) -> str:
     if isinstance(value, torch.Size):
         return str(list(value))
+    if isinstance(value, type):
+        return value.__qualname__
     return str(value)
