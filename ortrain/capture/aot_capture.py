@@ -36,7 +36,6 @@ from ortrain.capture.forward_rewrite import ForwardRewrite, ForwardTrace, rewrit
 from ortrain.capture.function_calls import intercept_functions
 from ortrain.capture.function_overrides import function_overrides
 from ortrain.capture.input_metadata_changes import refuse_metadata_changes
-from ortrain.capture.internal_outputs import outputs_used_inside
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig, MemoryReport
 from ortrain.capture.module_paths import annotate_module_paths
 from ortrain.capture.output_layouts import traced_layouts
@@ -66,8 +65,6 @@ class GraphSlot:
 
     graph: torch.fx.GraphModule
     runner: GraphRunner | None = None
-    # A forward's outputs that it also reads itself (ortrain.capture.internal_outputs).
-    used_inside: frozenset[int] = frozenset()
 
     def run(self, args: list[Any]) -> list[Any]:
         if self.runner is None:
@@ -274,7 +271,6 @@ def capture(
             if tag != "forward":
                 return GraphCode(slot)
             layouts = traced_layouts(gm.graph, metadata)
-            slot.used_inside = outputs_used_inside(gm.graph, metadata)
             return GraphCode(slot, output_layouts=layouts, forward=True, detached=detached_outputs(metadata))
 
         return compile_graph

@@ -41,9 +41,7 @@ if TYPE_CHECKING:
     from ortrain.capture.aot_capture import GraphSlot
 
 # Bump when what a package holds changes shape: an old entry then fails to load and is rebuilt.
-# 2: entries carry their size guards (ortrain.capture.size_guards); 3: detached outputs; 4: the
-# outputs the forward reads itself (ortrain.capture.internal_outputs)
-FORMAT = 4
+FORMAT = 3  # 2: entries carry their size guards (ortrain.capture.size_guards); 3: detached outputs
 _KEPT_METADATA = frozenset({"val"})
 
 
@@ -73,9 +71,6 @@ class GraphCode(OutputCode):
         # Outputs that do not require grad, detached where a runner made them views of another
         # (ortrain.capture.detached_outputs).
         self.detached = detached
-        # Outputs the forward also reads itself (ortrain.capture.internal_outputs), kept for the
-        # slot a later process loads.
-        self.used_inside = slot.used_inside
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
         assert self.slot is not None, "a loaded GraphCode runs only after post_compile"
@@ -149,8 +144,7 @@ class GraphCode(OutputCode):
         graph = GraphPickler.loads(self._graph_bytes, context.fake_mode)
         assert isinstance(graph, torch.fx.GraphModule)
         # Its code is generated only if PyTorch runs it: ONNX Runtime runs what it exports.
-        used_inside = getattr(self, "used_inside", frozenset())
-        self.slot = GraphSlot(compiled_on_first_call(graph), used_inside=used_inside)
+        self.slot = GraphSlot(compiled_on_first_call(graph))
         self._graph_bytes = None
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:

@@ -89,7 +89,6 @@ from ortrain.ortmodule.options import (
     runtime_options,
     user_malloc_setting,
 )
-from ortrain.ortmodule.output_hooks import refuse_hooks_on_outputs_used_inside
 from ortrain.ortmodule.python_randomness import PythonRandomnessError, refusing_python_randomness
 from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves, unread_lifted_inputs
 from ortrain.ortmodule.schema import (
@@ -780,7 +779,6 @@ class ORTModule(nn.Module):
             ) from error
         if learning:
             entry.learn_alias_writes(call.inputs, shared, versions)
-        refuse_hooks_on_outputs_used_inside(outputs, entry.capture.forward.used_inside)
         spec = entry.output_spec
         if isinstance(spec, AssignedAttributes):
             values = len(outputs) - spec.extra_outputs
