@@ -264,8 +264,8 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
         # Its class and layout too (wave 46's review: a tensor attribute replaced by a
         # ``__torch_function__`` subclass, or by a sparse tensor, of the same shape ran the old
         # graph: the subclass's own arithmetic skipped silently, the sparse one failing in it).
-        kind, layout = type(tensor), tensor.layout
-        return (name, tensor.dtype, tensor.device, tensor.shape, tensor.requires_grad, attributes, kind, layout)
+        signature = (tensor.dtype, tensor.device, tensor.shape, tensor.requires_grad)
+        return (name, *signature, attributes, type(tensor), tensor.layout)
 
     stack: list[nn.Module] = [root]
     while stack:
