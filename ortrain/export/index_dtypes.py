@@ -15,6 +15,8 @@ any value.
 
 from __future__ import annotations
 
+import contextlib
+
 import onnx_ir as ir
 import torch
 
@@ -54,10 +56,7 @@ def int64_advanced_indices(gm: torch.fx.GraphModule) -> int:
                         aten._to_copy.default, (index,), {"dtype": torch.int64}
                     )
                 mode = getattr(value, "fake_mode", None)
-                if mode is not None:
-                    with mode:
-                        cast[index].meta["val"] = torch.empty_like(value, dtype=torch.int64)
-                else:
+                with mode if mode is not None else contextlib.nullcontext():
                     cast[index].meta["val"] = torch.empty_like(value, dtype=torch.int64)
             indices[i] = cast[index]
             changed = True

@@ -440,10 +440,10 @@ class ORTModule(nn.Module):
         setattr(self._ortrain_module, name, value)
         # The model changed under us: whatever was captured may no longer describe it. A plain
         # value replacing a plain value, or a tensor a tensor, needs nothing dropped: the guards
-        # key each module's plain attributes and its tensors' dtypes, shapes and requires_grad,
-        # and tensors are bound afresh at every step (until wave 44 the same value set again
-        # dropped every graph; until wave 46 a GAN's `model.phase = "d"/"g"` and pruning's mask
-        # applied to the root's weight at every step captured at every step, 170x slower).
+        # key each module's plain attributes and its tensors' dtypes, shapes, requires_grad,
+        # classes and layouts, and tensors are bound afresh at every step (until wave 44 the same
+        # value set again dropped every graph; until wave 46 a GAN's `model.phase = "d"/"g"` and
+        # pruning's mask applied to the root's weight at every step captured at every step).
         if not keyed:
             self._invalidate()
 
@@ -1167,7 +1167,8 @@ def _keyed_by_the_guards(old: Any, new: Any) -> bool:
     """Whether an attribute set through the wrapper keeps the guards' view complete: the same
     object, a plain value replacing a plain value (the state key holds both, compared exactly:
     ``-0.0`` is not ``0.0``, a NaN is a NaN, tuples and NumPy scalars by value), or a tensor
-    replacing a tensor (keyed by dtype, device, shape and requires_grad, bound at every step)."""
+    replacing a tensor (keyed by dtype, device, shape, requires_grad, class and layout, and bound
+    at every step)."""
     if old is new:
         return old is not _ABSENT
     if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
