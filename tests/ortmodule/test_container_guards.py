@@ -70,7 +70,7 @@ def _set_offset(m: _ValuesNet) -> None:
     ("change", "reason"),
     [
         (_set_anchor, "(the model).anchors changed in place (an array (<f4, shape [4]))"),
-        (_set_weight, "(the model).class_weights changed from (1.0, 1.0, 1.0"),
+        (_set_weight, "(the model).class_weights changed from [1.0, 1.0, 1.0"),
         (_set_offset, "helper.offsets changed from an array (<f4, shape [4]) to an array (<f4, shape [4])"),
     ],
     ids=["module's array", "module's long list", "held object's array"],
