@@ -15,57 +15,61 @@ any value.
 
 from __future__ import annotations
 
-import contextlib
+from typing import Any
 
 import onnx_ir as ir
 import torch
 
+from ortrain.export.spelled_out_math import call_with_value
+
 aten = torch.ops.aten
 
-# operators of advanced indexing: position of their list of index tensors
-_ADVANCED_INDEXING = {
-    aten.index.Tensor: 1,
-    aten._unsafe_index.Tensor: 1,
-    aten.index_put.default: 1,
-    aten.index_put_.default: 1,
-    aten._unsafe_index_put.default: 1,
-    aten._index_put_impl_.default: 1,
-}
+# Operators of advanced indexing; their list of index tensors is argument 1.
+_ADVANCED_INDEXING = frozenset(
+    {
+        aten.index.Tensor,
+        aten._unsafe_index.Tensor,
+        aten.index_put.default,
+        aten.index_put_.default,
+        aten._unsafe_index_put.default,
+        aten._index_put_impl_.default,
+    }
+)
 
 
 def int64_advanced_indices(gm: torch.fx.GraphModule) -> int:
     """Cast every int32 index tensor of ``gm``'s advanced-indexing nodes to int64; returns how many."""
     cast: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in list(gm.graph.nodes):
-        position = _ADVANCED_INDEXING.get(node.target) if node.op == "call_function" else None
-        if (
-            position is None
-            or len(node.args) <= position
-            or not isinstance(node.args[position], list | tuple)
-        ):
+        if node.op != "call_function" or node.target not in _ADVANCED_INDEXING or len(node.args) < 2:
             continue
-        indices = list(node.args[position])
-        changed = False
-        for i, index in enumerate(indices):
-            value = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
-            if not isinstance(value, torch.Tensor) or value.dtype != torch.int32:
-                continue
-            if index not in cast:
-                with gm.graph.inserting_after(index):
-                    cast[index] = gm.graph.call_function(
-                        aten._to_copy.default, (index,), {"dtype": torch.int64}
-                    )
-                mode = getattr(value, "fake_mode", None)
-                with mode if mode is not None else contextlib.nullcontext():
-                    cast[index].meta["val"] = torch.empty_like(value, dtype=torch.int64)
-            indices[i] = cast[index]
-            changed = True
-        if changed:
-            node.update_arg(position, type(node.args[position])(indices))
+        indices = node.args[1]
+        if not isinstance(indices, list | tuple):
+            continue
+        widened = [_as_int64(gm.graph, index, cast) for index in indices]
+        if any(new is not old for new, old in zip(widened, indices, strict=True)):
+            node.update_arg(1, type(indices)(widened))
     if cast:
         gm.graph.lint()
         gm.recompile()
     return len(cast)
+
+
+def _as_int64(graph: torch.fx.Graph, index: Any, cast: dict[torch.fx.Node, torch.fx.Node]) -> Any:
+    """``index`` cast to int64 if it is an int32 tensor (one cast per tensor), else itself."""
+    value = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.int32:
+        return index
+    if index not in cast:
+        with graph.inserting_after(index):
+            cast[index] = call_with_value(
+                graph,
+                aten._to_copy.default,
+                (index,),
+                {"dtype": torch.int64},
+                fake_mode=getattr(value, "fake_mode", None),
+            )
+    return cast[index]
 
 
 # op type -> position of its indices input, for the ops whose indices must be int64 (Gather,
