@@ -109,7 +109,43 @@ def _a_new_tensor(convert: Callable[..., torch.Tensor]) -> Callable[..., torch.T
     return converted
 
 
+def _integral(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return not (value.is_floating_point() or value.is_complex())
+    return isinstance(value, int)
+
+
+def _refuse_negative_power(base: Any, exponent: Any) -> Any:
+    """Python's ``int ** int`` is an int, but a float where the exponent is negative (``5 ** -1 ==
+    0.2``); an int tensor raised to a negative power is 0 in a trace (eager refuses it). Traced
+    with a number argument as base or exponent, an exponent that is negative or of unknown sign
+    fails the capture, and the value is baked in (wave 47's review: ``h * n ** -1`` gave a loss of
+    0 from the second value of ``n`` on, silently)."""
+    lifted = any(isinstance(v, torch.Tensor) and is_lifted_number(v) for v in (base, exponent))
+    if not lifted or not (_integral(base) and _integral(exponent)):
+        return NotImplemented
+    if isinstance(exponent, torch.Tensor) or exponent < 0:
+        raise TypeError(
+            "the forward raises an int number argument to an int power that may be negative (a "
+            "float in Python): it needs the Python number, which each new value captures with"
+        )
+    return NotImplemented
+
+
+def _power(base: Any, exponent: Any, *args: Any, **kwargs: Any) -> Any:
+    return _refuse_negative_power(base, exponent)
+
+
+def _reflected_power(exponent: Any, base: Any, *args: Any, **kwargs: Any) -> Any:
+    return _refuse_negative_power(base, exponent)
+
+
 OVERRIDES: dict[Callable[..., Any], Callable[..., Any]] = {
+    torch.Tensor.pow: _power,
+    torch.Tensor.__pow__: _power,
+    torch.Tensor.__ipow__: _power,
+    torch.pow: _power,
+    torch.Tensor.__rpow__: _reflected_power,
     torch.Tensor.__format__: _refuse_text,
     torch.Tensor.__repr__: _refuse_text,
     torch.as_tensor: _a_new_tensor(torch.as_tensor),

@@ -65,3 +65,26 @@ def test_a_number_argument_looked_up_in_a_dict_is_eager() -> None:
     for stage in (0, 1, 2, 3, 1):
         x = torch.randn(3, 4)
         torch.testing.assert_close(wrapped(x, stage), eager(x, stage))
+
+
+class _Powers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        # Python's int ** negative int is a float; traced as an int tensor it was 0 (wave 47).
+        return self.fc(x) * (n**-1 + 2**-n + n**2)
+
+
+def test_an_int_argument_raised_to_a_negative_power_is_pythons_float() -> None:
+    torch.manual_seed(0)
+    eager = _Powers()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(2, 3)
+    for n in (3, 5, 4):
+        expected, got = eager(x, n), wrapped(x, n)
+        torch.testing.assert_close(got, expected)
+        expected.sum().backward()
+        got.sum().backward()
+        torch.testing.assert_close(wrapped.fc.weight.grad, eager.fc.weight.grad)
