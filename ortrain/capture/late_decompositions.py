@@ -79,6 +79,8 @@ def late_decompositions() -> dict[Any, Callable[..., Any]]:
             aten.native_batch_norm_backward,
             aten.silu_backward,
             aten._native_batch_norm_legit_no_training,
+            # which PyTorch's decomposition of the eval-mode one above calls
+            aten._native_batch_norm_legit.default,
         ]
     )
     table[aten.convolution_backward.default] = convolution_backward
@@ -100,13 +102,22 @@ def _batch_norm_without_statistics(
 
 def decomposed_for_export(node: torch.fx.Node) -> bool:
     """Whether the export decomposes ``node`` with :func:`late_decompositions`. Also eval-mode
-    batch norm whose saved statistics are read (a model in eval() that still trains): onnxscript
+    batch norm in float64 (below), or whose saved statistics are read (a model in eval() that
+    still trains): onnxscript
     returns them with the channels' size where PyTorch's are empty, and the backward graph's
     session refused the forward's outputs."""
     if node.op != "call_function":
         return False
     if node.target in LATE_OPS:
         return True
-    return node.target is aten._native_batch_norm_legit_no_training.default and any(
-        user.target is operator.getitem and user.args[1] != 0 for user in node.users
-    )
+    if node.target is not aten._native_batch_norm_legit_no_training.default:
+        return False
+    # A float64 one too: ONNX's BatchNormalization holds ``epsilon`` as a float32 attribute, 1e-3
+    # became 0.0010000000475 (2e-8 relative off eager at small variances, wave 47's review); the
+    # decomposition's ``var + eps`` takes the number as an operand, which a float64 graph keeps
+    # exact (:mod:`ortrain.export.double_precision_constants`).
+    value = node.meta.get("val")
+    output = value[0] if isinstance(value, tuple | list) and value else value
+    if isinstance(output, torch.Tensor) and output.dtype == torch.float64:
+        return True
+    return any(user.target is operator.getitem and user.args[1] != 0 for user in node.users)

@@ -131,3 +131,23 @@ def test_a_strided_convolution_keeps_the_batch_size_open_in_onnxruntime(
             torch.testing.assert_close(losses[1], losses[0])
             torch.testing.assert_close(wrapped.stem.weight.grad, model.stem.weight.grad, rtol=1e-4, atol=1e-5)
     assert caplog.text.count("capturing a graph:") == 2  # the first sizes, then all of them open
+
+
+def test_a_float64_batch_norm_in_eval_keeps_its_epsilon_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ONNX's BatchNormalization holds epsilon as a float32 attribute: 1e-3 was 0.0010000000475,
+    # 2e-8 relative off eager at small running variances (wave 47's review); a model in eval()
+    # that still trains got gradients as far off.
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")  # ONNX Runtime runs the graphs
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16, eps=1e-3)).double()
+    with torch.no_grad():
+        eager[1].running_var.uniform_(1e-4, 2e-4)
+    eager.eval()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(8, 6, dtype=torch.float64) * 0.01
+    expected, got = eager(x), wrapped(x)
+    torch.testing.assert_close(got, expected, rtol=1e-13, atol=0)
+    expected.pow(2).sum().backward()
+    got.pow(2).sum().backward()
+    for name, p in eager.named_parameters():
+        torch.testing.assert_close(wrapped.get_parameter(name).grad, p.grad, rtol=1e-12, atol=0)
