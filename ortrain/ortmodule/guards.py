@@ -314,8 +314,8 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
                 objects.append(
                     (k, identity_of(v), _held_values(v, HELD_DEPTH, walk)) if held else (k, identity_of(v))
                 )
-        params = tuple(tensor_key(n, p) for n, p in attributes["_parameters"].items())
-        buffers = tuple(tensor_key(n, b) for n, b in attributes["_buffers"].items())
+        params = tuple(tensor_key(n, p) for n, p in _table(m, attributes, "_parameters").items())
+        buffers = tuple(tensor_key(n, b) for n, b in _table(m, attributes, "_buffers").items())
         others = tuple(tensor_key(n, t) for n, t in tensor_attrs)
         identity = (id(m), type(m))  # the class too: ``m.__class__ = ...`` swaps its code
         if type(m) not in classes:
@@ -324,12 +324,20 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
             classes[(type(m), "globals")] = _global_values(type(m), walk)
             module_classes.append(type(m))
         modules.append((identity, tuple(plain), _hook_ids(m), params, buffers, others, tuple(objects)))
-        children = [c for c in attributes["_modules"].values() if c is not None]
+        children = [c for c in _table(m, attributes, "_modules").values() if c is not None]
         stack.extend(reversed(children))
     for cls, (reads, code) in methods_called_from_outside([*module_classes, *walk.held_classes]).items():
         classes[(cls, "called methods")] = _read_values(reads, code, walk)
     key = (tuple(modules), global_hook_ids(), tuple(classes.items()))
     return ModelState(tensors, key, bool(uninitialized), tuple((walk.described or {}).values()))
+
+
+def _table(m: nn.Module, attributes: dict[str, Any], name: str) -> Any:
+    """A module's ``_parameters``, ``_buffers`` or ``_modules``: in its ``__dict__``, or (a
+    ``torch.jit.trace``-d module, whose tables are its script module's: wave 47's review, a
+    ``KeyError`` at the first call) through its attribute."""
+    table = attributes.get(name)
+    return table if table is not None else getattr(m, name)
 
 
 def _read_class_values(cls: type, classes: dict[Any, tuple[tuple[str, Any], ...]], walk: _Walk) -> None:

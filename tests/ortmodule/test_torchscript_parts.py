@@ -30,7 +30,12 @@ class _WithTorchScript(nn.Module):
         super().__init__()
         self.part = part
         self.first = nn.Linear(8, 16)
-        self.inner = torch.jit.script(_Residual()) if part == "module" else _Residual()
+        if part == "module":
+            self.inner = torch.jit.script(_Residual())
+        elif part == "traced":  # its tables are its script module's (wave 47: a KeyError in the guards)
+            self.inner = torch.jit.trace(_Residual(), torch.randn(2, 16))
+        else:
+            self.inner = _Residual()
         self.head = nn.Linear(16, 4)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -45,7 +50,7 @@ def _build(part: str) -> nn.Module:
     return _WithTorchScript(part)  # built twice: a deep copy of a scripted module has non-leaf weights
 
 
-@pytest.mark.parametrize("part", ["function", "module"])
+@pytest.mark.parametrize("part", ["function", "module", "traced"])
 def test_torchscript_that_ran_eagerly_keeps_the_gradients_below_it(part: str) -> None:
     """TorchScript's optimizing executor, once it had profiled a few eager calls, ran the part as
     one opaque autograd node while the capture traced it: the graph had no gradient for the layers
