@@ -27,7 +27,7 @@ from unittest import mock
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
-from torch._dynamo.exc import BackendCompilerFailed
+from torch._dynamo.exc import BackendCompilerFailed, InternalTorchDynamoError, TorchRuntimeError
 from torch._dynamo.variables.misc import RandomVariable
 
 from ortrain.capture.aot_capture import GraphRunner, donates_no_saved_tensor
@@ -172,6 +172,12 @@ def backend_failure(error: BaseException) -> BaseException | None:
     if isinstance(error, BackendCompilerFailed):
         return error.inner_exception
     return None
+
+
+def dynamo_trace_failure(error: BaseException) -> bool:
+    """Whether ``error`` is TorchDynamo's own failure to trace an operator on fake tensors (or an
+    internal one), not an error of the user's code, which Dynamo re-raises as it is."""
+    return isinstance(error, TorchRuntimeError | InternalTorchDynamoError)
 
 
 # ---- graph breaks --------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from ortrain.capture.data_assignments import IN_PLACE_ADVICE
 from ortrain.capture.distribution_validation import distribution_checks_off
 from ortrain.capture.dynamo_backend import (
     backend_failure,
+    dynamo_trace_failure,
     graph_breaks_reported,
     hooks_guarded,
     in_control_flow_operator,
@@ -103,6 +104,15 @@ class GraphBreakPath:
                 if inner is not None:  # AOTAutograd's capture of a graph failed
                     raise ORTModuleTorchModelException(
                         f"capture of a graph between graph breaks failed: {_described(inner)}"
+                    ) from error
+                if dynamo_trace_failure(error):
+                    # TorchDynamo's own trace of an operator failed where eager runs it (a uint8
+                    # mask after a bool one: "tensors used as indices must be long, int, byte or
+                    # bool", wave 47's review): the fallback policy judges it like a failed
+                    # capture (eager's error, where eager fails too, comes from eager's run).
+                    explained = str(error).split("\n  Hint:")[0]  # then pages of torch.compile's advice
+                    raise ORTModuleTorchModelException(
+                        f"TorchDynamo failed to trace the forward: {type(error).__name__}: {explained}"
                     ) from error
                 raise
             finally:

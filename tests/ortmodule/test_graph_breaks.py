@@ -535,3 +535,33 @@ def test_a_retained_graph_on_the_graph_break_path_runs_its_backward_again() -> N
         for got, expected in zip(wrapped.parameters(), eager.parameters(), strict=True):
             torch.testing.assert_close(got.grad, expected.grad, rtol=1e-5, atol=1e-7)
     assert wrapped._ortrain_graph_breaks is not None
+
+
+class _MaskedRows(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.arange(40.0).reshape(10, 4))
+
+    def forward(self, mask: torch.Tensor) -> torch.Tensor:
+        return (self.w * 2)[mask]  # a size from values: the graph-break path
+
+
+def test_dynamos_own_trace_failure_obeys_the_fallback_policy(monkeypatch, caplog) -> None:
+    """A uint8 mask after a bool one: TorchDynamo's fake tensors refuse it ("tensors used as indices
+    must be long, int, byte or bool"), where eager indexes with it; until wave 47 Dynamo's error
+    reached the user under every policy."""
+    bool_mask = torch.arange(10) % 3 == 0
+    byte_mask = bool_mask.to(torch.uint8)
+    eager = _MaskedRows()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    wrapped(bool_mask)
+    with pytest.raises(Exception, match="TorchDynamo failed to trace the forward"):
+        wrapped(byte_mask)
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    wrapped = ORTModule(copy.deepcopy(eager))
+    wrapped(bool_mask)
+    with caplog.at_level(logging.WARNING, logger="ortrain"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PyTorch's deprecation of uint8 masks
+        got, expected = wrapped(byte_mask), eager(byte_mask)
+    torch.testing.assert_close(got, expected)
+    assert any("TorchDynamo failed to trace" in r.getMessage() for r in caplog.records)
