@@ -41,6 +41,7 @@ from ortrain.capture.module_paths import annotate_module_paths
 from ortrain.capture.output_layouts import traced_layouts
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import python_op, python_op_grad, release_calls
+from ortrain.capture.saved_output_copies import SavedOutputs
 from ortrain.capture.shape_env_caches import release_shape_env_caches
 from ortrain.capture.shared_submodules import shared_submodules_restored
 from ortrain.capture.size_guards import SizeGuards
@@ -271,7 +272,13 @@ def capture(
             if tag != "forward":
                 return GraphCode(slot)
             layouts = traced_layouts(gm.graph, metadata)
-            return GraphCode(slot, output_layouts=layouts, forward=True, detached=detached_outputs(metadata))
+            return GraphCode(
+                slot,
+                output_layouts=layouts,
+                forward=True,
+                detached=detached_outputs(metadata),
+                saved_outputs=SavedOutputs(metadata) if metadata is not None else None,
+            )
 
         return compile_graph
 

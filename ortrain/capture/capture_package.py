@@ -35,6 +35,7 @@ from ortrain.capture.detached_outputs import detach_views
 from ortrain.capture.input_views import input_view_chains, make_views
 from ortrain.capture.lazy_recompile import compiled_on_first_call
 from ortrain.capture.output_layouts import Layouts, in_traced_layouts
+from ortrain.capture.saved_output_copies import SavedOutputs
 from ortrain.capture.unused_tangents import UnreachedGradients, with_zero_tangents
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class GraphCode(OutputCode):
         output_layouts: Layouts | None = None,
         forward: bool = False,
         detached: frozenset[int] = frozenset(),
+        saved_outputs: SavedOutputs | None = None,
     ) -> None:
         super().__init__()
         self.slot: GraphSlot | None = slot
@@ -71,6 +73,9 @@ class GraphCode(OutputCode):
         # Outputs that do not require grad, detached where a runner made them views of another
         # (ortrain.capture.detached_outputs).
         self.detached = detached
+        # Returned outputs sharing memory with a saved tensor, handed over as copies
+        # (ortrain.capture.saved_output_copies).
+        self.saved_outputs = saved_outputs
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
         assert self.slot is not None, "a loaded GraphCode runs only after post_compile"
@@ -95,9 +100,12 @@ class GraphCode(OutputCode):
         layouts = getattr(self, "output_layouts", None)  # absent on entries saved before wave 38
         views = self._input_views()
         detached = getattr(self, "detached", frozenset())  # absent on objects made before wave 45
-        if not layouts and not views and not detached:
+        saved_outputs = getattr(self, "saved_outputs", None)  # absent on objects made before wave 47
+        if not layouts and not views and not detached and saved_outputs is None:
             return outputs
         outputs = list(outputs)
+        if saved_outputs is not None:
+            saved_outputs.copy_shared(outputs)
         detach_views(detached, outputs)
         in_traced_layouts(layouts or {}, outputs)
         assert self.slot is not None

@@ -40,6 +40,7 @@ from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.capture.output_layouts import in_traced_layouts, traced_layouts
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import UnsupportedFunctionError
+from ortrain.capture.saved_output_copies import SavedOutputs
 from ortrain.capture.tracing_context import tracing_context
 from ortrain.errors import exception_chain
 
@@ -79,6 +80,7 @@ def aot_backend(
             # Runtime: ortrain.capture.size_carriers, applied by the exporter.)
             plain = torch.fx.GraphModule(graph, graph.graph)
             detached: frozenset[int] = frozenset()
+            saved_outputs: SavedOutputs | None = None
             if tag == "forward":
                 # `backward(retain_graph=True)` runs the backward again (wave 44: refused from the
                 # first dynamic recompile on, "compiled with non-empty donated buffers"). The
@@ -86,6 +88,8 @@ def aot_backend(
                 context = torch._guards.TracingContext.try_get()
                 donates_no_saved_tensor(getattr(context, "fw_metadata", None))
                 detached = detached_outputs(getattr(context, "fw_metadata", None))
+                if getattr(context, "fw_metadata", None) is not None:
+                    saved_outputs = SavedOutputs(context.fw_metadata)  # see capture/saved_output_copies.py
             scalars = _scalar_inputs(plain)
             # Outputs AOTAutograd remakes views from, with the strides returned: views of inputs
             # made by PyTorch, the others in their traced layout.
@@ -98,10 +102,12 @@ def aot_backend(
                 for position, dtype in scalars:
                     if args[position].dtype != dtype:
                         args[position] = args[position].to(dtype)
-                if not views and not layouts and not detached:
+                if not views and not layouts and not detached and saved_outputs is None:
                     return runner(args)
                 inputs = list(args)  # the runner may empty the boxed list
                 outputs = list(runner(args))
+                if saved_outputs is not None:
+                    saved_outputs.copy_shared(outputs)
                 detach_views(detached, outputs)
                 in_traced_layouts(layouts, outputs)
                 make_views(views, plain.graph, inputs, outputs)
