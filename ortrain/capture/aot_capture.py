@@ -40,6 +40,7 @@ from ortrain.capture.memory_optimizer import MemoryOptimizerConfig, MemoryReport
 from ortrain.capture.module_paths import annotate_module_paths
 from ortrain.capture.output_layouts import traced_layouts
 from ortrain.capture.partition import partition
+from ortrain.capture.profiler_ranges import profiler_ranges_left_out
 from ortrain.capture.python_ops import python_op, python_op_grad, release_calls
 from ortrain.capture.saved_output_copies import SavedOutputs
 from ortrain.capture.shape_env_caches import release_shape_env_caches
@@ -303,6 +304,7 @@ def capture(
         # ctc_loss, recurrent layers: see capture/function_overrides.py
         stack.enter_context(function_overrides(recurrent_as_python_ops=opaque_functions))
         stack.enter_context(cumulative_batch_norm_traceable())
+        stack.enter_context(profiler_ranges_left_out())
         stack.enter_context(encoder_padding_as_eager())
         regions = CheckpointRegions(as_python_ops=checkpoint_ops and opaque_functions)
         stack.enter_context(regions.patched())
