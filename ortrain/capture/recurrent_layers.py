@@ -28,6 +28,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from ortrain.capture.function_calls import apply_as_python_op
+from ortrain.capture.graph_task import backward_keeps_graph
 from ortrain.capture.python_ops import interception_enabled
 
 
@@ -77,15 +78,22 @@ class RecurrentLayer(torch.autograd.Function):
             computed = [torch.empty_like(leaf) for leaf in leaves]
             return RecurrentLayer._per_input(ctx, computed)
         if ctx.outputs is None:
-            raise RuntimeError("a recurrent layer's backward ran twice: its graph goes after one backward")
+            raise RuntimeError(
+                "a recurrent layer's backward ran twice: its graph goes after one backward; specify "
+                "retain_graph=True on the first backward to run it again"
+            )
+        keep = backward_keeps_graph()
         pairs = [(o, g) for o, g in zip(ctx.outputs, grads, strict=True) if g is not None]
         if pairs and leaves:
             computed = list(
-                torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
+                torch.autograd.grad(
+                    [o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True, retain_graph=keep
+                )
             )
         else:
             computed = [None] * len(leaves)
-        ctx.outputs = None  # the graph goes after one backward, as with retain_graph=False
+        if not keep:
+            ctx.outputs = None  # the graph goes after one backward, as with retain_graph=False
         return RecurrentLayer._per_input(ctx, computed)
 
     @staticmethod

@@ -178,3 +178,36 @@ def test_returned_states_whose_gradients_go_unused(used: str) -> None:
     losses, expected, eager, wrapped = train_side_by_side(model, batches, loss_of)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
     assert_same_state(wrapped, eager, atol=1e-5)
+
+
+class _TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(4, 6, batch_first=True)
+        self.a, self.b = nn.Linear(6, 1), nn.Linear(6, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.rnn(x)[0]
+        return self.a(out).pow(2).mean(), self.b(out).sin().mean()
+
+
+@pytest.mark.parametrize("second", ["other loss", "same loss"])
+def test_a_backward_that_keeps_the_graph_runs_the_layer_again(second: str) -> None:
+    """Multi-task losses with their own backwards (``l1.backward(retain_graph=True); l2.backward()``)
+    through a recurrent layer were refused at the second backward (wave 47's review: "retain_graph
+    is not supported", with the first backward's gradients already accumulated)."""
+    torch.manual_seed(0)
+    eager = _TwoHeads().double()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for batch in (2, 3):
+        x = torch.randn(batch, 5, 4, dtype=torch.float64)
+        for module in (eager, wrapped):
+            first, other = module(x)
+            first.backward(retain_graph=True)
+            (other if second == "other loss" else first).backward()
+        for name, p in eager.named_parameters():
+            torch.testing.assert_close(wrapped.get_parameter(name).grad, p.grad, msg=name)
+    first, _ = wrapped(x)
+    first.backward()
+    with pytest.raises(RuntimeError, match="retain_graph=True"):
+        first.backward()

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.fx.node import map_aggregate
 
+from ortrain.capture.graph_task import backward_keeps_graph
 from ortrain.capture.python_ops import PYTHON_OPS, FunctionCall, lookup_call, python_op
 from ortrain.runtime.executors.base import Runner
 
@@ -90,10 +91,17 @@ def run_backward(
     kept: _KeptGraph | None = getattr(handle, _GRAPH_ATTRIBUTE, None)
     if kept is None:
         raise RuntimeError(
-            f"{call.func_name}: its forward graph was already used by a backward; ortrain runs each "
-            "opaque Function's backward once per forward (retain_graph is not supported)"
+            f"{call.func_name}: its forward graph was already used by a backward; specify "
+            "retain_graph=True on the first backward to run it again"
         )
-    delattr(handle, _GRAPH_ATTRIBUTE)
+    # ``backward(retain_graph=True)`` keeps the Function's graph for the next backward (wave 47's
+    # review: refused, for the recurrent layers ortrain makes opaque too); each backward's
+    # gradients are its own.
+    keep = backward_keeps_graph()
+    if not keep:
+        delattr(handle, _GRAPH_ATTRIBUTE)
+    for leaf in kept.leaves:
+        leaf.grad = None
     leaves = [leaf for leaf, need in zip(kept.leaves, call.needs_grad, strict=True) if need]
     pairs = [
         (out, grad)
@@ -103,7 +111,7 @@ def run_backward(
     if pairs:
         # backward, not grad: reentrant checkpointing refuses torch.autograd.grad, and parameters
         # that a Function's backward reaches on its own receive their gradients as in eager mode.
-        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs], retain_graph=keep)
     for k in call.none_grads:
         if kept.leaves[k].grad is not None:
             # The capture dropped this gradient because the backward gave None then: never lose it.
