@@ -75,7 +75,14 @@ class CheckpointRegions:
         # Reentrant checkpoint gives no gradients when no input requires grad (eager warns so):
         # keep that behaviour rather than silently differ from eager.
         needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
-        with self.region(), contextlib.nullcontext() if needs_grad else torch.no_grad():
+        if not needs_grad:
+            # Not a recompute region either: its output is a constant of the backward, saved.
+            # Recomputed (wave 47's review), it was computed again from the BatchNorm statistics the
+            # forward had already updated, and the backward refused them ("modified by an inplace
+            # operation").
+            with torch.no_grad():
+                return function(*inputs)
+        with self.region():
             return function(*inputs)
 
     def _non_reentrant(

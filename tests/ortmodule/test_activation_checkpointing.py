@@ -155,3 +155,31 @@ def test_a_reentrant_region_without_gradients_keeps_its_dropout_masks() -> None:
             assert (a is None) == (b is None)
             if a is not None:
                 torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+class _NormalizedFrozenInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.BatchNorm1d(8))
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(checkpoint(self.block, x, use_reentrant=True)).pow(2).mean()
+
+
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad=True")
+def test_a_reentrant_region_without_gradients_is_saved_not_recomputed() -> None:
+    """Wave 47's review: such a region was still tagged for recomputation, and the backward
+    computed it again from the BatchNorm statistics the forward had updated ("modified by an
+    inplace operation" at the first backward)."""
+    torch.manual_seed(0)
+    eager = _NormalizedFrozenInput().double()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for _ in range(2):
+        x = torch.randn(6, 8, dtype=torch.float64)
+        for model in (eager, wrapped):
+            model.zero_grad()
+            model(x).backward()
+        assert wrapped.module.block[0].weight.grad is None
+        torch.testing.assert_close(wrapped.module.head.weight.grad, eager.head.weight.grad)
+        torch.testing.assert_close(wrapped.module.block[2].running_var, eager.block[2].running_var)
