@@ -41,7 +41,14 @@ from ortrain.capture.module_paths import annotate_module_paths
 from ortrain.capture.output_layouts import traced_layouts
 from ortrain.capture.partition import partition
 from ortrain.capture.profiler_ranges import profiler_ranges_left_out
-from ortrain.capture.python_ops import python_op, python_op_grad, release_calls
+from ortrain.capture.python_ops import (
+    iter_python_op_nodes,
+    lookup_call,
+    python_op,
+    python_op_grad,
+    release_calls,
+)
+from ortrain.capture.recurrent_layers import RecurrentLayer
 from ortrain.capture.saved_output_copies import SavedOutputs
 from ortrain.capture.shape_env_caches import release_shape_env_caches
 from ortrain.capture.shared_submodules import shared_submodules_restored
@@ -139,6 +146,19 @@ class Capture:
         """Whether a graph calls Python objects (opaque autograd Functions, reentrant checkpoints)."""
         slots = {"forward": self.forward} | ({"backward": self.backward} if self.backward else {})
         return _calls_python(slots)
+
+    def calls_python_beyond_recurrent_layers(self) -> bool:
+        """Whether a graph calls Python objects other than the recurrent layers ortrain runs as
+        opaque Functions (:mod:`ortrain.capture.recurrent_layers`), whose PyTorch modules a
+        recompute under ``create_graph=True`` differentiates twice as eager does (wave 47's
+        review: a gradient penalty through an ``nn.LSTM`` was refused)."""
+        slots = [self.forward, *([self.backward] if self.backward else [])]
+        for slot in slots:
+            for node in iter_python_op_nodes(slot.graph.graph):
+                call_id = node.args[1] if node.target is python_op else node.args[2]
+                if not issubclass(lookup_call(call_id).cls, RecurrentLayer):
+                    return True
+        return False
 
     def refuse_writes_into_leaves(self, inputs: Sequence[torch.Tensor]) -> None:
         """Eager PyTorch refuses an in-place op on a leaf that requires grad; the graph, which

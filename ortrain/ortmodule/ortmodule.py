@@ -275,8 +275,9 @@ class _CompiledEntry:
     binding: list[int]  # per tensor the graph binds: its position in ModelState.tensors
     # The buffers its forward writes, for a recompute under create_graph=True (second_order.py).
     buffer_writes: BufferWrites = field(default_factory=BufferWrites)
-    # Whether its graphs call Python objects: a reentrant checkpoint among them refuses the
-    # autograd.grad that second_order.py's backward runs, so such graphs keep AOTAutograd's node.
+    # Whether its graphs call Python objects (but ortrain's recurrent layers): a reentrant
+    # checkpoint among them refuses the autograd.grad that second_order.py's backward runs, so
+    # such graphs keep AOTAutograd's node.
     python_ops: bool = False
     # Inputs sharing memory that the graphs write (``labels.masked_fill_`` on ``stream[:, i + 1:]``
     # next to ``stream[:, i:]``, a view of a buffer the forward updates): AOTAutograd remade them
@@ -961,7 +962,8 @@ class ORTModule(nn.Module):
         binding = binding_order(self._ortrain_module, captured.state_names, prefix="module")
         if self._ortrain_inspector.enabled:
             self._ortrain_inspector.attach(captured, device)
-        return _CompiledEntry(captured, sizes, output_spec, binding, python_ops=captured.calls_python())
+        python_ops = captured.calls_python_beyond_recurrent_layers()
+        return _CompiledEntry(captured, sizes, output_spec, binding, python_ops=python_ops)
 
     def _capture_or_load(
         self,
