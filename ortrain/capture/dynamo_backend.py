@@ -180,6 +180,13 @@ def backend_failure(error: BaseException) -> BaseException | None:
     return None
 
 
+def module_ints_symbolic() -> Any:
+    """TorchDynamo's setting that traces an int attribute of a module as a symbolic int, not a
+    constant: a forward counting its calls (``self.steps += 1`` used in its math) compiled a graph
+    per step, and hit Dynamo's recompile limit at step 65 (wave 47's review)."""
+    return torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True)
+
+
 def dynamo_trace_failure(error: BaseException) -> bool:
     """Whether ``error`` is TorchDynamo's own failure to trace an operator on fake tensors (or an
     internal one), not an error of the user's code, which Dynamo re-raises as it is."""

@@ -26,6 +26,7 @@ from ortrain.capture.dynamo_backend import (
     hooks_guarded,
     in_control_flow_operator,
     is_data_dependent,
+    module_ints_symbolic,
     reads_outside_tensors,
     recompile_limit_watched,
     source_line,
@@ -92,7 +93,8 @@ class GraphBreakPath:
             self._close()
             self._compile()
         watched = recompile_limit_watched(self._limit_reached)
-        with graph_breaks_reported(self._report), hooks_guarded(), watched, distribution_checks_off():
+        reported = graph_breaks_reported(self._report)
+        with reported, hooks_guarded(), watched, distribution_checks_off(), module_ints_symbolic():
             _calls_running[0] += 1
             try:
                 outputs = self.compiled(*args, **kwargs)
