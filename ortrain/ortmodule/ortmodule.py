@@ -90,13 +90,7 @@ from ortrain.ortmodule.options import (
     user_malloc_setting,
 )
 from ortrain.ortmodule.python_randomness import PythonRandomnessError, refusing_python_randomness
-from ortrain.ortmodule.scalars import (
-    LiftedCall,
-    ScalarLifter,
-    call_leaves,
-    lifted_float_dtype,
-    unread_lifted_inputs,
-)
+from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves, unread_lifted_inputs
 from ortrain.ortmodule.schema import (
     Spec,
     flatten_inputs,
@@ -818,9 +812,7 @@ class ORTModule(nn.Module):
     ) -> tuple[LiftedCall, ModelState, GraphKey]:
         """This step's inputs, the model's tensors, and the key of the graph that fits them."""
         flat_inputs, flat_spec = flatten_inputs(args, kwargs)
-        call = self._ortrain_scalars.lift(
-            flat_spec, flat_inputs, lifted_float_dtype(flat_inputs, self._ortrain_module)
-        )
+        call = self._ortrain_scalars.lift(flat_spec, flat_inputs)
         state = read_state(self._ortrain_module, self._ortrain_reads)
         key = GraphKey(
             spec=call.spec,

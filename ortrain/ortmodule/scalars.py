@@ -4,11 +4,8 @@ A float argument from a schedule (a temperature, a loss weight) would otherwise 
 again at every new value. The first value is baked in, as sizes are static at first; when a
 second value arrives at the same place, that argument becomes a 0-d tensor input of a new graph
 (``float`` → the default float dtype, ``int`` → int64: the dtypes a Python number takes part in
-type promotion as), and later values reuse that graph. In a float64 call (its floating inputs, or
-without any its parameters, all float64) a float becomes a float64 tensor: eager computes with the
-number itself, and a float32 one was 1e-8 off, and ``inf`` or 0 beyond float32's range (wave 47's
-review: ``h * 1e300`` gave ``inf`` and NaN gradients where eager's are finite). Booleans and
-strings stay part of the graph's key.
+type promotion as), and later values reuse that graph. Booleans and strings stay part of the
+graph's key.
 
 The model's Python may need a real number there (``range(n)``, ``math.exp(t)``, a slice bound):
 then the capture with a tensor fails, the argument is refused, and every value of it captures
@@ -78,7 +75,6 @@ def _rewrite(
     out: list[torch.Tensor],
     count: list[int],
     lifted_at: list[int],
-    float_dtype: torch.dtype,
 ) -> Spec:
     """Copy ``spec``, turning the liftable numbers whose index is in ``lift`` into tensor inputs
     (their positions among ``out`` go to ``lifted_at``)."""
@@ -93,21 +89,12 @@ def _rewrite(
         count[0] += 1
         if index not in lift:
             return spec
-        dtype = float_dtype if spec[1] is float else torch.int64
+        dtype = torch.get_default_dtype() if spec[1] is float else torch.int64
         lifted_at.append(len(out))
         out.append(torch.tensor(spec[2], dtype=dtype))
         return ("tensor", LiftedNumber)
-    children = tuple(_rewrite(c, tensors, lift, out, count, lifted_at, float_dtype) for c in spec[-1])
+    children = tuple(_rewrite(c, tensors, lift, out, count, lifted_at) for c in spec[-1])
     return (*spec[:-1], children)
-
-
-def lifted_float_dtype(inputs: list[Any], module: torch.nn.Module) -> torch.dtype:
-    """float64 for a float64 call (every floating input float64; without floating inputs, the
-    module's first floating parameter), else the default dtype: see the module."""
-    floating = [t.dtype for t in inputs if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if not floating:
-        floating = [next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)]
-    return torch.float64 if all(d == torch.float64 for d in floating) else torch.get_default_dtype()
 
 
 def _masked(spec: Spec) -> Spec:
@@ -141,10 +128,7 @@ class ScalarLifter:
     # Structures whose numbers are lifted one at a time, and the one each lifted last.
     one_at_a_time: dict[Spec, int | None] = field(default_factory=dict)
 
-    def lift(
-        self, spec: Spec, inputs: list[torch.Tensor], float_dtype: torch.dtype | None = None
-    ) -> LiftedCall:
-        """``float_dtype``: the dtype lifted floats take (by default the default dtype)."""
+    def lift(self, spec: Spec, inputs: list[torch.Tensor]) -> LiftedCall:
         numbers = [(place, leaf[2]) for place, leaf in call_leaves(spec) if _is_liftable(leaf)]
         if not numbers:
             return LiftedCall(spec, inputs)
@@ -177,8 +161,7 @@ class ScalarLifter:
             return LiftedCall(spec, inputs, structure, places=places)
         out: list[torch.Tensor] = []
         lifted_at: list[int] = []
-        dtype = float_dtype or torch.get_default_dtype()
-        new_spec = _rewrite(spec, iter(inputs), set(lifted), out, [0], lifted_at, dtype)
+        new_spec = _rewrite(spec, iter(inputs), set(lifted), out, [0], lifted_at)
         return LiftedCall(new_spec, out, structure, lifted, places, tuple(lifted_at))
 
     def refuse(self, call: LiftedCall, why: str = "needs", unread: frozenset[int] | None = None) -> None:
