@@ -263,15 +263,17 @@ def _silu_backward(b: NodeBuilder, grad_arg: Any, x_arg: Any) -> torch.fx.Node:
 
 
 def _expm1(b: NodeBuilder, x: torch.fx.Node) -> torch.fx.Node:
-    """``expm1(x)`` for ``x <= 0`` in ONNX, which has none: Kahan's ``(u - 1) * x / log(u)``, ``u =
-    exp(x)``, whose roundings of ``u - 1`` and ``log(u)`` cancel (a few ulp, where ``exp(x) - 1``
-    is exact to one rounding of 1 only); ``x`` itself where ``u`` rounds to 1 (-0 stays -0), -1
-    where ``u - 1`` does."""
+    """``expm1(x)`` for ``x <= 0`` in ONNX, which has none. Below -ln 2 (``u = exp(x) < 1/2``)
+    ``u - 1`` is rounded once, as a correctly rounded ``expm1`` is: ELU's backward of its result,
+    ``grad * (y + alpha)``, cancels there and magnifies any other rounding (the review of wave 47's
+    diff: a few % off eager's input gradients below -10 with the formula below). Above it, where
+    ``u - 1`` cancels: Kahan's ``(u - 1) * x / log(u)``, whose roundings of ``u - 1`` and
+    ``log(u)`` cancel (a few ulp); ``x`` itself where ``u`` rounds to 1 (-0 stays -0)."""
     u = b.call(aten.exp.default, x)
     u_minus_1 = b.call(aten.sub.Tensor, u, b.operand(1.0))
     ratio = b.call(aten.div.Tensor, b.call(aten.mul.Tensor, u_minus_1, x), b.call(aten.log.default, u))
-    minus_one = b.call(aten.eq.Scalar, u_minus_1, -1.0)
-    result = b.call(aten.where.self, minus_one, b.operand(-1.0), ratio)
+    far = b.call(aten.lt.Scalar, x, -math.log(2.0))
+    result = b.call(aten.where.self, far, u_minus_1, ratio)
     return b.call(aten.where.self, b.call(aten.eq.Scalar, u, 1.0), x, result)
 
 
