@@ -34,6 +34,7 @@ from ortrain.capture.dynamo_backend import (
 from ortrain.capture.dynamo_regions import close_region, open_region
 from ortrain.ortmodule.backward_under_autocast import watch_for_backward_under_autocast
 from ortrain.ortmodule.create_graph import watch_for_create_graph
+from ortrain.ortmodule.eager_check import run_eagerly_leaving_no_trace
 from ortrain.ortmodule.fallback import ORTModuleFallbackException, ORTModuleTorchModelException
 from ortrain.ortmodule.guards import global_hook_ids
 from ortrain.ortmodule.options import DebugOptions, RuntimeOptions
@@ -111,7 +112,10 @@ class GraphBreakPath:
                     # TorchDynamo's own trace of an operator failed where eager runs it (a uint8
                     # mask after a bool one: "tensors used as indices must be long, int, byte or
                     # bool", wave 47's review): the fallback policy judges it like a failed
-                    # capture (eager's error, where eager fails too, comes from eager's run).
+                    # capture. Where eager fails too (a bad batch), eager's error is the user's,
+                    # and the model keeps its graphs (the review of wave 47's diff: one caught
+                    # shape error sent the model to PyTorch for good).
+                    run_eagerly_leaving_no_trace(self.module, args, kwargs)
                     explained = str(error).split("\n  Hint:")[0]  # then pages of torch.compile's advice
                     raise ORTModuleTorchModelException(
                         f"TorchDynamo failed to trace the forward: {type(error).__name__}: {explained}"

@@ -323,8 +323,14 @@ def read_state(root: nn.Module, reads: AttributeReads | None = None, *, describe
         if (type(m), "globals") not in classes:
             classes[(type(m), "globals")] = _global_values(type(m), walk)
             module_classes.append(type(m))
-        modules.append((identity, tuple(plain), _hook_ids(m), params, buffers, others, tuple(objects)))
-        children = [c for c in _table(m, attributes, "_modules").values() if c is not None]
+        submodules = _table(m, attributes, "_modules")
+        # Each child under its name, empty slots too: a child moved to another name (``del m.fc;
+        # m.proj = fc``, a ModuleDict key renamed) is the same object at the same place in the
+        # walk, which a forward reading the name (``hasattr(self, "proj")``, ``for k, head in
+        # self.heads.items()``) tells apart (wave 47's review: the old graph ran, silently).
+        names = tuple((name, child is None) for name, child in submodules.items())
+        modules.append((identity, tuple(plain), _hook_ids(m), params, buffers, others, tuple(objects), names))
+        children = [c for c in submodules.values() if c is not None]
         stack.extend(reversed(children))
     for cls, (reads, code) in methods_called_from_outside([*module_classes, *walk.held_classes]).items():
         classes[(cls, "called methods")] = _read_values(reads, code, walk)

@@ -593,3 +593,33 @@ def test_a_counter_on_the_model_compiles_once_not_per_step() -> None:
     torch.testing.assert_close(wrapped.fc.weight.grad, eager.fc.weight.grad)
     assert wrapped.module.calls == eager.calls == 12
     assert wrapped._ortrain_graph_breaks.graph_count <= 3
+
+
+class _SelectsRows(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.fc(x)
+        h = h[h.sum(-1) > -100]  # a size from values: the graph-break path
+        if extra is not None:
+            h = h @ extra
+        return h.pow(2).mean()
+
+
+def test_a_users_error_on_the_graph_break_path_is_eagers_and_keeps_the_graphs(monkeypatch) -> None:
+    """A bad batch that TorchDynamo's fake tensors refuse: eager refuses it too, so eager's error is
+    the user's, and the model keeps training on its graphs (the review of wave 47's diff: the
+    fallback policy sent it to PyTorch for good)."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    torch.manual_seed(0)
+    eager = _SelectsRows()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    wrapped(torch.randn(3, 4)).backward()
+    wrapped(torch.randn(5, 4)).backward()
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        wrapped(torch.randn(3, 4), torch.randn(5, 2))  # the wrong shape
+    x = torch.randn(6, 4)
+    torch.testing.assert_close(wrapped(x), eager(x))
+    assert not wrapped._ortrain_fallback.active
