@@ -38,4 +38,5 @@ def test_a_mean_scaled_near_float32s_limit_has_eagers_finite_gradients(
             (model(x) * scale).backward()
         for name, p in eager.named_parameters():
             assert torch.isfinite(p.grad).all()
-            torch.testing.assert_close(wrapped.get_parameter(name).grad, p.grad, msg=name)
+            # (rtol: ONNX Runtime sums the 1024 rows in another order, README "Long sums")
+            torch.testing.assert_close(wrapped.get_parameter(name).grad, p.grad, rtol=1e-5, atol=0, msg=name)
