@@ -19,8 +19,8 @@ from torch.autograd.profiler import record_function
 
 
 def _enter(self: record_function) -> record_function:
-    self.record = None
-    self.run_callbacks_on_exit = False  # the exit then records nothing
+    # Nothing of the instance changes: one used as a decorator is entered again by eager calls
+    # after the capture (the review of wave 47's diff: a flag set here left its later ranges open).
     return self
 
 

@@ -8,6 +8,8 @@ import torch
 from _parity import assert_same_state, train_side_by_side
 from torch import nn
 
+from ortrain import ORTModule
+
 
 class _Ranged(nn.Module):
     def __init__(self) -> None:
@@ -35,3 +37,27 @@ def test_a_forward_with_profiler_ranges_is_captured_whole(monkeypatch: pytest.Mo
         assert not [n for n in graph.graph.nodes if "profiler" in str(n.target)]
     with torch.profiler.record_function("outside"):  # the class is itself again after the capture
         assert torch.autograd.profiler.record_function.__enter__.__module__ == "torch.autograd.profiler"
+
+
+_block_range = torch.profiler.record_function("block")
+
+
+class _DecoratedForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    @_block_range
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x).sum()
+
+
+def test_a_range_used_as_a_decorator_still_records_after_a_capture() -> None:
+    """The review of wave 47's diff: the capture's stand-in set the decorator instance's
+    ``run_callbacks_on_exit`` off, and its eager ranges afterwards never closed."""
+    model = _DecoratedForward()
+    ORTModule(model)(torch.randn(2, 4)).backward()
+    assert _block_range.run_callbacks_on_exit
+    with torch.profiler.profile() as profile:
+        model(torch.randn(2, 4))
+    assert [e for e in profile.events() if e.name == "block"]
