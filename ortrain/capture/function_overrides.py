@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from ortrain.capture.affine_grids import OVERRIDES as AFFINE_GRIDS
 from ortrain.capture.boolean_mask_assignment import OVERRIDES as BOOLEAN_MASK_ASSIGNMENT
 from ortrain.capture.byte_class_labels import OVERRIDES as BYTE_CLASS_LABELS
+from ortrain.capture.certain_dropout import OVERRIDES as CERTAIN_DROPOUT
 from ortrain.capture.decompositions import refuse_sparse
 from ortrain.capture.decompositions_ctc import ctc_loss_function
 from ortrain.capture.decompositions_rnn import recurrent_overrides
@@ -61,8 +62,9 @@ def _overrides(recurrent_as_python_ops: bool) -> dict[Callable[..., Any], Callab
 # float32 norms: see capture/mixed_precision_norms.py; PyTorch's decompositions of the margin losses
 # and of nll_loss with uint8 labels: see capture/margin_losses.py, capture/byte_class_labels.py;
 # `h[mask] = row`, whose backward needs the mask's count: capture/boolean_mask_assignment.py;
-# `affine_grid` at an open size: capture/affine_grids.py.
+# `affine_grid` at an open size: capture/affine_grids.py; dropout at p = 1: capture/certain_dropout.py.
 _CORRECTIONS = {
+    **CERTAIN_DROPOUT,
     **MIXED_PRECISION_NORMS,
     **MARGIN_LOSSES,
     **BYTE_CLASS_LABELS,
