@@ -24,6 +24,7 @@ from ortrain.capture.certain_dropout import OVERRIDES as CERTAIN_DROPOUT
 from ortrain.capture.decompositions import refuse_sparse
 from ortrain.capture.decompositions_ctc import ctc_loss_function
 from ortrain.capture.decompositions_rnn import recurrent_overrides
+from ortrain.capture.generator_resets import refuse_own_generators
 from ortrain.capture.lifted_numbers import OVERRIDES as LIFTED_NUMBERS
 from ortrain.capture.lifted_numbers import mark_numbers_computed, number_lookups_refused
 from ortrain.capture.margin_losses import OVERRIDES as MARGIN_LOSSES
@@ -99,6 +100,7 @@ class _Overrides(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        refuse_own_generators(kwargs)  # see capture/generator_resets.py
         replacement = self.table.get(func)
         result = replacement(*args, **kwargs) if replacement is not None else NotImplemented
         if result is NotImplemented:

@@ -1110,9 +1110,11 @@ class ORTModule(nn.Module):
         """After a capture failed on data-dependent Python or on tensors from outside the model:
         train through TorchDynamo's graph breaks."""
         error = sys.exc_info()[1]
-        if isinstance(error, (PythonRandomnessError, GeneratorResetError)):
+        random = _first(exception_chain(error), (PythonRandomnessError, GeneratorResetError))
+        if random is not None:
+            # (a draw from a generator of the forward's own is refused during the trace: wrapped)
             logger.info(
-                "%s; the model trains through TorchDynamo's graph breaks, which draw at every step", error
+                "%s; the model trains through TorchDynamo's graph breaks, which draw at every step", random
             )
         elif (changed := _first(exception_chain(error), InputMetadataChangeError)) is not None:
             logger.info(
@@ -1178,7 +1180,9 @@ def _keyed_by_the_guards(old: Any, new: Any) -> bool:
     return exact_plain_form(old) is not NOT_PLAIN and exact_plain_form(new) is not NOT_PLAIN
 
 
-def _first(errors: Iterator[BaseException], kind: type[BaseException]) -> BaseException | None:
+def _first(
+    errors: Iterator[BaseException], kind: type[BaseException] | tuple[type[BaseException], ...]
+) -> BaseException | None:
     return next((error for error in errors if isinstance(error, kind)), None)
 
 
