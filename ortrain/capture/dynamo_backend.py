@@ -27,8 +27,13 @@ from unittest import mock
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
-from torch._dynamo.exc import BackendCompilerFailed, InternalTorchDynamoError, TorchRuntimeError
-from torch._dynamo.variables.misc import RandomVariable
+from torch._dynamo.exc import (
+    BackendCompilerFailed,
+    InternalTorchDynamoError,
+    TorchRuntimeError,
+    unimplemented,
+)
+from torch._dynamo.variables.misc import RandomClassVariable, RandomVariable
 
 from ortrain.capture.aot_capture import GraphRunner, donates_no_saved_tensor
 from ortrain.capture.compile_lock import COMPILE_LOCK
@@ -387,12 +392,31 @@ def hooks_guarded() -> Iterator[None]:
     with (
         torch._dynamo.config.patch(skip_nnmodule_hook_guards=False, use_numpy_random_stream=True),
         mock.patch.object(RandomVariable, "is_supported_random_obj", staticmethod(_never)),
+        mock.patch.object(RandomClassVariable, "call_function", _unseeded_random_breaks),
     ):
         yield
 
 
 def _never(value: object) -> bool:
     return False
+
+
+_TRACED_RANDOM_CLASS = RandomClassVariable.call_function
+
+
+def _unseeded_random_breaks(self: Any, tx: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """``random.Random()`` made in a compiled frame without a seed (LayerDrop's): TorchDynamo
+    seeds its traced copy once, and every run then drew the same numbers (wave 47's review: the
+    same layers dropped at every step). A graph break makes it in Python, at every run; a seeded
+    one (``random.Random(seed)``) draws the same numbers at every run in eager too."""
+    if not args and not kwargs:
+        unimplemented(
+            gb_type="random.Random() without a seed",
+            context="ortrain",
+            explanation="an unseeded generator made in the forward draws anew at every call",
+            hints=[],
+        )
+    return _TRACED_RANDOM_CLASS(self, tx, args, kwargs)
 
 
 def source_line(file: str, line: int) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ortrain.capture.generator_resets import in_user_forward
 from ortrain.capture.held_objects import attributes as held_attributes
 from ortrain.capture.held_objects import held_objects
 
@@ -133,11 +134,49 @@ def python_generators_kept(module: nn.Module | None = None) -> Iterator[list[boo
 
 
 @contextlib.contextmanager
+def _generators_made_watched() -> Iterator[list[str]]:
+    """The list it yields names each Python or NumPy generator a user forward makes meanwhile
+    (``rng = np.random.default_rng()``, ``random.Random()``): made while traced, it draws once,
+    and the graph repeats that draw at every step (wave 47's review: a LayerDrop written so dropped
+    the same layers at every step); neither the global generators nor the model's show it."""
+    made: list[str] = []
+    init = random.Random.__init__
+
+    def watched_init(self: random.Random, *args: Any, **kwargs: Any) -> None:
+        if in_user_forward():
+            made.append("random.Random()")
+        init(self, *args, **kwargs)
+
+    numpy = sys.modules.get("numpy")
+    default_rng = numpy.random.default_rng if numpy is not None else None
+
+    def watched_default_rng(*args: Any, **kwargs: Any) -> Any:
+        if in_user_forward():
+            made.append("numpy.random.default_rng()")
+        return default_rng(*args, **kwargs)  # type: ignore[misc]
+
+    random.Random.__init__ = watched_init  # type: ignore[method-assign]
+    if numpy is not None:
+        numpy.random.default_rng = watched_default_rng
+    try:
+        yield made
+    finally:
+        random.Random.__init__ = init  # type: ignore[method-assign]
+        if numpy is not None:
+            numpy.random.default_rng = default_rng
+
+
+@contextlib.contextmanager
 def refusing_python_randomness(module: nn.Module | None = None) -> Iterator[None]:
     """Raise :class:`PythonRandomnessError` if the body drew from Python's generators or from
-    those ``module`` holds (all put back)."""
-    with python_generators_kept(module) as drawn:
+    those ``module`` holds (all put back), or made a generator (:func:`_generators_made_watched`)."""
+    with python_generators_kept(module) as drawn, _generators_made_watched() as made:
         yield
+    if made:
+        raise PythonRandomnessError(
+            f"the forward makes a Python random generator ({made[0]}): a captured graph would "
+            "repeat its draws at every step"
+        )
     if drawn[0]:
         raise PythonRandomnessError(
             "the forward draws Python random numbers (random, numpy.random or a generator the "

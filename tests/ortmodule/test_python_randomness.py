@@ -149,3 +149,26 @@ def test_a_generator_of_the_forwards_own_draws_as_in_eager(use: str) -> None:
         expected.backward()
         got.backward()
     torch.testing.assert_close(wrapped.fc.weight.grad, eager.fc.weight.grad)
+
+
+class _MakesItsGenerator(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.kind = kind
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rng = random.Random() if self.kind == "random" else np.random.default_rng()  # LayerDrop's
+        h = self.fc(x)
+        return h if rng.random() < 0.5 else 2 * h
+
+
+@pytest.mark.parametrize("kind", ["random", "numpy"])
+def test_a_generator_made_in_the_forward_draws_at_every_step(kind: str) -> None:
+    """Wave 47's review: made while traced, the generator drew once and the graph repeated that
+    draw at every step (the same layers dropped at every step)."""
+    wrapped = ORTModule(_MakesItsGenerator(kind))
+    x = torch.ones(1, 4)
+    plain = wrapped.module.fc(x)
+    doubled = {torch.equal(wrapped(x), 2 * plain) for _ in range(30)}  # both, but once in 2^29
+    assert doubled == {True, False}
