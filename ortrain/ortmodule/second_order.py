@@ -185,7 +185,12 @@ class _TwiceDifferentiable(torch.autograd.Function):
         # Saved: the tensors whose gradients the backward returns (kept on the node, a block's
         # input would outlive its backward), the call's own tensors and the parameters that
         # require grad (the recompute's inputs).
-        ctx.save_for_backward(*wanted, *user_inputs, *recompute.trained_values)
+        # An inference tensor cannot be saved (a teacher's logits made under inference_mode, passed
+        # to the student: wave 47's review, "Inference tensors cannot be saved for backward" at
+        # every step); autograd never writes into one, so it is held as it is.
+        ctx.inference_inputs = {i: t for i, t in enumerate(user_inputs) if t.is_inference()}
+        saved_inputs = [None if i in ctx.inference_inputs else t for i, t in enumerate(user_inputs)]
+        ctx.save_for_backward(*wanted, *saved_inputs, *recompute.trained_values)
         recompute.trained_values = []
         ctx.recompute = recompute
         ctx.counts = (len(wanted), len(user_inputs))
@@ -210,7 +215,9 @@ class _TwiceDifferentiable(torch.autograd.Function):
             # backward (wave 37).
             saved = ctx.saved_tensors
             n_wanted, n_inputs = ctx.counts
-            wanted, user_inputs = saved[:n_wanted], saved[n_wanted : n_wanted + n_inputs]
+            wanted, user_inputs = saved[:n_wanted], list(saved[n_wanted : n_wanted + n_inputs])
+            for i, t in ctx.inference_inputs.items():
+                user_inputs[i] = t
             trained = saved[n_wanted + n_inputs :]
             with torch.enable_grad() if batched else contextlib.nullcontext():
                 outputs, wanted = _recomputed(recompute, user_inputs, trained, wanted, len(grads))

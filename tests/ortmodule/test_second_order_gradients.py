@@ -330,3 +330,32 @@ def test_a_gradient_penalty_through_graph_breaks_says_what_to_do(
     assert len(warnings) == 1 and "graph breaks" in warnings[0] and "wrapped.module" in warnings[0]
     with pytest.raises(RuntimeError, match="double backward"):
         grad.pow(2).sum().backward()
+
+
+class _DistilledStudent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 5))
+
+    def forward(self, x: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+        log_p = F.log_softmax(self.net(x) / 2.0, -1)
+        return F.kl_div(log_p, F.softmax(teacher_logits / 2.0, -1), reduction="batchmean")
+
+
+def test_an_inference_tensor_input_of_a_training_call_is_eagers() -> None:
+    """A teacher's logits made under inference_mode and passed to the student: the node that makes
+    a call twice differentiable saved every input, and autograd refuses to save an inference tensor
+    (wave 47's review: an error at every step, or PyTorch for good under the default policy)."""
+    torch.manual_seed(0)
+    teacher = nn.Linear(10, 5)
+    eager = _DistilledStudent()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for _ in range(2):
+        x = torch.randn(8, 10)
+        with torch.inference_mode():
+            logits = teacher(x)
+        for model in (eager, wrapped):
+            model.zero_grad()
+            model(x, logits).backward()
+        for name, p in eager.named_parameters():
+            torch.testing.assert_close(wrapped.get_parameter(name).grad, p.grad, msg=name)
