@@ -30,6 +30,7 @@ from ortrain.capture.lifted_numbers import mark_numbers_computed, number_lookups
 from ortrain.capture.margin_losses import OVERRIDES as MARGIN_LOSSES
 from ortrain.capture.mixed_precision_norms import OVERRIDES as MIXED_PRECISION_NORMS
 from ortrain.capture.recurrent_layers import recurrent_python_ops
+from ortrain.capture.same_size_interpolation import OVERRIDES as SAME_SIZE_INTERPOLATION
 from ortrain.capture.storage_views import OVERRIDES as STORAGE_VIEWS
 from ortrain.capture.subclass_views import mark_results
 
@@ -63,9 +64,11 @@ def _overrides(recurrent_as_python_ops: bool) -> dict[Callable[..., Any], Callab
 # float32 norms: see capture/mixed_precision_norms.py; PyTorch's decompositions of the margin losses
 # and of nll_loss with uint8 labels: see capture/margin_losses.py, capture/byte_class_labels.py;
 # `h[mask] = row`, whose backward needs the mask's count: capture/boolean_mask_assignment.py;
-# `affine_grid` at an open size: capture/affine_grids.py; dropout at p = 1: capture/certain_dropout.py.
+# `affine_grid` at an open size: capture/affine_grids.py; dropout at p = 1: capture/certain_dropout.py;
+# an interpolation to the same size: capture/same_size_interpolation.py.
 _CORRECTIONS = {
     **CERTAIN_DROPOUT,
+    **SAME_SIZE_INTERPOLATION,
     **MIXED_PRECISION_NORMS,
     **MARGIN_LOSSES,
     **BYTE_CLASS_LABELS,
