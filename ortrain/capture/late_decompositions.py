@@ -57,8 +57,32 @@ _SPECIAL_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     aten.special_i1e.default: bessel.special_i1e,
 }
 
+
+def _index_fill(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> torch.Tensor:
+    """``index_fill`` as a ``where`` over a mask of the filled positions: PyTorch's reference
+    keeps a non-contiguous input's strides with ``prims.copy_strided``, which has no ONNX
+    translation (wave 47's review: ``h.t().index_fill(1, idx, 0)``, and the backward of
+    ``index_reduce(amax, include_self=False)`` on a transposed tensor, were refused under
+    ``FALLBACK_DISABLE``, and ran in PyTorch otherwise). ONNX has no strides to keep."""
+    dim = dim % max(x.dim(), 1)
+    size = x.shape[dim] if x.dim() else 1
+    marked = torch.ones_like(index.reshape(-1), dtype=torch.bool)
+    mask = torch.zeros(size, dtype=torch.bool, device=x.device).index_put((index.reshape(-1),), marked)
+    shape = [1] * x.dim()
+    if x.dim():
+        shape[dim] = size
+    filled = value.to(x.dtype) if isinstance(value, torch.Tensor) else x.new_full((), value)
+    return torch.where(mask.reshape(shape), filled, x)
+
+
+_INDEX_FILLS: dict[Any, Callable[..., Any]] = {
+    aten.index_fill.int_Scalar: _index_fill,
+    aten.index_fill.int_Tensor: _index_fill,
+}
+
 LATE_OPS = frozenset(
     {
+        *_INDEX_FILLS,
         aten.convolution_backward.default,
         aten._native_batch_norm_legit_functional.default,
         # Batch norm without running statistics (``F.batch_norm(x, None, None, training=True)``):
@@ -85,6 +109,7 @@ def late_decompositions() -> dict[Any, Callable[..., Any]]:
     )
     table[aten.convolution_backward.default] = convolution_backward
     table.update(_SPECIAL_FUNCTIONS)
+    table.update(_INDEX_FILLS)
     no_training = aten._native_batch_norm_legit_no_training.default
     table[no_training] = functools.partial(_batch_norm_without_statistics, table[no_training])
     return table

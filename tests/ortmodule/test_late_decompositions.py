@@ -151,3 +151,31 @@ def test_a_float64_batch_norm_in_eval_keeps_its_epsilon_exact(monkeypatch: pytes
     got.pow(2).sum().backward()
     for name, p in eager.named_parameters():
         torch.testing.assert_close(wrapped.get_parameter(name).grad, p.grad, rtol=1e-12, atol=0)
+
+
+class _FillsTransposed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x).t()  # not contiguous
+        filled = h.index_fill(1, index, 0.0)
+        reduced = h.index_reduce(1, index, torch.tanh(h[:, : index.numel()]), "amax", include_self=False)
+        return (filled * torch.arange(filled.numel()).view_as(filled)).sum() + reduced.sum()
+
+
+def test_index_fill_of_a_non_contiguous_tensor_runs_in_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wave 47's review: PyTorch's reference index_fill keeps the strides with prims.copy_strided,
+    which has no ONNX translation: refused under FALLBACK_DISABLE (this folder's conftest)."""
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
+    torch.manual_seed(0)
+    eager = _FillsTransposed().double()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x, index = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 3])
+    expected, got = eager(x, index), wrapped(x, index)
+    torch.testing.assert_close(got, expected)
+    expected.backward()
+    got.backward()
+    for name, p in eager.named_parameters():
+        torch.testing.assert_close(wrapped.get_parameter(name).grad, p.grad, msg=name)
