@@ -179,3 +179,32 @@ def test_index_fill_of_a_non_contiguous_tensor_runs_in_onnxruntime(monkeypatch: 
     got.backward()
     for name, p in eager.named_parameters():
         torch.testing.assert_close(wrapped.get_parameter(name).grad, p.grad, msg=name)
+
+
+class _BroadcastsToNodes(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.node, self.graph = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, batch: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        h = self.node(x)
+        pooled = self.graph(torch.zeros(counts.shape[0], 4, dtype=x.dtype).index_add(0, batch, h))
+        return (h * torch.repeat_interleave(pooled, counts, dim=0, output_size=x.shape[0])).sum()
+
+
+def test_repeat_interleave_with_an_output_size_runs_in_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wave 47's review: onnxscript refused the output_size hint, which sent the region around it
+    to PyTorch (FALLBACK_DISABLE, this folder's conftest: refused)."""
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNING", "0")
+    torch.manual_seed(0)
+    eager = _BroadcastsToNodes()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for counts in ([2, 3], [1, 4, 2], [3, 3]):
+        counts = torch.tensor(counts)
+        batch = torch.repeat_interleave(torch.arange(len(counts)), counts)
+        x = torch.randn(int(counts.sum()), 4)
+        for model in (eager, wrapped):
+            model.zero_grad()
+            model(x, batch, counts).backward()
+        for name, p in eager.named_parameters():
+            torch.testing.assert_close(wrapped.get_parameter(name).grad, p.grad, msg=name)
