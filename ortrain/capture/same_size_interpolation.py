@@ -37,7 +37,8 @@ def _interpolate(
     scales = [scale_factor] * len(spatial) if isinstance(scale_factor, int | float) else list(scale_factor)
     if len(scales) != len(spatial):
         return NotImplemented  # F.interpolate's own error
-    if all(math.floor(float(n * s)) == n for n, s in zip(spatial, scales, strict=True)):
+    # (a symbolic size stays symbolic: `float()` of it would fix it; the comparison is a guard)
+    if all(math.floor(n * s) == n for n, s in zip(spatial, scales, strict=True)):
         return input.clone()
     return NotImplemented
 
