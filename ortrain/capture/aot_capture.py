@@ -42,8 +42,8 @@ from ortrain.capture.output_layouts import traced_layouts
 from ortrain.capture.partition import partition
 from ortrain.capture.profiler_ranges import profiler_ranges_left_out
 from ortrain.capture.python_ops import (
+    call_of,
     iter_python_op_nodes,
-    lookup_call,
     python_op,
     python_op_grad,
     release_calls,
@@ -142,11 +142,6 @@ class Capture:
             return [tuple(t.shape) for t in inputs]
         return [tuple(_fixed_size(s) for s in node.meta["val"].shape) for node in placeholders]
 
-    def calls_python(self) -> bool:
-        """Whether a graph calls Python objects (opaque autograd Functions, reentrant checkpoints)."""
-        slots = {"forward": self.forward} | ({"backward": self.backward} if self.backward else {})
-        return _calls_python(slots)
-
     def calls_python_beyond_recurrent_layers(self) -> bool:
         """Whether a graph calls Python objects other than the recurrent layers ortrain runs as
         opaque Functions (:mod:`ortrain.capture.recurrent_layers`), whose PyTorch modules a
@@ -155,8 +150,7 @@ class Capture:
         slots = [self.forward, *([self.backward] if self.backward else [])]
         for slot in slots:
             for node in iter_python_op_nodes(slot.graph.graph):
-                call_id = node.args[1] if node.target is python_op else node.args[2]
-                if not issubclass(lookup_call(call_id).cls, RecurrentLayer):
+                if not issubclass(call_of(node).cls, RecurrentLayer):
                     return True
         return False
 

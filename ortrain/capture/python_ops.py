@@ -355,3 +355,9 @@ def no_interception() -> Iterator[None]:
 
 def iter_python_op_nodes(graph: torch.fx.Graph) -> Iterator[torch.fx.Node]:
     return (n for n in graph.nodes if n.op == "call_function" and n.target in PYTHON_OPS)
+
+
+def call_of(node: torch.fx.Node) -> FunctionCall:
+    """The record of the Function call a ``python_op`` or ``python_op_grad`` node stands for."""
+    call_id = node.args[1] if node.target is python_op else node.args[2]
+    return lookup_call(int(call_id))  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ import torch
 from torch.fx.node import map_aggregate
 
 from ortrain.capture.graph_task import backward_keeps_graph
-from ortrain.capture.python_ops import PYTHON_OPS, FunctionCall, lookup_call, python_op
+from ortrain.capture.python_ops import PYTHON_OPS, FunctionCall, call_of, python_op
 from ortrain.runtime.executors.base import Runner
 
 logger = logging.getLogger("ortrain.runtime")
@@ -151,7 +151,7 @@ class PythonOpExecutor:
         is_grad = op_node.target is not python_op
         # The executor holds its Function's record itself, so it outlives the capture's registry
         # entry for as long as a pending backward may need it.
-        call = lookup_call(int(op_node.args[2] if is_grad else op_node.args[1]))  # type: ignore[arg-type]
+        call = call_of(op_node)
         outputs = region.graph.output_node().args[0]
         if whole:
             raise ValueError("a python op is never a whole graph")
