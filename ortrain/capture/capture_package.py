@@ -46,6 +46,29 @@ FORMAT = 3  # 2: entries carry their size guards (ortrain.capture.size_guards); 
 _KEPT_METADATA = frozenset({"val"})
 
 
+def handed_over(
+    outputs: Sequence[Any],
+    args: Sequence[Any],
+    graph: torch.fx.Graph,
+    saved_outputs: SavedOutputs | None,
+    detached: frozenset[int],
+    layouts: Layouts,
+    views: dict[int, Any],
+) -> list[Any]:
+    """A compiled forward's ``outputs`` (run on ``args``) as AOTAutograd is to hand them on, on
+    ORTModule's path and under ``torch.compile(backend="ortrain")`` alike: copies of those sharing
+    a saved tensor's memory (saved_output_copies), detached views where nothing requires grad
+    (detached_outputs), the traced layouts (output_layouts), and views of inputs made by PyTorch
+    (input_views)."""
+    outputs = list(outputs)
+    if saved_outputs is not None:
+        saved_outputs.copy_shared(outputs)
+    detach_views(detached, outputs)
+    in_traced_layouts(layouts, outputs)
+    make_views(views, graph, args, outputs)
+    return outputs
+
+
 class GraphCode(OutputCode):
     """What ortrain's compilers hand AOTAutograd: one graph and the executor that runs it."""
 
@@ -103,14 +126,10 @@ class GraphCode(OutputCode):
         saved_outputs = getattr(self, "saved_outputs", None)  # absent on objects made before wave 47
         if not layouts and not views and not detached and saved_outputs is None:
             return outputs
-        outputs = list(outputs)
-        if saved_outputs is not None:
-            saved_outputs.copy_shared(outputs)
-        detach_views(detached, outputs)
-        in_traced_layouts(layouts or {}, outputs)
         assert self.slot is not None
-        make_views(views, self.slot.graph.graph, args, outputs)
-        return outputs
+        return handed_over(
+            outputs, args, self.slot.graph.graph, saved_outputs, detached, layouts or {}, views
+        )
 
     def _input_views(self) -> dict[int, Any]:
         if not getattr(self, "forward", False):  # absent on entries saved before wave 43

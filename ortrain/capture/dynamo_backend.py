@@ -36,13 +36,14 @@ from torch._dynamo.exc import (
 from torch._dynamo.variables.misc import RandomClassVariable, RandomVariable
 
 from ortrain.capture.aot_capture import GraphRunner, donates_no_saved_tensor
+from ortrain.capture.capture_package import handed_over
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.decompositions import decomposition_table
-from ortrain.capture.detached_outputs import detach_views, detached_outputs
+from ortrain.capture.detached_outputs import detached_outputs
 from ortrain.capture.function_overrides import dynamo_graph_overrides
-from ortrain.capture.input_views import input_view_chains, make_views
+from ortrain.capture.input_views import input_view_chains
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
-from ortrain.capture.output_layouts import in_traced_layouts, traced_layouts
+from ortrain.capture.output_layouts import traced_layouts
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import UnsupportedFunctionError
 from ortrain.capture.saved_output_copies import SavedOutputs
@@ -90,11 +91,10 @@ def aot_backend(
                 # `backward(retain_graph=True)` runs the backward again (wave 44: refused from the
                 # first dynamic recompile on, "compiled with non-empty donated buffers"). The
                 # metadata is the tracing context's while the forward compiles.
-                context = torch._guards.TracingContext.try_get()
-                donates_no_saved_tensor(getattr(context, "fw_metadata", None))
-                detached = detached_outputs(getattr(context, "fw_metadata", None))
-                if getattr(context, "fw_metadata", None) is not None:
-                    saved_outputs = SavedOutputs(context.fw_metadata)  # see capture/saved_output_copies.py
+                metadata = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+                donates_no_saved_tensor(metadata)
+                detached = detached_outputs(metadata)
+                saved_outputs = SavedOutputs(metadata) if metadata is not None else None
             scalars = _scalar_inputs(plain)
             # Outputs AOTAutograd remakes views from, with the strides returned: views of inputs
             # made by PyTorch, the others in their traced layout.
@@ -110,13 +110,7 @@ def aot_backend(
                 if not views and not layouts and not detached and saved_outputs is None:
                     return runner(args)
                 inputs = list(args)  # the runner may empty the boxed list
-                outputs = list(runner(args))
-                if saved_outputs is not None:
-                    saved_outputs.copy_shared(outputs)
-                detach_views(detached, outputs)
-                in_traced_layouts(layouts, outputs)
-                make_views(views, plain.graph, inputs, outputs)
-                return outputs
+                return handed_over(runner(args), inputs, plain.graph, saved_outputs, detached, layouts, views)
 
             run._boxed_call = True  # type: ignore[attr-defined]
             return run
