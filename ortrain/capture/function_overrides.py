@@ -10,11 +10,13 @@ parameter's ``.grad`` without the non-leaf warning eager never gives.)
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 
 from ortrain.capture.affine_grids import OVERRIDES as AFFINE_GRIDS
@@ -100,9 +102,12 @@ class _Overrides(TorchFunctionMode):
     def __init__(self, table: dict[Callable[..., Any], Callable[..., Any]]) -> None:
         super().__init__()
         self.table = table
+        self.converting = 0  # real tensors being made fake: see _conversions_left_alone
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if self.converting:
+            return func(*args, **kwargs)
         refuse_own_generators(kwargs)  # see capture/generator_resets.py
         replacement = self.table.get(func)
         result = replacement(*args, **kwargs) if replacement is not None else NotImplemented
@@ -114,10 +119,39 @@ class _Overrides(TorchFunctionMode):
 
 
 @contextlib.contextmanager
+def _conversions_left_alone(mode: _Overrides) -> Iterator[None]:
+    """Meanwhile, a real tensor made fake (a parameter, a buffer, an input) is made as PyTorch makes
+    it: it rebuilds a view from its base with ``as_strided``, PyTorch's own addressing, not the
+    model's. A ``LazyBatchNorm`` moved with ``.to(dtype)`` before its first call holds statistics
+    that are views of an emptied base, which ``storage_views``' refusal failed (wave 47's review)."""
+    original = FakeTensorMode.from_tensor
+
+    @functools.wraps(original)
+    def from_tensor(self: FakeTensorMode, *args: Any, **kwargs: Any) -> Any:
+        mode.converting += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            mode.converting -= 1
+
+    FakeTensorMode.from_tensor = from_tensor  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        FakeTensorMode.from_tensor = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _active(mode: _Overrides) -> Iterator[None]:
+    with mode, _conversions_left_alone(mode):
+        yield
+
+
+@contextlib.contextmanager
 def function_overrides(*, recurrent_as_python_ops: bool) -> Iterator[None]:
     """``recurrent_as_python_ops``: recurrent layers over padded batches run as one opaque op each
     (:mod:`ortrain.capture.recurrent_layers`); otherwise, and for packed sequences, unrolled."""
-    with _Overrides(_overrides(recurrent_as_python_ops)), number_lookups_refused():
+    with _active(_Overrides(_overrides(recurrent_as_python_ops))), number_lookups_refused():
         yield
 
 
@@ -125,5 +159,5 @@ def function_overrides(*, recurrent_as_python_ops: bool) -> Iterator[None]:
 def dynamo_graph_overrides() -> Iterator[None]:
     """The overrides that correct what a trace computes, for AOTAutograd tracing a TorchDynamo
     graph (:mod:`ortrain.capture.dynamo_backend`)."""
-    with _Overrides(_CORRECTIONS):
+    with _active(_Overrides(_CORRECTIONS)):
         yield

@@ -133,6 +133,34 @@ def test_a_lazy_layer_is_initialized_by_a_real_step() -> None:
     assert_same_state(wrapped, eager)
 
 
+def test_a_lazy_batch_norm_moved_to_another_dtype_before_its_first_call_is_captured() -> None:
+    """``.to(float64)`` before the first call makes a ``LazyBatchNorm``'s statistics views of an
+    emptied base: turning them into fake tensors went through the capture's ``as_strided`` refusal,
+    and the model trained in PyTorch (an error under ``FALLBACK_DISABLE``, as here)."""
+
+    def lazy_model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 6), nn.LazyBatchNorm1d(), nn.Tanh(), nn.Linear(6, 1))
+
+    model, eager = lazy_model().double(), lazy_model().double()
+    wrapped = ORTModule(model)
+    torch.manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(8, 4, dtype=torch.float64)
+        losses = []
+        for module in (wrapped, eager):
+            module.zero_grad(set_to_none=True)
+            loss = module(x).square().mean()
+            loss.backward()
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], rel=1e-12)
+        for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-14)
+    assert len(wrapped._ortrain_graphs) == 1
+    assert_same_state(wrapped, eager)
+    torch.testing.assert_close(model[1].running_var, eager[1].running_var, rtol=1e-12, atol=0)
+
+
 def test_observers_that_size_their_buffers_on_first_use_train_as_eager(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
