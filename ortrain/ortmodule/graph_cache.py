@@ -50,6 +50,10 @@ class GraphCache(Generic[Entry]):
         """The entries already captured under ``key`` (other sizes): empty when there are none."""
         return list(self._groups.get(key, ()))
 
+    def groups_where(self, belongs: Callable[[Hashable], bool]) -> list[Entry]:
+        """The entries of every group whose key ``belongs``."""
+        return [entry for key, group in self._groups.items() if belongs(key) for entry in group]
+
     def add(self, key: Hashable, entry: Entry, reason: str) -> None:
         """Keep ``entry``; ``reason`` says why no cached graph fitted (counted for the warning)."""
         self._groups.setdefault(key, []).append(entry)

@@ -7,7 +7,7 @@ import logging
 import sys
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -90,7 +90,13 @@ from ortrain.ortmodule.options import (
     user_malloc_setting,
 )
 from ortrain.ortmodule.python_randomness import PythonRandomnessError, refusing_python_randomness
-from ortrain.ortmodule.scalars import LiftedCall, ScalarLifter, call_leaves, unread_lifted_inputs
+from ortrain.ortmodule.scalars import (
+    LiftedCall,
+    ScalarLifter,
+    call_leaves,
+    unread_lifted_inputs,
+    without_number_values,
+)
 from ortrain.ortmodule.schema import (
     Spec,
     flatten_inputs,
@@ -867,12 +873,18 @@ class ORTModule(nn.Module):
         return "custom autograd support was switched " + ("on" if key.opaque_functions else "off")
 
     def _dynamic_dims(
-        self, inputs: list[torch.Tensor], entries: list[_CompiledEntry]
+        self, inputs: list[torch.Tensor], entries: list[_CompiledEntry], siblings: list[_CompiledEntry]
     ) -> dict[int, tuple[int, ...]]:
         """Sizes that differ from an earlier capture, or were dynamic in one, become dynamic; none
         where a graph writes inputs that share memory (AOTAutograd's merged base of such inputs
-        failed to trace with open sizes: each size captures on its own)."""
-        if any(entry.alias_layouts is not None for entry in entries):
+        failed to trace with open sizes: each size captures on its own).
+
+        ``siblings``: the graphs of the same call with other values of the numbers baked in (an int
+        the model needs as a Python number: a GNN batch's graph count). The sizes those needed
+        open are open from this value's first capture on: each value captured twice (its sizes
+        fixed, then open) where the batches' sizes change at every step (wave 47's review: 17
+        captures in 40 steps of a GCN)."""
+        if any(entry.alias_layouts is not None for entry in (*entries, *siblings)):
             return {}
         dims: dict[int, set[int]] = {}
         for entry in entries:
@@ -880,7 +892,22 @@ class ORTModule(nn.Module):
                 for d, (size, fixed) in enumerate(zip(tensor.shape, pattern, strict=True)):
                     if fixed is None or fixed != size:
                         dims.setdefault(i, set()).add(d)
-        return {i: tuple(sorted(d)) for i, d in dims.items()}
+        for entry in siblings:
+            for i, pattern in enumerate(entry.sizes):
+                dims.setdefault(i, set()).update(d for d, fixed in enumerate(pattern) if fixed is None)
+        return {i: tuple(sorted(d)) for i, d in dims.items() if d}
+
+    def _siblings(self, key: GraphKey) -> list[_CompiledEntry]:
+        """The graphs kept for this call with other values of its number arguments baked in."""
+        masked = key._replace(spec=without_number_values(key.spec))
+
+        def sibling(other: Hashable) -> bool:
+            assert isinstance(other, GraphKey)
+            return other != key and other._replace(spec=without_number_values(other.spec)) == masked
+
+        if masked == key:  # no number baked in
+            return []
+        return self._ortrain_graphs.groups_where(sibling)
 
     def _compile(
         self, key: GraphKey, inputs: list[torch.Tensor], entries: list[_CompiledEntry], state: ModelState
@@ -909,7 +936,7 @@ class ORTModule(nn.Module):
         training = key.grad_enabled
         refuse_distributed_submodules(self._ortrain_module)
         flat_module = _FlatCall(self._ortrain_module, key.spec)
-        dynamic = self._dynamic_dims(inputs, entries)
+        dynamic = self._dynamic_dims(inputs, entries, self._siblings(key))
         logger.info(
             "capturing %s graphs for %d inputs%s",
             "training" if training else "inference",

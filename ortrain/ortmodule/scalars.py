@@ -97,13 +97,13 @@ def _rewrite(
     return (*spec[:-1], children)
 
 
-def _masked(spec: Spec) -> Spec:
+def without_number_values(spec: Spec) -> Spec:
     """The spec with every liftable number's value left out: what its graphs have in common."""
     if spec[0] == "const":
         return ("const", spec[1], None) if _is_liftable(spec) else spec
     if spec[0] == "tensor":
         return spec
-    return (*spec[:-1], tuple(_masked(c) for c in spec[-1]))
+    return (*spec[:-1], tuple(without_number_values(c) for c in spec[-1]))
 
 
 @dataclass
@@ -132,7 +132,7 @@ class ScalarLifter:
         numbers = [(place, leaf[2]) for place, leaf in call_leaves(spec) if _is_liftable(leaf)]
         if not numbers:
             return LiftedCall(spec, inputs)
-        structure = _masked(spec)
+        structure = without_number_values(spec)
         values = tuple(v for _, v in numbers)
         first = self.first_values.setdefault(structure, values)
         lifted = self.lifted.get(structure, frozenset())

@@ -922,6 +922,38 @@ def test_a_number_the_model_needs_as_a_python_number_is_baked_in_per_value() -> 
     assert len(wrapped._ortrain_graphs) == 3
 
 
+class _Pooled(nn.Module):
+    """A GNN's readout: the graph count is an int the model needs as a size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, batch: torch.Tensor, num_graphs: int) -> torch.Tensor:
+        h = torch.tanh(self.fc(x))
+        return torch.zeros(num_graphs, 8).index_add(0, batch, h).pow(2).mean()
+
+
+def test_a_number_baked_in_per_value_opens_the_sizes_its_other_values_needed_open() -> None:
+    """Wave 47's review: a GNN whose graph count is baked in per value, on batches whose node count
+    changes at every step, captured each value twice (its sizes fixed, then open). A new value's
+    first capture now opens the sizes that another value's graphs needed open."""
+    torch.manual_seed(0)
+    model = _Pooled()
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    for step, (nodes, graphs) in enumerate(((5, 2), (7, 2), (6, 3), (9, 3), (8, 4), (11, 4))):
+        x = torch.randn(nodes, 8, generator=torch.Generator().manual_seed(step))
+        batch = torch.arange(nodes) % graphs
+        for m in (wrapped, eager):
+            m.zero_grad()
+            m(x, batch, graphs).backward()
+        for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+    # 2 graphs: fixed, then open sizes; 3 and 4: one graph each, with open sizes (6 until wave 48).
+    assert [len(group) for group in wrapped._ortrain_graphs.values()] == [2, 1, 1]
+
+
 class _Phased(nn.Module):
     def __init__(self) -> None:
         super().__init__()
