@@ -134,6 +134,18 @@ def _warn_of_skipped_names_not_called(unmatched: set[str], called: set[str]) -> 
 TRACED_INLINE = frozenset({"deepspeed.runtime.zero.linear.LinearFunctionForZeroStage3"})
 
 
+# User Functions traced inline while capturing (ORTMODULE_ENABLE_CUSTOM_AUTOGRAD=0, or skipped by
+# name), counted: see inline_function_calls.
+_inline_calls = [0]
+
+
+def inline_function_calls() -> int:
+    """How many user ``autograd.Function`` calls captures have traced inline so far: a trace that
+    meets one holds the Function's forward as plain operators, and differentiating that forward
+    is not the Function's own backward (a straight-through estimator, a gradient reversal)."""
+    return _inline_calls[0]
+
+
 @contextlib.contextmanager
 def intercept_functions(
     *, opaque: bool, hook: CallHook | None = None, skipped: frozenset[str] = frozenset()
@@ -169,6 +181,8 @@ def intercept_functions(
                 and _has_nested_tensor(args)
             ):
                 return apply_as_python_op(cls, args, kwargs)
+            if not _is_internal(cls) and qualified_name(cls) not in TRACED_INLINE:
+                _inline_calls[0] += 1
         return original_apply(cls, *args, **kwargs)
 
     made: list[int] = []

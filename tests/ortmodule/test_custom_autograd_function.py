@@ -21,6 +21,7 @@ from _parity import assert_same_state, ort_graph_count
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 from torch.autograd.function import once_differentiable
+from torch.nn import functional as F
 
 from ortrain.ortmodule import (
     DebugOptions,
@@ -708,6 +709,53 @@ def test_inline_mode_from_environment(monkeypatch) -> None:
     monkeypatch.setenv("ORTMODULE_ENABLE_CUSTOM_AUTOGRAD", "0")
     torch.manual_seed(0)
     wrapped = train_and_compare(Wrap(lambda m, h: OnceTanh.apply(h)), [torch.randn(4, 6)], steps_eval=False)
+    assert python_op_counts(wrapped) == [(0, 0)]
+
+
+class _TripledGradient(torch.autograd.Function):
+    """A gradient scaler: its backward is not the derivative of its forward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 3.0
+
+
+class _ScaledBeforeTheHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.fc2(_TripledGradient.apply(torch.tanh(self.fc1(x)))), y)
+
+
+@pytest.mark.parametrize(
+    "inline_by", ["ORTMODULE_ENABLE_CUSTOM_AUTOGRAD", "ORTMODULE_SKIPPED_AUTOGRAD_FUNCTIONS"]
+)
+def test_a_function_traced_inline_keeps_its_backward_next_to_a_forward_rewrite(
+    monkeypatch: pytest.MonkeyPatch, inline_by: str
+) -> None:
+    """Wave 48's review: next to the linear + cross-entropy rewrite, the rewritten forward held the
+    Function's forward as plain operators, and AOTAutograd differentiated those: fc1's gradient
+    was a third of eager's, silently. Such a forward is captured as written now."""
+    if inline_by == "ORTMODULE_ENABLE_CUSTOM_AUTOGRAD":
+        monkeypatch.setenv(inline_by, "0")
+    else:
+        monkeypatch.setenv(inline_by, f"{__name__}._TripledGradient")
+    torch.manual_seed(0)
+    eager = _ScaledBeforeTheHead().double()
+    model = copy.deepcopy(eager)
+    wrapped = ORTModule(model)
+    x, y = torch.randn(5, 8, dtype=torch.float64), torch.randint(0, 4, (5,))
+    for module in (wrapped, eager):
+        module(x, y).backward()
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-14)
     assert python_op_counts(wrapped) == [(0, 0)]
 
 
