@@ -80,7 +80,12 @@ class _Lattice:
         neg_inf = torch.full((self.batch, 1), -math.inf, dtype=self.emit.dtype, device=self.emit.device)
         state = torch.arange(self.states, device=self.emit.device)
         alpha = torch.where(state < 2, self.emit[0], -math.inf)
-        table, final = [alpha], alpha
+        table = [alpha]
+        # Where a sample has no steps at all, only the empty alignment ends (at the first blank,
+        # with probability 1): wave 48's review found the first step's column read there, a finite
+        # loss where eager's is 0 (an empty target) or inf.
+        nothing = torch.where(state == 0, 0.0, -math.inf).to(alpha.dtype)
+        final = torch.where((self.in_lengths == 0).unsqueeze(1), nothing, alpha)
         for t in range(1, self.time_steps):
             one = torch.cat([neg_inf, alpha[:, :-1]], 1)
             two = torch.where(self.may_skip, torch.cat([neg_inf, neg_inf, alpha[:, :-2]], 1), -math.inf)
@@ -123,7 +128,17 @@ def ctc_loss_function(
                 input_lengths.reshape(1),
                 torch.as_tensor(target_lengths).reshape(1),
             )
+    half = log_probs.dtype in (torch.float16, torch.bfloat16)
+    if half and torch.is_autocast_enabled(log_probs.device.type):
+        # Autocast runs ctc_loss in float32 (its fp32 list); this replacement sits above autocast,
+        # and its recursion ran in bfloat16 (wave 48's review: 1e-2 off, a bfloat16 loss).
+        log_probs = log_probs.float()
     lattice = _Lattice(log_probs, targets, input_lengths, target_lengths, blank)
+    # PyTorch refuses an input length past the time steps; in the graph the lengths are values.
+    torch._assert_async(
+        torch.all(lattice.in_lengths <= lattice.time_steps),
+        f"Expected input_lengths to have value at most {lattice.time_steps}",
+    )
     loss, _ = lattice.alpha()
     # PyTorch's CTC backward returns exp(log_probs) - posteriors, not -posteriors (the gradient
     # for logits under a log_softmax, whose backward maps both to the same result). Add a term

@@ -160,7 +160,8 @@ def build_graph_executor(
 
 def announce_plan(plan: Plan, name: str, *, openmp_passive: bool) -> None:
     """The plan at INFO, and the OpenMP advice when PyTorch work sits between ONNX Runtime regions."""
-    executors = {type(s.executor) for s in plan.steps}
+    # A step that only checks values (a CTC loss's input lengths) runs no OpenMP work to spin.
+    executors = {type(s.executor) for s in plan.steps if not _only_runtime_checks(s)}
     if OnnxRuntimeExecutor in executors and len(executors) > 1 and not openmp_passive:
         _advise_passive_openmp()
     logger.info(
@@ -176,6 +177,15 @@ def announce_plan(plan: Plan, name: str, *, openmp_passive: bool) -> None:
             sum(native.values()),
             "; ".join(f"{op} x{count} ({why})" for (op, why), count in sorted(native.items())),
         )
+
+
+def _only_runtime_checks(step: Step) -> bool:
+    nodes = [n for n in step.nodes if n.op == "call_function" and n.target is not operator.getitem]
+    return (
+        isinstance(step.executor, TorchExecutor)
+        and bool(nodes)
+        and all(torch_native_reason(n) == "runtime check" for n in nodes)
+    )
 
 
 def _announce_declined(plan: Plan, name: str, declined: frozenset[object]) -> None:
