@@ -127,3 +127,35 @@ def test_the_gradient_through_an_empty_slice_is_zero_as_in_eager(
     torch.manual_seed(0)
     eager = _EmptySlice()
     calls_like_eager(eager, ORTModule(copy.deepcopy(eager)), [torch.randn(2, n, 4) for n in (2, 6, 1)])
+
+
+class _DroppedOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.linear(x)).pow(2).mean()
+
+
+@pytest.mark.parametrize("sizes", [(0,), (4, 0), (4, 3, 0)])
+def test_an_empty_batch_through_dropout_trains_as_eager(sizes: tuple[int, ...]) -> None:
+    """PyTorch's dropout of an empty tensor returns its mask in the input's dtype, not bool: ONNX
+    Runtime's backward, traced with a bool mask, refused it ("Unexpected input data type", wave
+    48's review), under every fallback policy. An empty input is cast to its traced dtype now."""
+    torch.manual_seed(0)
+    eager = _DroppedOut()
+    model = copy.deepcopy(eager)
+    wrapped = ORTModule(model)
+    for step, size in enumerate(sizes):
+        x = torch.randn(size, 4)
+        losses = []
+        for module in (wrapped, eager):
+            module.zero_grad()
+            torch.manual_seed(step)
+            loss = module(x)
+            loss.backward()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[0], losses[1], equal_nan=True)
+        torch.testing.assert_close(model.linear.weight.grad, eager.linear.weight.grad)

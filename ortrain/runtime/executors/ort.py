@@ -141,7 +141,7 @@ def _release_model_bytes(session: ort.InferenceSession) -> None:
         session._model_bytes = None
 
 
-_FLOATING_DTYPES = {t: d for d, t in ONNX_ELEMENT_TYPES.items() if d.is_floating_point}
+_TORCH_DTYPES = {t: d for d, t in ONNX_ELEMENT_TYPES.items()}
 
 
 class OrtSessionRunner:
@@ -190,8 +190,10 @@ class OrtSessionRunner:
             # ("Unexpected input data type"), which sent the model to PyTorch (wave 43). The cast
             # is made here, for ONNX Runtime only: PyTorch's kernels want the real dtypes (layer
             # norm's float32 statistics of a bfloat16 input, wave 44).
+            # So is an empty input's, whatever its dtype: PyTorch's dropout of an empty batch returns
+            # its mask in the input's dtype, not bool (wave 48's review: the backward refused it).
             traced = {i.name: i.type.tensor_type.elem_type for i in exported.model.graph.input}
-            self._traced_dtypes = {name: _FLOATING_DTYPES.get(traced.get(name)) for name in self._input_names}
+            self._traced_dtypes = {name: _TORCH_DTYPES.get(traced.get(name)) for name in self._input_names}
             self._random = has_random_ops(exported.model)
 
     def _run_session(self, args: list[Any]) -> list[torch.Tensor]:
@@ -204,7 +206,11 @@ class OrtSessionRunner:
                 tensor = tensor.contiguous()
                 keep_alive.append(tensor)
             traced = self._traced_dtypes[name]
-            if traced is not None and tensor.dtype != traced and tensor.dtype.is_floating_point:
+            if (
+                traced is not None
+                and tensor.dtype != traced
+                and ((tensor.dtype.is_floating_point and traced.is_floating_point) or tensor.numel() == 0)
+            ):
                 tensor = tensor.to(traced)
                 keep_alive.append(tensor)
             element_type = ONNX_ELEMENT_TYPES.get(tensor.dtype)
