@@ -80,6 +80,40 @@ _INDEX_FILLS: dict[Any, Callable[..., Any]] = {
     aten.index_fill.int_Tensor: _index_fill,
 }
 
+
+# (NotImplemented: the operator as it is, once its operands agree; the trace of a decomposition
+# decomposes what it calls too.)
+def _stack(tensors: list[torch.Tensor], dim: int = 0) -> Any:
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    if all(t.dtype == dtype for t in tensors):
+        return NotImplemented
+    return torch.stack([t.to(dtype) for t in tensors], dim)
+
+
+def _pow(base: torch.Tensor, exponent: torch.Tensor) -> Any:
+    dtype = torch.result_type(base, exponent)
+    if base.dtype == exponent.dtype == dtype:
+        return NotImplemented
+    return torch.pow(base.to(dtype), exponent.to(dtype))
+
+
+# Operators whose operands PyTorch promotes to a common dtype and torch.onnx's type promotion
+# leaves as they are: ``torch.stack`` of an int64 and a float tensor, an int tensor raised to a
+# float tensor's power (wave 48's review: ONNX Runtime refused the region, "bound to different
+# types", and the model ran in PyTorch, an error under FALLBACK_DISABLE). The export casts their
+# operands first, where they differ.
+_PROMOTING: dict[Any, Callable[..., Any]] = {
+    aten.stack.default: _stack,
+    aten.pow.Tensor_Tensor: _pow,
+}
+
+
+def _operand_dtypes(node: torch.fx.Node) -> set[torch.dtype]:
+    operands = node.args[0] if node.target is aten.stack.default else node.args[:2]
+    values = [a.meta.get("val") for a in operands if isinstance(a, torch.fx.Node)]
+    return {v.dtype for v in values if isinstance(v, torch.Tensor)}
+
+
 LATE_OPS = frozenset(
     {
         *_INDEX_FILLS,
@@ -110,6 +144,7 @@ def late_decompositions() -> dict[Any, Callable[..., Any]]:
     table[aten.convolution_backward.default] = convolution_backward
     table.update(_SPECIAL_FUNCTIONS)
     table.update(_INDEX_FILLS)
+    table.update(_PROMOTING)
     no_training = aten._native_batch_norm_legit_no_training.default
     table[no_training] = functools.partial(_batch_norm_without_statistics, table[no_training])
     return table
@@ -135,6 +170,8 @@ def decomposed_for_export(node: torch.fx.Node) -> bool:
         return False
     if node.target in LATE_OPS:
         return True
+    if node.target in _PROMOTING:
+        return len(_operand_dtypes(node)) > 1
     if node.target is not aten._native_batch_norm_legit_no_training.default:
         return False
     # A float64 one too: ONNX's BatchNormalization holds ``epsilon`` as a float32 attribute, 1e-3

@@ -244,15 +244,26 @@ def _refusal_message(name: str, refused: dict[str, tuple[str, str]], *, disabled
     # region it came from: until wave 42 it was repeated for each ("getitem (no Sub kernel for
     # bfloat16 (in its translation)) x25; aten._to_copy.default (no Sub kernel ...) x24; ...").
     untraced: dict[str, Counter[str]] = {}
+    # So is a reason several operators share (a region ONNX Runtime could not load names each of
+    # its operators with the loader's whole message: wave 48's review saw it 25 times in a line).
+    shared: dict[str, Counter[str]] = {}
     for target, why in refused.values():
         if why.endswith(UNTRACED):
             untraced.setdefault(why.removesuffix(UNTRACED), Counter())[target] += 1
         else:
-            by_reason[(target, why)] = by_reason.get((target, why), 0) + 1
+            shared.setdefault(why, Counter())[target] += 1
+    for why, targets in shared.items():
+        if len(targets) == 1:
+            ((target, count),) = targets.items()
+            by_reason[(target, why)] = count
     parts = [
         f"{target} ({why}){f' x{count}' if count > 1 else ''}"
         for (target, why), count in sorted(by_reason.items())
     ]
+    for why, targets in sorted(shared.items()):
+        if len(targets) > 1:
+            among = ", ".join(f"{t}{f' x{c}' if c > 1 else ''}" for t, c in targets.most_common())
+            parts.append(f"{among} ({why})")
     for why, targets in sorted(untraced.items()):
         among = ", ".join(f"{t}{f' x{c}' if c > 1 else ''}" for t, c in targets.most_common())
         parts.append(f"{why}, in the translation of one of these, not told which: {among}")

@@ -143,8 +143,10 @@ def test_the_length_check_alone_in_pytorch_gives_no_openmp_advice(
     """The advice to start Python with OMP_WAIT_POLICY=PASSIVE is for PyTorch kernels between ONNX
     Runtime regions; a check of the input lengths runs none."""
     from ortrain import ORTModule
+    from ortrain.runtime import graph_executor
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    graph_executor._advise_passive_openmp.cache_clear()  # given once per process
     wrapped = ORTModule(_Aligner("mean"))
     with caplog.at_level(logging.WARNING, logger="ortrain"):
         lengths = (torch.tensor([4, 3]), torch.tensor([2, 1]))

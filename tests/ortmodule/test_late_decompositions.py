@@ -208,3 +208,30 @@ def test_repeat_interleave_with_an_output_size_runs_in_onnxruntime(monkeypatch: 
             model(x, batch, counts).backward()
         for name, p in eager.named_parameters():
             torch.testing.assert_close(wrapped.get_parameter(name).grad, p.grad, msg=name)
+
+
+class _MixedOperands(nn.Module):
+    """Tabular features: int columns stacked with float ones, an int count raised to a learned power."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+        self.power = nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, counts: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        h = torch.stack([counts[:, 0], values[:, 0], counts[:, 1], values[:, 1]], 1)
+        damped = torch.pow(counts, self.power) + counts ** values[0, 0]
+        return (self.linear(h).squeeze(1) * damped.sum(1)).square().mean()
+
+
+def test_stack_and_pow_of_int_and_float_operands_run_in_onnxruntime() -> None:
+    """Wave 48's review: PyTorch promotes their operands, torch.onnx's type promotion did not, and
+    ONNX Runtime refused the region (the model ran in PyTorch, an error under FALLBACK_DISABLE)."""
+    torch.manual_seed(0)
+    batches = [(torch.randint(1, 5, (n, 2)), torch.rand(n, 2) + 0.5) for n in (6, 6, 6)]
+    _, _, eager, wrapped = train_side_by_side(_MixedOperands(), batches, lambda m, b: m(*b))
+    assert_same_state(wrapped, eager, atol=1e-5)
+    for group in wrapped._ortrain_graphs.values():
+        for entry in group:
+            assert runs_whole_in_onnxruntime(entry.capture.forward.runner)
+            assert runs_whole_in_onnxruntime(entry.capture.backward.runner)

@@ -406,3 +406,21 @@ def test_a_reason_no_operator_could_be_blamed_for_is_said_once_with_its_region()
     assert "aten.mm.default (CPUExecutionProvider has no MatMul kernel for bfloat16)" in message
     assert message.count("no Sub kernel") == 1
     assert "in the translation of one of these, not told which: aten.view.default x2, getitem" in message
+
+
+def test_a_reason_several_operators_share_is_said_once_with_them() -> None:
+    """A region ONNX Runtime could not load gave each of its operators the loader's whole message
+    (wave 48's review: 25 times, several kB in one warning)."""
+    from ortrain.runtime.graph_executor import _refusal_message
+
+    load = "ONNX Runtime could not load its region (Fail: Type parameter (T) of Optype (Concat) ...)"
+    refused = {
+        "mm": ("aten.mm.default", "CPUExecutionProvider has no MatMul kernel for bfloat16"),
+        "mul": ("aten.mul.Tensor", load),
+        "mul_1": ("aten.mul.Tensor", load),
+        "stack": ("aten.stack.default", load),
+    }
+    message = _refusal_message("forward", refused, disabled=False)
+    assert message.count("Optype (Concat)") == 1
+    assert f"aten.mul.Tensor x2, aten.stack.default ({load})" in message
+    assert "aten.mm.default (CPUExecutionProvider has no MatMul kernel for bfloat16)" in message
