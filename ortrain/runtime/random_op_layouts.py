@@ -18,6 +18,12 @@ Before such an operator, its tensor inputs are put back in the dimension order t
 recorded for them (a copy only when the run-time layout differs), which makes the draws eager's
 and the same in every placement. Recorded layouts that are not dense (a broadcast input, a slice
 with gaps) are left as they come: their draws may differ from eager's, as before.
+
+Determinants too (``torch_native_ops.factors_by_layout``), in both directions: PyTorch factors a
+contiguous matrix's transpose, and the backward AOTAutograd traced solves with the factors as the
+traced layout made them. A column-major matrix (a transpose, ``torch.linalg.qr``'s Q) that reached
+``slogdet`` contiguous from ONNX Runtime got the transposed gradient (wave 48's review: Glow's
+invertible 1x1 convolution, 42 off where the largest gradient was 6.4; the loss exact).
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ from collections.abc import Sequence
 import torch
 
 from ortrain.capture.lazy_recompile import graph_module
-from ortrain.capture.memory_layouts import densely_in_order, permuted_dim_order
-from ortrain.runtime.torch_native_ops import reads_memory_layout
+from ortrain.capture.memory_layouts import dense_dim_order, densely_in_order, permuted_dim_order
+from ortrain.runtime.torch_native_ops import factors_by_layout, reads_memory_layout
 
 logger = logging.getLogger("ortrain.runtime")
 
@@ -40,6 +46,15 @@ def in_dim_order(tensor: torch.Tensor, order: Sequence[int]) -> torch.Tensor:
     return densely_in_order(tensor, order)
 
 
+def _recorded_order(node: torch.fx.Node, arg: torch.fx.Node) -> tuple[int, ...] | None:
+    """The dimension order ``arg`` must have when ``node`` runs (None: any)."""
+    if reads_memory_layout(node):
+        return permuted_dim_order(arg.meta.get("val"))
+    if factors_by_layout(node):
+        return dense_dim_order(arg.meta.get("val"))  # the plain order as well: contiguous again
+    return None
+
+
 def with_random_op_layouts(region: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``region``, or a copy of it (the plan keeps describing the partition) where
     :func:`in_dim_order` comes before each random operator's tensor inputs whose recorded layout is
@@ -47,9 +62,9 @@ def with_random_op_layouts(region: torch.fx.GraphModule) -> torch.fx.GraphModule
     restores = [
         (node, arg, order)
         for node in region.graph.nodes
-        if node.op == "call_function" and reads_memory_layout(node)
+        if node.op == "call_function"
         for arg in dict.fromkeys(a for a in node.args if isinstance(a, torch.fx.Node))
-        if (order := permuted_dim_order(arg.meta.get("val"))) is not None
+        if (order := _recorded_order(node, arg)) is not None
     ]
     if not restores:
         return region

@@ -374,3 +374,14 @@ def is_random(node: torch.fx.Node) -> bool:
 def reads_memory_layout(node: torch.fx.Node) -> bool:
     """Random draws and strided views: their results depend on their inputs' memory layout."""
     return torch_native_reason(node) in (_RANDOM, _STRIDED_VIEW)
+
+
+# Determinants factor a contiguous matrix's transpose (det A = det Aᵀ), and the backward formula
+# AOTAutograd traced reads the factors as the traced layout gave them.
+_FACTORED_BY_LAYOUT = frozenset({aten._linalg_det, aten._linalg_slogdet})
+
+
+def factors_by_layout(node: torch.fx.Node) -> bool:
+    """A determinant: the LU factors it saves for its backward are Aᵀ's where its input is
+    contiguous, A's where it is not, and the traced backward assumes the traced input's layout."""
+    return node.op == "call_function" and _packet(node.target) in _FACTORED_BY_LAYOUT

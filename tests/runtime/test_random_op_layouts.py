@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import torch
+import copy
 
+import pytest
+import torch
+from torch import nn
+
+from ortrain import ORTModule
 from ortrain.capture.memory_layouts import permuted_dim_order
 from ortrain.runtime.random_op_layouts import in_dim_order
 
@@ -34,3 +39,43 @@ def test_in_dim_order_keeps_values_and_draws_like_eager() -> None:
     contiguous_mask = torch.nn.functional.dropout(from_other_executor, 0.5)
     assert torch.equal(restored_mask, eager_mask)
     assert not torch.equal(contiguous_mask, eager_mask)
+
+
+class _Determinants(nn.Module):
+    """Glow's invertible 1x1 convolution: a column-major weight (``torch.linalg.qr``'s Q, a transpose)
+    whose log-determinant is taken of a float64 copy, which ONNX Runtime makes contiguous."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.weight = nn.Parameter(torch.linalg.qr(torch.randn(4, 4))[0] + torch.eye(4))
+        self.form = form
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x @ self.weight
+        if self.form == "slogdet of float64":
+            logdet = torch.linalg.slogdet(self.weight.double())[1].float()
+        elif self.form == "det of a transpose":
+            logdet = torch.linalg.det(torch.tanh(self.weight.t()) + 2 * torch.eye(4))
+        else:  # a contiguous matrix handed over column-major by a transpose's gradient path
+            logdet = torch.logdet(self.weight.t().contiguous() * 1.5)
+        return h.square().mean() - logdet
+
+
+@pytest.mark.parametrize("form", ["slogdet of float64", "det of a transpose", "logdet of a copy"])
+def test_determinants_get_their_input_in_the_recorded_layout(form: str) -> None:
+    """PyTorch factors a contiguous matrix's transpose, and the traced backward solves with the
+    factors the traced layout gave: a column-major matrix reaching ``slogdet`` contiguous from ONNX
+    Runtime got the gradient of its transpose (wave 48's review), with the loss exact."""
+    eager = _Determinants(form)
+    assert eager.weight.stride() == (1, 4)
+    model = copy.deepcopy(eager)
+    wrapped = ORTModule(model)
+    for step in range(2):
+        x = torch.randn(5, 4, generator=torch.Generator().manual_seed(step))
+        for module in (wrapped, eager):
+            module.zero_grad()
+            module(x).backward()
+        torch.testing.assert_close(model.weight.grad, eager.weight.grad)
+    (entry,) = (e for group in wrapped._ortrain_graphs.values() for e in group)
+    assert not entry.capture.forward.runner.plan.whole  # ONNX Runtime hands the matrix over
