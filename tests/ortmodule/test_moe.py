@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from _parity import assert_same_state, ort_graph_count, train_side_by_side
 from torch import nn
 from torch.nn import functional as F
+
+from ortrain import ORTModule
+from ortrain.errors import ORTModuleTorchModelException
 
 STEPS = 3
 
@@ -32,16 +37,33 @@ class TopKMoE(nn.Module):
         return out
 
 
-def test_top_k_moe_with_data_dependent_dispatch_trains_with_parity() -> None:
+def test_top_k_moe_with_data_dependent_dispatch_trains_with_parity(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TorchDynamo cannot resume after the value-sized ``torch.where``: it gives the whole forward up
+    to eager PyTorch. Wave 48's review: that was an INFO line, under FALLBACK_DISABLE too; now it is
+    one warning by default, as any code that trains in PyTorch."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
     torch.manual_seed(0)
     batches = [(torch.randn(10, 8), torch.randn(10, 8)) for _ in range(STEPS)]
-    losses_ort, losses_eager, eager, wrapped = train_side_by_side(
-        TopKMoE(), batches, lambda m, b: F.mse_loss(m(b[0]), b[1])
-    )
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        losses_ort, losses_eager, eager, wrapped = train_side_by_side(
+            TopKMoE(), batches, lambda m, b: F.mse_loss(m(b[0]), b[1])
+        )
     torch._dynamo.reset()
     torch.testing.assert_close(torch.tensor(losses_ort), torch.tensor(losses_eager), rtol=1e-4, atol=1e-6)
     assert_same_state(wrapped, eager)
     assert wrapped._ortrain_graph_breaks is not None  # torch.where per expert: graph breaks
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "the whole function runs in eager PyTorch" in warned[0], warned
+
+
+def test_a_forward_torchdynamo_gives_up_is_refused_under_fallback_disable() -> None:
+    torch.manual_seed(0)
+    wrapped = ORTModule(TopKMoE())
+    with pytest.raises(ORTModuleTorchModelException, match="the whole function runs in eager PyTorch"):
+        wrapped(torch.randn(10, 8))
+    torch._dynamo.reset()
 
 
 def test_hf_mixtral_grouped_experts_train_on_the_whole_graph_path() -> None:
