@@ -759,6 +759,45 @@ def test_a_function_traced_inline_keeps_its_backward_next_to_a_forward_rewrite(
     assert python_op_counts(wrapped) == [(0, 0)]
 
 
+class _ScaledBySize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, k, shape):
+        ctx.k, ctx.shape = k, shape
+        return (x * k).reshape(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.reshape(ctx.shape) * ctx.k, None, None
+
+
+class _SizedFunction(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        return _ScaledBySize.apply(h, 1.0 / x.shape[0], h.shape).pow(2).sum()
+
+
+def test_a_function_given_sizes_of_a_capture_with_open_sizes_gets_the_real_ones() -> None:
+    """Wave 48's review: a python op kept ``x.shape[0]`` as the capture's symbol, which reached the
+    Function at every run (a loss of 2.8e14 where eager's was 41.9, ``reshape(ctx.shape)`` failed).
+    Such a call is traced inline now."""
+    torch.manual_seed(0)
+    eager = _SizedFunction().double()
+    model = copy.deepcopy(eager)
+    wrapped = ORTModule(model)
+    for n in (2, 3, 5):
+        x = torch.randn(n, 4, dtype=torch.float64)
+        for module in (wrapped, eager):
+            module.zero_grad()
+            module(x).backward()
+        for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-14)
+    assert len(wrapped._ortrain_graphs) == 2  # fixed sizes, then open ones
+
+
 class _ReachedOnlyThroughNone(nn.Module):
     def __init__(self) -> None:
         super().__init__()
