@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ortrain.capture.autocast_float32 import autocast_to_float32
+
 
 def _log_add(*terms: torch.Tensor) -> torch.Tensor:
     """log(Σ exp(terms)); -inf where every term is -inf."""
@@ -128,11 +130,7 @@ def ctc_loss_function(
                 input_lengths.reshape(1),
                 torch.as_tensor(target_lengths).reshape(1),
             )
-    half = log_probs.dtype in (torch.float16, torch.bfloat16)
-    if half and torch.is_autocast_enabled(log_probs.device.type):
-        # Autocast runs ctc_loss in float32 (its fp32 list); this replacement sits above autocast,
-        # and its recursion ran in bfloat16 (wave 48's review: 1e-2 off, a bfloat16 loss).
-        log_probs = log_probs.float()
+    log_probs = autocast_to_float32(log_probs)  # ctc_loss is on autocast's float32 list
     lattice = _Lattice(log_probs, targets, input_lengths, target_lengths, blank)
     # PyTorch refuses an input length past the time steps; in the graph the lengths are values.
     torch._assert_async(

@@ -239,9 +239,10 @@ def copysign(a: torch.Tensor, b: torch.Tensor | float) -> torch.Tensor:
     """|a| with the sign bit of b; -0.0 counts as negative (1/-0.0 is -inf)."""
     if not isinstance(b, torch.Tensor):
         b = torch.tensor(b, dtype=a.dtype if a.is_floating_point() else torch.get_default_dtype())
-    magnitude = a.abs()
-    if not magnitude.is_floating_point():
-        magnitude = magnitude.to(torch.promote_types(a.dtype, b.dtype))
+    # PyTorch's type promotion, to a floating dtype: until wave 48 (its review) the magnitude kept
+    # a float32 a's dtype next to a float64 b, and a bfloat16 one's next to float32 under autocast.
+    dtype = torch.result_type(a, b)
+    magnitude = a.abs().to(dtype if dtype.is_floating_point else torch.get_default_dtype())
     negative = (b < 0) | ((b == 0) & (1.0 / b < 0))
     return torch.where(negative, -magnitude, magnitude)
 
@@ -310,9 +311,15 @@ def median_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.
 
 
 def mish_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """d/dx x·tanh(softplus(x)) = tanh(sp) + x·sigmoid(x)·(1 - tanh(sp)²)."""
+    """d/dx x·tanh(softplus(x)) = tanh(sp) + x·sigmoid(x)·(1 - tanh(sp)²). In float32 for half
+    precision, rounded once, as PyTorch's CPU kernel (wave 48's review: rounded at every operator,
+    bfloat16 gradients 5e-3 off)."""
+    dtype = grad.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        grad, x = grad.float(), x.float()
     tanh_softplus = torch.tanh(torch.nn.functional.softplus(x))
-    return grad * (tanh_softplus + x * torch.sigmoid(x) * (1 - tanh_softplus * tanh_softplus))
+    result = grad * (tanh_softplus + x * torch.sigmoid(x) * (1 - tanh_softplus * tanh_softplus))
+    return result.to(dtype)
 
 
 def weight_norm_interface_backward(

@@ -24,6 +24,8 @@ import torch
 from torch.nn import _reduction
 from torch.nn import functional as F
 
+from ortrain.capture.autocast_float32 import autocast_to_float32
+
 _NONE, _MEAN, _SUM = 0, 1, 2
 
 
@@ -48,6 +50,7 @@ def _reduced(per_row: torch.Tensor, reduction: int, *, one_row: bool) -> torch.T
 
 
 def _multilabel_loss(input: torch.Tensor, target: torch.Tensor, reduction: int) -> torch.Tensor:
+    input = autocast_to_float32(input)  # both losses are on autocast's float32 list
     unbatched = input.dim() <= 1
     x, t = torch.atleast_2d(input), torch.atleast_2d(target)
     classes = x.shape[-1]
@@ -87,6 +90,7 @@ def _multi_margin_loss(
 ) -> Any:
     if p not in (1, 2) or input.dim() > 2 or input.shape[-1] == 0:
         return NotImplemented  # PyTorch's own checks and messages
+    input, weight = autocast_to_float32(input), autocast_to_float32(weight)
     unbatched = input.dim() <= 1
     x, t = torch.atleast_2d(input), target.reshape(-1, 1)
     classes = x.shape[-1]
