@@ -30,8 +30,22 @@ VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})
 
 
 def views_as_reshapes(graph: torch.fx.Graph) -> bool:
-    """Turn ``graph``'s views into reshapes, in place; returns whether it had any."""
+    """Turn ``graph``'s views into reshapes, in place; returns whether it had any.
+
+    Not those to a shape holding a 0 (an empty batch or sequence), and reshapes to one become views:
+    onnxscript translates ``reshape`` as ONNX's ``Reshape`` without ``allowzero``, where a 0 copies
+    the input's size there (``(2, 0, 4)`` to ``[0, 4]`` asked for ``[2, 4]``, and ONNX Runtime
+    refused the region: wave 48's review), and ``view`` with it. A tensor without elements takes
+    any strides, so its view never needs the copy a reshape may make."""
     views = [n for n in graph.nodes if n.op == "call_function" and n.target in VIEWS]
     for node in views:
         node.target = aten.reshape.default
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is aten.reshape.default and _holds_zero(node):
+            node.target = aten.view.default
     return bool(views)
+
+
+def _holds_zero(node: torch.fx.Node) -> bool:
+    shape = node.args[1] if len(node.args) > 1 else node.kwargs.get("shape", ())
+    return isinstance(shape, list | tuple) and any(isinstance(n, int) and n == 0 for n in shape)

@@ -159,3 +159,31 @@ def test_an_empty_batch_through_dropout_trains_as_eager(sizes: tuple[int, ...]) 
             losses.append(loss.detach())
         torch.testing.assert_close(losses[0], losses[1], equal_nan=True)
         torch.testing.assert_close(model.linear.weight.grad, eager.linear.weight.grad)
+
+
+class _EmptySequence(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)  # (B, 0, 4) viewed as (0, 4) and back
+        return h.square().sum() + x.flatten(0, 1).repeat(2, 3).sum()
+
+
+@pytest.mark.parametrize("sizes", [((2, 0, 4), (2, 5, 4)), ((2, 5, 4), (2, 7, 4), (2, 0, 4), (2, 6, 4))])
+def test_views_to_shapes_holding_zero_run_in_onnxruntime(sizes: tuple[tuple[int, ...], ...]) -> None:
+    """onnxscript's ``Reshape`` without ``allowzero`` read a 0 in the target shape as "the input's
+    size here": ``(2, 0, 4)`` to ``[0, 4]`` asked for ``[2, 4]`` (wave 48's review), and ONNX Runtime
+    refused the region (an error under FALLBACK_DISABLE, as here; the model in PyTorch otherwise)."""
+    torch.manual_seed(0)
+    eager = _EmptySequence()
+    model = copy.deepcopy(eager)
+    wrapped = ORTModule(model)
+    for size in sizes:
+        x = torch.randn(size, generator=torch.Generator().manual_seed(len(size)))
+        for module in (wrapped, eager):
+            module.zero_grad()
+            module(x).backward()
+        torch.testing.assert_close(model.linear.weight.grad, eager.linear.weight.grad)
+    assert not wrapped._ortrain_fallback.active
