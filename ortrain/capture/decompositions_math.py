@@ -237,12 +237,14 @@ def fmin(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def copysign(a: torch.Tensor, b: torch.Tensor | float) -> torch.Tensor:
     """|a| with the sign bit of b; -0.0 counts as negative (1/-0.0 is -inf)."""
-    if not isinstance(b, torch.Tensor):
-        b = torch.tensor(b, dtype=a.dtype if a.is_floating_point() else torch.get_default_dtype())
     # PyTorch's type promotion, to a floating dtype: until wave 48 (its review) the magnitude kept
     # a float32 a's dtype next to a float64 b, and a bfloat16 one's next to float32 under autocast.
     dtype = torch.result_type(a, b)
-    magnitude = a.abs().to(dtype if dtype.is_floating_point else torch.get_default_dtype())
+    dtype = dtype if dtype.is_floating_point else torch.get_default_dtype()
+    if not isinstance(b, torch.Tensor):
+        # (``torch.tensor(b)`` would be a lifted constant, which AOTAutograd refused.)
+        b = torch.full((), b, dtype=dtype, device=a.device)
+    magnitude = a.to(dtype).abs()  # a bool's abs has no kernel
     negative = (b < 0) | ((b == 0) & (1.0 / b < 0))
     return torch.where(negative, -magnitude, magnitude)
 
@@ -256,18 +258,35 @@ def aminmax(
     return aten.amin.default(x, dims, keepdim), aten.amax.default(x, dims, keepdim)
 
 
+# What a masked-out position holds: a value no element is below (above). Until wave 48 (its
+# review) ±inf for every dtype, which an int tensor holds as its least value whatever the sign
+# (cummin of int64 gave -2**63) and a bool as True.
+def _least(dtype: torch.dtype) -> bool | int | float:
+    if dtype == torch.bool:
+        return False
+    return -math.inf if dtype.is_floating_point else torch.iinfo(dtype).min
+
+
+def _greatest(dtype: torch.dtype) -> bool | int | float:
+    if dtype == torch.bool:
+        return True
+    return math.inf if dtype.is_floating_point else torch.iinfo(dtype).max
+
+
 def _running_extreme(x: torch.Tensor, dim: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Running maximum (or minimum) and, as PyTorch's CPU kernel, the last index where it occurs
     up to each position; over a lower-triangular mask, n² along ``dim`` as ``cumprod``."""
     if x.dim() == 0:
         return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
     dim = dim % x.dim()
+    if x.shape[dim] == 0:  # nothing to reduce (eager returns empty tensors)
+        return x.clone(), torch.zeros(x.shape, dtype=torch.int64, device=x.device)
     moved = x.movedim(dim, -1)
     n = moved.shape[-1]
     rows = moved.unsqueeze(-2).expand([*moved.shape[:-1], n, n])  # [..., i, j] = x_j
     position = torch.arange(n, device=x.device)
     keep = position.unsqueeze(0) <= position.unsqueeze(1)  # j <= i
-    fill = torch.full_like(rows, -math.inf if largest else math.inf)
+    fill = torch.full_like(rows, _least(x.dtype) if largest else _greatest(x.dtype))
     masked = torch.where(keep, rows, fill)
     values = masked.amax(-1) if largest else masked.amin(-1)
     hit = rows == values.unsqueeze(-1)

@@ -79,7 +79,7 @@ def tensors_for_number_operands(gm: torch.fx.GraphModule) -> int:
         # PyTorch's own rule for a tensor and a number (a 0-dimensional tensor of that dtype then
         # promotes with the other operand to the same dtype).
         probe = torch.empty((1,) * min(other.dim(), 1), dtype=other.dtype)
-        dtype = torch.result_type(probe, _kind_of(number))
+        dtype = _holding(number, torch.result_type(probe, _kind_of(number)))
         with gm.graph.inserting_before(node):
             operand = gm.graph.call_function(_aten.scalar_tensor.default, (number,), {"dtype": dtype})
         with other.fake_mode if hasattr(other, "fake_mode") else contextlib.nullcontext():
@@ -92,6 +92,17 @@ def tensors_for_number_operands(gm: torch.fx.GraphModule) -> int:
     if replaced:
         gm.recompile()
     return replaced
+
+
+def _holding(number: Any, dtype: torch.dtype) -> torch.dtype:
+    """``dtype``, or int64 for an int it cannot hold: ``q / 128`` of an int8 tensor divides by 128
+    in eager (true division computes in float), and an int8 0-d tensor of it was -128 (wave 48's
+    review: every dequantized sign flipped). Within the integers a 0-d tensor's dtype does not
+    change the promotion, so the node's value and dtype stay eager's."""
+    if type(number) is not int or dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return dtype
+    limits = torch.iinfo(dtype)
+    return dtype if limits.min <= number <= limits.max else torch.int64
 
 
 def _number_operand(node: torch.fx.Node) -> tuple[int, torch.Tensor] | None:

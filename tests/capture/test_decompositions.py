@@ -671,3 +671,32 @@ def test_truth_over_no_dimensions_keeps_pytorchs_dtypes() -> None:
         for op in (torch.any, torch.all):
             got, expected = math_ops.truth_over_no_dimensions(x, ()), op(x, dim=())
             assert got.dtype == expected.dtype and torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.int8, torch.bool])
+def test_running_extremes_of_integers_and_booleans_match_native(dtype: torch.dtype) -> None:
+    """Wave 48's review: masked positions held ±inf, an int tensor's least value either way
+    (cummin of int64 gave -2**63) and a bool's True."""
+    x = torch.tensor([[7, 9, 3, 5, 1, 4], [0, 2, 2, 1, 6, 0]]).to(dtype)
+    if dtype == torch.int8:
+        x = x - 4
+    for ours, native in ((math_ops.cummax, torch.cummax), (math_ops.cummin, torch.cummin)):
+        for dim in (0, 1):
+            got, expected = ours(x, dim), native(x, dim)
+            assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (ours, dim)
+    empty = torch.empty(3, 0)
+    assert math_ops.cummax(empty, 1)[0].shape == torch.cummax(empty, 1)[0].shape == (3, 0)
+
+
+def test_copysign_of_numbers_integers_and_booleans_matches_native() -> None:
+    cases = [
+        (torch.tensor([-5, 3, 2], dtype=torch.int8), torch.tensor([1, -1, 1], dtype=torch.int8)),
+        (torch.tensor([True, False]), torch.tensor([-1.0, 2.0])),
+        (torch.randn(3), -0.0),
+        (torch.tensor([1, -2]), 2.5),
+        (torch.randn(3, dtype=torch.float16), torch.randn(3)),
+    ]
+    for a, b in cases:
+        got, expected = math_ops.copysign(a, b), torch.copysign(a, b)
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -101,3 +101,29 @@ def test_an_integer_remainder_by_a_size_that_changes_runs_in_onnx_runtime(
         x, i = torch.randn(length, 4), torch.arange(length) * 3 - 11
         expected, got = eager(x, i), wrapped(x, i)
         assert torch.equal(got, expected)
+
+
+class _Dequantized(nn.Module):
+    """int8 codes dequantized as ``q / 128``, a uint8 shade as ``u / -2``: numbers the codes' dtype
+    cannot hold, where true division computes in float."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(3))
+
+    def forward(self, q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        return ((q / 128) * self.scale).sum() + (u / -2 * self.scale).sum() + (300 / q.clamp(min=1)).sum()
+
+
+def test_an_int_the_tensors_dtype_cannot_hold_keeps_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wave 48's review: 128 became an int8 -128 (every dequantized sign flipped), -2 a uint8 254."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    eager = _Dequantized()
+    model = copy.deepcopy(eager)
+    q = torch.tensor([[-100, 50, 127], [3, -7, 64]], dtype=torch.int8)
+    u = torch.tensor([2, 4, 200], dtype=torch.uint8)
+    got, expected = ORTModule(model)(q, u), eager(q, u)
+    torch.testing.assert_close(got, expected)
+    got.backward()
+    expected.backward()
+    torch.testing.assert_close(model.scale.grad, eager.scale.grad)
