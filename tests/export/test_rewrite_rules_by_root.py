@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import onnx_ir as ir
 import pytest
+import torch
 from onnxscript import optimizer, rewriter
 
 from ortrain.capture.aot_capture import Capture
@@ -88,3 +90,31 @@ def test_no_rule_keeps_the_last_graph_it_matched_in() -> None:
     gc.collect()
     assert graph() is None
     assert all(getattr(getattr(r, "_matcher", None), "_graph", None) is None for r in rules)
+
+
+class _BinaryWeights(torch.nn.Module):
+    """A binary network's straight-through weights: the weight clamped twice to the same bounds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        clipped = torch.clamp(self.w, -1, 1)
+        binary = clipped + (torch.sign(self.w) - torch.clamp(self.w, -2, 2)).detach()
+        return (x @ binary.t()).pow(2).mean()
+
+
+def test_a_tensor_clamped_twice_runs_in_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxscript's Min/Max-to-Clip fusions named both pairs of bounds "<input>_min"/"_max" and left
+    the renamed second pair out of the graph: ONNX Runtime refused it (wave 48's review)."""
+    from ortrain import ORTModule
+
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    torch.manual_seed(0)
+    eager = _BinaryWeights()
+    model = copy.deepcopy(eager)
+    x = torch.randn(5, 3)
+    ORTModule(model)(x).backward()
+    eager(x).backward()
+    torch.testing.assert_close(model.w.grad, eager.w.grad)
