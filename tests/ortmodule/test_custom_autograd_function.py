@@ -848,6 +848,98 @@ def test_a_gradient_the_capture_saw_as_none_raises_rather_than_being_lost() -> N
         _SwitchesNone.drop = True
 
 
+class _MainGradLinear(torch.autograd.Function):
+    """Megatron's gradient-accumulation fusion: the weight's gradient is added to its ``main_grad``
+    by the backward itself, which returns None for the weight and marks it."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return x @ weight.t()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        x, weight = ctx.saved_tensors
+        weight.main_grad.add_(grad.t() @ x)
+        weight.grad_added_to_main_grad = True
+        return grad @ weight, None
+
+
+class _GradWritingLinear(torch.autograd.Function):
+    """The same, writing the weight's ``.grad`` itself."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return x @ weight.t()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        x, weight = ctx.saved_tensors
+        if weight.grad is None:
+            weight.grad = grad.t() @ x
+        else:
+            weight.grad.add_(grad.t() @ x)
+        return grad @ weight, None
+
+
+@pytest.mark.parametrize("function", [_MainGradLinear, _GradWritingLinear])
+def test_a_backward_accumulating_a_weights_gradient_itself_trains_as_eager(
+    function: type[torch.autograd.Function],
+) -> None:
+    """Wave 48's review: the Function's leaf lacked the parameter's ``main_grad`` ("'Tensor' object
+    has no attribute 'main_grad'"), and a written ``.grad`` was refused as a gradient returned at
+    run time, both raised in the backward, which no fallback policy can help."""
+    torch.manual_seed(0)
+    eager = Wrap(lambda m, h: function.apply(h, m.extra_matrix)).double()
+    eager.extra_matrix = nn.Parameter(torch.randn(6, 6, dtype=torch.float64) * 0.3)
+    model = copy.deepcopy(eager)
+    for m in (eager, model):
+        m.extra_matrix.main_grad = torch.zeros(6, 6, dtype=torch.float64)
+    wrapped = ORTModule(model)
+    for _ in range(2):  # two micro-batches accumulate
+        x = torch.randn(4, 6, dtype=torch.float64)
+        (eager(x) / 2).backward()
+        (wrapped(x) / 2).backward()
+    if function is _MainGradLinear:
+        torch.testing.assert_close(model.extra_matrix.main_grad, eager.extra_matrix.main_grad)
+        assert model.extra_matrix.grad_added_to_main_grad
+        # Eager's .grad stays None; the capture's fake run of this backward fails (fake tensors
+        # carry no main_grad), so its None is not learned, and the op's zeros land there.
+        grad = model.extra_matrix.grad
+        assert grad is None or not grad.any()
+    else:
+        torch.testing.assert_close(model.extra_matrix.grad, eager.extra_matrix.grad)
+    torch.testing.assert_close(model.inp.weight.grad, eager.inp.weight.grad)
+
+
+class _ReturnsForTheWeightLater(torch.autograd.Function):
+    drop: ClassVar[bool] = True
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        (x,) = ctx.saved_tensors
+        return grad, (None if _ReturnsForTheWeightLater.drop else (grad * x).sum(0))
+
+
+def test_a_parameters_gradient_returned_where_the_capture_saw_none_still_raises() -> None:
+    model = Wrap(lambda m, h: _ReturnsForTheWeightLater.apply(h, m.extra))
+    wrapped = ORTModule(model)
+    _ReturnsForTheWeightLater.drop = True
+    try:
+        wrapped(torch.randn(4, 6)).backward()
+        _ReturnsForTheWeightLater.drop = False
+        with pytest.raises(RuntimeError, match=r"_ReturnsForTheWeightLater.*input 1"):
+            wrapped(torch.randn(4, 6)).backward()
+    finally:
+        _ReturnsForTheWeightLater.drop = True
+
+
 class _MatMulFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -38,10 +38,36 @@ _GRAPH_ATTRIBUTE = "_ortrain_autograd_graph"
 
 @dataclass
 class _KeptGraph:
-    """What the backward needs: the leaves the forward started from and the outputs it made."""
+    """What the backward needs: the leaves the forward started from, the outputs it made, and the
+    tensors the leaves stand for (the graph's inputs: parameters among them)."""
 
     leaves: list[torch.Tensor]
     outputs: list[torch.Tensor]
+    sources: list[torch.Tensor]
+
+
+def _leaf_of(source: torch.Tensor, need: bool) -> torch.Tensor:
+    """A leaf of the Function's own graph for ``source``, with ``source``'s Python attributes: a
+    backward that accumulates a weight's gradient itself (Megatron's and apex's
+    ``gradient_accumulation_fusion``: ``weight.main_grad.add_(...)``) reads them (wave 48's review:
+    "'Tensor' object has no attribute 'main_grad'", raised in the backward)."""
+    leaf = source.detach().requires_grad_(need)
+    attributes = getattr(source, "__dict__", None)
+    if attributes:
+        leaf.__dict__.update(attributes)
+    return leaf
+
+
+def _attributes_back(kept: _KeptGraph) -> None:
+    """Attributes the Function's backward set on a leaf (``weight.grad_added_to_main_grad = True``)
+    set on the tensor it stands for, as eager's backward sets them on the parameter itself."""
+    for leaf, source in zip(kept.leaves, kept.sources, strict=True):
+        for name, value in vars(leaf).items():
+            if getattr(source, name, _MISSING) is not value:
+                setattr(source, name, value)
+
+
+_MISSING = object()
 
 
 def _shares_memory(tensor: torch.Tensor, others: list[torch.Tensor]) -> bool:
@@ -64,7 +90,7 @@ def run_forward(call: FunctionCall, inputs: list[torch.Tensor]) -> list[torch.Te
     """The Function's forward; with ``call.keep_ctx``, the last output is the handle."""
     dirty_inputs = set(call.dirty.values())
     if call.keep_ctx:
-        leaves = [t.detach().requires_grad_(need) for t, need in zip(inputs, call.needs_grad, strict=True)]
+        leaves = [_leaf_of(t, need) for t, need in zip(inputs, call.needs_grad, strict=True)]
         with torch.enable_grad():
             # mark_dirty needs a non-leaf to update in place; the clone also keeps the op functional.
             args = [leaf.clone() if i in dirty_inputs else leaf for i, leaf in enumerate(leaves)]
@@ -80,7 +106,7 @@ def run_forward(call: FunctionCall, inputs: list[torch.Tensor]) -> list[torch.Te
     if not call.keep_ctx:
         return returned
     handle = torch.empty((0,), dtype=torch.int64, device=inputs[0].device if inputs else "cpu")
-    setattr(handle, _GRAPH_ATTRIBUTE, _KeptGraph(leaves, outputs))
+    setattr(handle, _GRAPH_ATTRIBUTE, _KeptGraph(leaves, outputs, list(inputs)))
     return [*returned, handle]
 
 
@@ -102,6 +128,7 @@ def run_backward(
         delattr(handle, _GRAPH_ATTRIBUTE)
     for leaf in kept.leaves:
         leaf.grad = None
+    written = _gradients_written_in_place(call, kept)
     leaves = [leaf for leaf, need in zip(kept.leaves, call.needs_grad, strict=True) if need]
     pairs = [
         (out, grad)
@@ -113,13 +140,15 @@ def run_backward(
         # that a Function's backward reaches on its own receive their gradients as in eager mode.
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs], retain_graph=keep)
     for k in call.none_grads:
-        if kept.leaves[k].grad is not None:
+        if k in written.returned or (k not in written.leaves and kept.leaves[k].grad is not None):
             # The capture dropped this gradient because the backward gave None then: never lose it.
             raise RuntimeError(
                 f"{call.func_name}: its backward returned a gradient for input {k} at run time but "
                 "None when ortrain captured it; set ORTMODULE_ENABLE_CUSTOM_AUTOGRAD=0 or make the "
                 "choice depend on ctx.needs_input_grad only"
             )
+    written.hand_over()
+    _attributes_back(kept)
     present = [g for g in grad_outputs if g is not None]
     grads = []
     for leaf in leaves:
@@ -130,6 +159,37 @@ def run_backward(
             grad = grad.clone()
         grads.append(grad)
     return grads
+
+
+@dataclass
+class _WrittenGradients:
+    """The parameters whose gradient a Function's backward writes itself and returns None for
+    (``weight.grad = g.t() @ x``, ``weight.grad.add_(...)``: a fused weight-gradient accumulation):
+    its leaf holds the parameter's ``.grad`` while it runs, handed back after it, as eager's
+    backward writes the parameter's own (wave 48's review: refused as "returned a gradient at run
+    time but None when captured"). A gradient it does return there reaches a hook: ``returned``."""
+
+    leaves: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    returned: set[int]
+
+    def hand_over(self) -> None:
+        for leaf, source in self.leaves.values():
+            if leaf.grad is not source.grad:
+                source.grad = leaf.grad
+            leaf.grad = None  # the op's output there is the zeros the formula drops
+
+
+def _gradients_written_in_place(call: FunctionCall, kept: _KeptGraph) -> _WrittenGradients:
+    written = _WrittenGradients({}, set())
+    for k in call.none_grads:
+        leaf, source = kept.leaves[k], kept.sources[k]
+        if not (leaf.requires_grad and source.is_leaf and source.requires_grad):
+            continue
+        leaf.grad = source.grad
+        # (A leaf's hook also hears a None its Function returned.)
+        leaf.register_hook(lambda grad, k=k: written.returned.add(k) if grad is not None else None)
+        written.leaves[k] = (leaf, source)
+    return written
 
 
 class PythonOpExecutor:
