@@ -12,6 +12,7 @@ Also here: registration under the name ``"ortrain"``, and the graph-break reason
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import linecache
@@ -242,13 +243,11 @@ class _BreakHandler(logging.Handler):
         location = _LOCATION.search(message)
         if location is None:
             return
-        eager = backend_failure_reason(message) or skipped_function_reason(message)
-        self.report(
-            location.group("file"),
-            int(location.group("line")),
-            eager or break_reason(message),
-            eager is not None,
-        )
+        file, line = location.group("file"), int(location.group("line"))
+        eager = backend_failure_reason(message)
+        if eager is None and enclosing_function(file, line) == "forward":
+            eager = skipped_function_reason(message)
+        self.report(file, line, eager or break_reason(message), eager is not None)
 
 
 _BACKEND_FAILURE = re.compile(r"Backend compiler `[^`]*` failed with (?P<error>.+?)\. Adding a graph break")
@@ -277,13 +276,36 @@ def skipped_function_reason(message: str) -> str | None:
     """Why TorchDynamo gave up a whole function, which then runs in eager PyTorch (a break it could
     not resume from: a value-sized ``torch.where`` in a mixture of experts' loop over experts);
     None for any other break. Until wave 48 such a break was told at INFO only, and a model whose
-    forward it was trained in PyTorch at every step, under FALLBACK_DISABLE too."""
+    forward it was trained in PyTorch at every step, under FALLBACK_DISABLE too. Asked of a
+    module's ``forward`` only (the handler's caller): a helper it gives up (a loop of ``print``
+    or log calls, the review of wave 48's diff) holds no tensor work as a rule, and stays INFO."""
     if _SKIPPED not in message:
         return None
+    # The break behind it, without TorchDynamo's wrapping sentences.
+    reason = break_reason(message).partition("Graph break encountered:")[2].strip().strip("()")
     return (
-        f"TorchDynamo could not split this function at a graph break ({break_reason(message)}), "
+        f"TorchDynamo could not split this function at a graph break ({reason or 'unsupported Python'}), "
         "so the whole function runs in eager PyTorch"
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _function_spans(file: str) -> tuple[tuple[int, int, str], ...]:
+    try:
+        tree = ast.parse("".join(linecache.getlines(file)))
+    except (SyntaxError, ValueError):
+        return ()
+    return tuple(
+        (node.lineno, node.end_lineno or node.lineno, node.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    )
+
+
+def enclosing_function(file: str, line: int) -> str | None:
+    """The name of the innermost function of ``file`` whose code holds ``line`` (None if none)."""
+    spans = [span for span in _function_spans(file) if span[0] <= line <= span[1]]
+    return max(spans, key=lambda span: span[0])[2] if spans else None
 
 
 def break_reason(message: str) -> str:

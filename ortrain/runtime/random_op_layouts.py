@@ -51,8 +51,24 @@ def _recorded_order(node: torch.fx.Node, arg: torch.fx.Node) -> tuple[int, ...] 
     if reads_memory_layout(node):
         return permuted_dim_order(arg.meta.get("val"))
     if factors_by_layout(node):
-        return dense_dim_order(arg.meta.get("val"))  # the plain order as well: contiguous again
+        value = arg.meta.get("val")
+        order = dense_dim_order(value)  # the plain order as well: contiguous again
+        if order is None and _known_not_contiguous(value):
+            # A slice with gaps, a broadcast (review of wave 48's diff: ``det(W[:, :4])``): any
+            # layout that is not contiguous gives the factors the traced backward reads.
+            dims = value.dim()
+            order = (*range(dims - 2), dims - 1, dims - 2)
+        return order
     return None
+
+
+def _known_not_contiguous(value: object) -> bool:
+    if not isinstance(value, torch.Tensor) or value.dim() < 2:
+        return False
+    try:
+        return not bool(value.is_contiguous())
+    except Exception:  # a layout whose contiguity depends on open sizes: left as it comes
+        return False
 
 
 def with_random_op_layouts(region: torch.fx.GraphModule) -> torch.fx.GraphModule:

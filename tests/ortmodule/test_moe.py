@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+import warnings
 
 import pytest
 import torch
@@ -84,3 +86,48 @@ def test_hf_mixtral_grouped_experts_train_on_the_whole_graph_path() -> None:
     assert_same_state(wrapped, eager)
     assert wrapped._ortrain_graph_breaks is None
     assert ort_graph_count(wrapped) == 1
+
+
+NOTES = "print"
+_notes_log = logging.getLogger("user")
+
+
+def _notes(items: list[str]) -> None:
+    for item in items:  # no tensor work: TorchDynamo gives this helper up, which costs nothing
+        if NOTES == "print":
+            print("note", item)
+        elif NOTES == "time":
+            time.perf_counter()
+        elif NOTES == "warn":
+            warnings.warn(f"note {item}", stacklevel=1)
+        elif NOTES == "log":
+            _notes_log.warning("note %s", item)
+        elif NOTES == "break":
+            torch._dynamo.graph_break()
+
+
+class _Noted(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        if h.sum().item() > 100:  # data-dependent: the graph-break path
+            h = h * 2
+        _notes(["a", "b"])
+        return self.b(h).pow(2).sum()
+
+
+def test_a_helper_torchdynamo_gives_up_is_not_an_eager_region(caplog: pytest.LogCaptureFixture) -> None:
+    """The review of wave 48's diff: a skipped helper that only prints was refused under
+    FALLBACK_DISABLE (as here) as if the model's tensor work ran in PyTorch."""
+    torch.manual_seed(0)
+    batches = [(torch.randn(3, 4),) for _ in range(STEPS)]
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        losses_ort, losses_eager, _, wrapped = train_side_by_side(_Noted(), batches, lambda m, b: m(b[0]))
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.tensor(losses_ort), torch.tensor(losses_eager), rtol=1e-5, atol=1e-6)
+    assert wrapped._ortrain_graph_breaks is not None and wrapped._ortrain_graph_breaks.graph_count > 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

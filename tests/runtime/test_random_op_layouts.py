@@ -58,12 +58,19 @@ class _Determinants(nn.Module):
             logdet = torch.linalg.slogdet(self.weight.double())[1].float()
         elif self.form == "det of tanh":
             logdet = torch.linalg.det(torch.tanh(self.weight) + 2 * torch.eye(4))
-        else:
+        elif self.form == "logdet of a product":
             logdet = torch.logdet(self.weight * 1.5)
+        elif self.form == "det of a slice":  # gaps: not dense (the review of wave 48's diff)
+            logdet = torch.linalg.det(torch.cat([self.weight * 1.5, self.weight], 1)[:, :4])
+        else:  # a broadcast
+            logdet = torch.linalg.det((self.weight.t() * 1.5).expand(3, 4, 4)).sum()
         return h.square().mean() - logdet
 
 
-@pytest.mark.parametrize("form", ["slogdet of float64", "det of tanh", "logdet of a product"])
+FORMS = ["slogdet of float64", "det of tanh", "logdet of a product", "det of a slice", "det of a broadcast"]
+
+
+@pytest.mark.parametrize("form", FORMS)
 def test_determinants_get_their_input_in_the_recorded_layout(form: str) -> None:
     """PyTorch factors a contiguous matrix's transpose, and the traced backward solves with the
     factors the traced layout gave: a column-major matrix reaching ``slogdet`` contiguous from ONNX
