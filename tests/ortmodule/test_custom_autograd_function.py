@@ -835,17 +835,40 @@ class _SwitchesNone(torch.autograd.Function):
         return grad, (None if _SwitchesNone.drop else grad)
 
 
-def test_a_gradient_the_capture_saw_as_none_raises_rather_than_being_lost() -> None:
-    model = Wrap(lambda m, h: _SwitchesNone.apply(h, m.extra * h))
+class _ReturnsForTheWeightLater(torch.autograd.Function):
+    drop: ClassVar[bool] = True
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        (x,) = ctx.saved_tensors
+        return grad, (None if _ReturnsForTheWeightLater.drop else (grad * x).sum(0))
+
+
+@pytest.mark.parametrize(
+    ("function", "second_input"),
+    [(_SwitchesNone, lambda m, h: m.extra * h), (_ReturnsForTheWeightLater, lambda m, h: m.extra)],
+    ids=["an intermediate", "a parameter"],
+)
+def test_a_gradient_the_capture_saw_as_none_raises_rather_than_being_lost(
+    function: Any, second_input: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+) -> None:
+    """A parameter's too: its leaf hands a ``.grad`` the backward writes to the parameter (wave 48),
+    and one it returns is still refused."""
+    model = Wrap(lambda m, h: function.apply(h, second_input(m, h)))
     wrapped = ORTModule(model)
-    _SwitchesNone.drop = True
+    function.drop = True
     try:
         wrapped(torch.randn(4, 6)).backward()
-        _SwitchesNone.drop = False
-        with pytest.raises(RuntimeError, match=r"_SwitchesNone.*input 1"):
+        function.drop = False
+        with pytest.raises(RuntimeError, match=rf"{function.__name__}.*input 1"):
             wrapped(torch.randn(4, 6)).backward()
     finally:
-        _SwitchesNone.drop = True
+        function.drop = True
 
 
 class _MainGradLinear(torch.autograd.Function):
@@ -911,33 +934,6 @@ def test_a_backward_accumulating_a_weights_gradient_itself_trains_as_eager(
     else:
         torch.testing.assert_close(model.extra_matrix.grad, eager.extra_matrix.grad)
     torch.testing.assert_close(model.inp.weight.grad, eager.inp.weight.grad)
-
-
-class _ReturnsForTheWeightLater(torch.autograd.Function):
-    drop: ClassVar[bool] = True
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return x * weight
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        (x,) = ctx.saved_tensors
-        return grad, (None if _ReturnsForTheWeightLater.drop else (grad * x).sum(0))
-
-
-def test_a_parameters_gradient_returned_where_the_capture_saw_none_still_raises() -> None:
-    model = Wrap(lambda m, h: _ReturnsForTheWeightLater.apply(h, m.extra))
-    wrapped = ORTModule(model)
-    _ReturnsForTheWeightLater.drop = True
-    try:
-        wrapped(torch.randn(4, 6)).backward()
-        _ReturnsForTheWeightLater.drop = False
-        with pytest.raises(RuntimeError, match=r"_ReturnsForTheWeightLater.*input 1"):
-            wrapped(torch.randn(4, 6)).backward()
-    finally:
-        _ReturnsForTheWeightLater.drop = True
 
 
 class _MatMulFunction(torch.autograd.Function):
