@@ -888,13 +888,8 @@ class _MainGradLinear(torch.autograd.Function):
         return grad @ weight, None
 
 
-class _GradWritingLinear(torch.autograd.Function):
+class _GradWritingLinear(_MainGradLinear):
     """The same, writing the weight's ``.grad`` itself."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        return x @ weight.t()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
