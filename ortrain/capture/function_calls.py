@@ -66,6 +66,11 @@ def _has_symbolic_number(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return any(isinstance(leaf, symbolic) for leaf in pytree.tree_leaves((args, kwargs)))
 
 
+def _under_functorch_transform() -> bool:
+    """Whether a ``torch.func`` transform (``vmap``, ``jvp``, ``grad``) is running this call."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
@@ -190,13 +195,20 @@ def intercept_functions(
                 and qualified_name(cls) not in TRACED_INLINE
                 and _has_nested_tensor(args)
             ):
-                if not _has_symbolic_number(args, kwargs):
+                if _under_functorch_transform():
+                    # ``torch.func.vmap(Fn.apply)`` in the forward: a python op's output learning
+                    # calls ``requires_grad_`` under the transform, which refused it, and the model
+                    # trained in PyTorch (wave 48's review). The transform runs the Function's own
+                    # ``vmap`` / ``jvp`` rule where it is traced inline.
+                    logger.info("%s is called under torch.func: traced inline", qualified_name(cls))
+                elif not _has_symbolic_number(args, kwargs):
                     return apply_as_python_op(cls, args, kwargs)
-                logger.info(
-                    "%s is given a size the capture leaves open (h.shape[0], h.shape): traced inline, "
-                    "as a python op would be given the traced symbol",
-                    qualified_name(cls),
-                )
+                else:
+                    logger.info(
+                        "%s is given a size the capture leaves open (h.shape[0], h.shape): traced "
+                        "inline, as a python op would be given the traced symbol",
+                        qualified_name(cls),
+                    )
             if not _is_internal(cls) and qualified_name(cls) not in TRACED_INLINE:
                 _inline_calls[0] += 1
         return original_apply(cls, *args, **kwargs)

@@ -798,6 +798,77 @@ def test_a_function_given_sizes_of_a_capture_with_open_sizes_gets_the_real_ones(
     assert len(wrapped._ortrain_graphs) == 2  # fixed sizes, then open ones
 
 
+class _Cube(torch.autograd.Function):
+    """A new-style Function with its own vmap rule."""
+
+    @staticmethod
+    def forward(x):
+        return x**3
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * grad
+
+    @staticmethod
+    def vmap(info, in_dims, x):
+        return _Cube.apply(x), in_dims[0]
+
+
+class _Scaled(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, w):
+        return x * w
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        return grad * w, grad * x
+
+
+class _MappedFunctions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        cubed = torch.func.vmap(_Cube.apply)(h)
+        scaled = torch.func.vmap(_Scaled.apply, in_dims=(0, None))(h, self.w)
+        return (cubed + scaled).pow(2).sum()
+
+
+def test_functions_mapped_with_torch_func_vmap_are_traced_inline() -> None:
+    """Wave 48's review: a python op's output learning called ``requires_grad_`` under the
+    transform, the capture failed blaming the Function, and the model trained in PyTorch (an error
+    under FALLBACK_DISABLE, as here)."""
+    torch.manual_seed(0)
+    eager = _MappedFunctions().double()
+    model = copy.deepcopy(eager)
+    wrapped = ORTModule(model)
+    for step in range(2):
+        x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(step))
+        for module in (wrapped, eager):
+            module.zero_grad()
+            module(x).backward()
+        for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
+    # The generated rule traced inline; _Cube's own vmap rule calls it outside the transform, where
+    # it is a python op again.
+    assert python_op_counts(wrapped) == [(1, 1)]
+
+
 class _ReachedOnlyThroughNone(nn.Module):
     def __init__(self) -> None:
         super().__init__()
