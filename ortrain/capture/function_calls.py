@@ -57,18 +57,22 @@ def _has_nested_tensor(value: Any) -> bool:
     return False
 
 
-def _has_symbolic_number(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """A size of the trace among the arguments (``Fn.apply(h, h.shape[0])`` in a capture with open
-    sizes): a python op keeps its non-tensor arguments as the capture saw them, and handed the
+def _why_traced_inline(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Why a user Function's call cannot be a python op, or None when it can.
+
+    Under a ``torch.func`` transform (``torch.func.vmap(Fn.apply)`` in the forward), a python op's
+    output learning calls ``requires_grad_``, which the transform refused, and the model trained in
+    PyTorch (wave 48's review); traced inline, the transform runs the Function's own ``vmap`` or
+    ``jvp`` rule. Given a size of the trace (``Fn.apply(h, h.shape[0])`` in a capture with open
+    sizes), a python op keeps its non-tensor arguments as the capture saw them, and handed the
     symbol to the Function at every run (wave 48's review: a loss of 2.8e14 where eager's was 41.9
     from the second batch size on, and ``reshape(ctx.shape)`` failed)."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return "is called under a torch.func transform"
     symbolic = (torch.SymInt, torch.SymFloat, torch.SymBool)
-    return any(isinstance(leaf, symbolic) for leaf in pytree.tree_leaves((args, kwargs)))
-
-
-def _under_functorch_transform() -> bool:
-    """Whether a ``torch.func`` transform (``vmap``, ``jvp``, ``grad``) is running this call."""
-    return torch._C._functorch.peek_interpreter_stack() is not None
+    if any(isinstance(leaf, symbolic) for leaf in pytree.tree_leaves((args, kwargs))):
+        return "is given a size the capture leaves open (h.shape[0], h.shape)"
+    return None
 
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
@@ -182,34 +186,20 @@ def intercept_functions(
 
     def apply(cls: type[Function], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if threading.get_ident() == capturing_thread and interception_enabled():
-            if not _is_internal(cls):
-                called.add(qualified_name(cls))
+            name = None if _is_internal(cls) else qualified_name(cls)
+            if name is not None:
+                called.add(name)
             if hook is not None:
                 result = hook(cls, args, kwargs)
                 if result is not NotImplemented:
                     return result
-            if (
-                opaque
-                and not _is_internal(cls)
-                and qualified_name(cls) not in skipped
-                and qualified_name(cls) not in TRACED_INLINE
-                and _has_nested_tensor(args)
-            ):
-                if _under_functorch_transform():
-                    # ``torch.func.vmap(Fn.apply)`` in the forward: a python op's output learning
-                    # calls ``requires_grad_`` under the transform, which refused it, and the model
-                    # trained in PyTorch (wave 48's review). The transform runs the Function's own
-                    # ``vmap`` / ``jvp`` rule where it is traced inline.
-                    logger.info("%s is called under torch.func: traced inline", qualified_name(cls))
-                elif not _has_symbolic_number(args, kwargs):
+            user = name is not None and name not in TRACED_INLINE
+            if opaque and user and name not in skipped and _has_nested_tensor(args):
+                why = _why_traced_inline(args, kwargs)
+                if why is None:
                     return apply_as_python_op(cls, args, kwargs)
-                else:
-                    logger.info(
-                        "%s is given a size the capture leaves open (h.shape[0], h.shape): traced "
-                        "inline, as a python op would be given the traced symbol",
-                        qualified_name(cls),
-                    )
-            if not _is_internal(cls) and qualified_name(cls) not in TRACED_INLINE:
+                logger.info("%s %s: traced inline", name, why)
+            if user:
                 _inline_calls[0] += 1
         return original_apply(cls, *args, **kwargs)
 
