@@ -819,16 +819,10 @@ class _Cube(torch.autograd.Function):
         return _Cube.apply(x), in_dims[0]
 
 
-class _Scaled(torch.autograd.Function):
+class _Scaled(NewStyleMul):
+    """NewStyleMul per sample (``w`` not broadcast over a batch), with a generated vmap rule."""
+
     generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x, w):
-        return x * w
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad):
