@@ -45,8 +45,9 @@ class TorchExecutor:
         views_as_reshapes(region.graph)
         region.recompile()
         if not whole:
-            # For the first reason a random operator gets its inputs back in the captured layout:
-            # it draws in memory order.
+            # For the first reason a random operator gets its inputs back in the captured layout (it
+            # draws in memory order), and so does a determinant (the factors its backward reads
+            # follow its input's layout): see runtime/random_op_layouts.py.
             region = with_random_op_layouts(region)
 
         # The whole graph's inputs come in the captured strides.
