@@ -61,6 +61,7 @@ from ortrain.export.onnx_translations import reused_op_registry
 from ortrain.export.op_signatures import op_signatures_shared
 from ortrain.export.output_size_hints import drop_output_size_hints
 from ortrain.export.rewrite_rules_by_root import rewrite_rules_tried_by_root_operator
+from ortrain.export.rounded_number_operands import round_number_operands
 from ortrain.export.size_floor_division import exact_floor_divisions
 from ortrain.export.slice_backward_copies import copy_slice_backwards
 from ortrain.export.spelled_out_math import call_with_value, spell_out_math
@@ -524,6 +525,7 @@ def _translate(
     refuse_negative_indices(gm)  # both translate gathers and scatters that count negatives from the end
     int64_advanced_indices(gm)  # onnxscript's index/index_put combine index dtypes (see index_dtypes)
     drop_output_size_hints(gm)  # onnxscript refuses repeat_interleave's output_size (see the module)
+    round_number_operands(gm)  # `x_bf16 >= 1000.3` compares with 1000, as PyTorch (see the module)
     spell_out_math(gm)  # the operators whose translations lose PyTorch's answers (see the module)
     copy_slice_backwards(gm)  # a slice's backward as a Pad, not a scatter between two transposes
     numbers_as_operands(gm)  # float64 graphs: no float32 attributes (double_precision_constants)
