@@ -24,6 +24,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 from torch.utils import _pytree as pytree
 
 from ortrain.capture.apply_hook import hooked_apply, original_apply
+from ortrain.capture.lifted_numbers import is_lifted_number
 from ortrain.capture.python_ops import (
     FunctionCall,
     UnsupportedFunctionError,
@@ -78,6 +79,13 @@ def _why_traced_inline(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | N
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
+def _number_type(tensor: torch.Tensor) -> type | None:
+    """The type of the number argument ``tensor`` stands for, or None for a tensor."""
+    if not is_lifted_number(tensor):
+        return None
+    return float if tensor.is_floating_point() else bool if tensor.dtype == torch.bool else int
+
+
 def apply_as_python_op(cls: type[Function], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Record one call of ``cls`` and emit it as an ``ortrain::python_op`` node."""
     name = qualified_name(cls)
@@ -98,6 +106,7 @@ def apply_as_python_op(cls: type[Function], args: tuple[Any, ...], kwargs: dict[
         kwargs=dict(kwargs),
         tensor_positions=positions,
         needs_grad=needs_grad,
+        number_types=tuple(_number_type(t) for t in tensors),
         keep_ctx=torch.is_grad_enabled() and any(needs_grad),
         autocast=tuple(
             (device, torch.get_autocast_dtype(device))

@@ -81,6 +81,11 @@ class FunctionCall:
     # eager's runs in the region's (wave 41: a bf16 region's LSTM returned float32, an RNN's
     # weight gradient 12 % off): it enters them again (:meth:`forward_precision`).
     autocast: tuple[tuple[str, torch.dtype], ...] = ()
+    # Per tensor input: the Python type of the number argument it stands for (a number that
+    # changes between calls reaches the graph as a 0-d tensor, ortrain.ortmodule.scalars), else
+    # None. The Function gets the number back at run time, as eager gives it (wave 48's review:
+    # ``isinstance(alpha, float)`` took the tensor branch from the number's second value on).
+    number_types: tuple[type | None, ...] = ()
 
     def forward_precision(self) -> contextlib.ExitStack:
         """The autocast regions the call was made in, entered again around the forward."""
@@ -93,10 +98,13 @@ class FunctionCall:
     def func_name(self) -> str:
         return qualified_name(self.cls)
 
-    def bind(self, tensors: list[torch.Tensor]) -> list[Any]:
+    def bind(self, tensors: list[torch.Tensor], *, numbers: bool = False) -> list[Any]:
+        """The call's arguments around ``tensors``; with ``numbers``, the inputs standing for a
+        number argument as that Python number (at run time: the capture's are fake)."""
         args = list(self.args)
-        for position, tensor in zip(self.tensor_positions, tensors, strict=True):
-            args[position] = tensor
+        types = self.number_types or (None,) * len(tensors)
+        for position, tensor, number in zip(self.tensor_positions, tensors, types, strict=True):
+            args[position] = number(tensor.item()) if numbers and number is not None else tensor
         return args
 
     def needs_input_grad(self) -> tuple[bool, ...]:

@@ -88,3 +88,43 @@ def test_an_int_argument_raised_to_a_negative_power_is_pythons_float() -> None:
         expected.sum().backward()
         got.sum().backward()
         torch.testing.assert_close(wrapped.fc.weight.grad, eager.fc.weight.grad)
+
+
+class _ScheduledScale(torch.autograd.Function):
+    """Branches on the type of its numbers, as code written for Python numbers may."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, alpha: float, repeats: int) -> torch.Tensor:
+        if not isinstance(alpha, float):  # the branch eager never takes
+            alpha = alpha * 0.5
+        if not isinstance(repeats, int):
+            repeats = repeats + 1
+        ctx.factor = alpha * repeats
+        return x * ctx.factor
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return grad * ctx.factor, None, None
+
+
+class _Scheduled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, alpha: float, repeats: int) -> torch.Tensor:
+        return _ScheduledScale.apply(self.fc(x), alpha, repeats).pow(2).mean()
+
+
+def test_number_arguments_reach_an_opaque_function_as_numbers() -> None:
+    # Wave 48's review: from a number's second value on, the Function got the graph's 0-d tensor.
+    torch.manual_seed(0)
+    eager = _Scheduled()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for step, (alpha, repeats) in enumerate([(0.5, 2), (0.25, 3), (0.125, 4)]):
+        x = torch.randn(3, 4)
+        expected, got = eager(x, alpha, repeats), wrapped(x, alpha, repeats)
+        expected.backward()
+        got.backward()
+        torch.testing.assert_close(got, expected, msg=f"step {step}")
+        torch.testing.assert_close(wrapped.fc.weight.grad, eager.fc.weight.grad, msg=f"step {step}")

@@ -95,11 +95,11 @@ def run_forward(call: FunctionCall, inputs: list[torch.Tensor]) -> list[torch.Te
             # mark_dirty needs a non-leaf to update in place; the clone also keeps the op functional.
             args = [leaf.clone() if i in dirty_inputs else leaf for i, leaf in enumerate(leaves)]
             with call.forward_precision():
-                result = call.cls.apply(*call.bind(args), **call.kwargs)
+                result = call.cls.apply(*call.bind(args, numbers=True), **call.kwargs)
     else:
         args = [t.clone() if i in dirty_inputs else t for i, t in enumerate(inputs)]
         with call.forward_precision():
-            result = call.cls.apply(*call.bind(args), **call.kwargs)
+            result = call.cls.apply(*call.bind(args, numbers=True), **call.kwargs)
     outputs = _tensor_outputs(call, result)
     # The graph around the op is functional: an output may not alias an input.
     returned = [o.detach().clone() if _shares_memory(o, inputs) else o.detach() for o in outputs]
