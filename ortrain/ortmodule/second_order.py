@@ -276,7 +276,9 @@ def _recomputed(
     """The forward recomputed in PyTorch on aliases of the call's tensors and parameters (views:
     the graph reaches the tensors through them, and differentiating up to the aliases leaves the
     tensors' own hooks to run once, at the node's edges), and the aliases of ``wanted``."""
-    alias_of = {id(t): t.view_as(t) for t in (*user_inputs, *trained) if t.requires_grad}
+    # aten.alias, not view_as: its backward passes a sparse gradient (an Embedding(sparse=True)
+    # weight's) through, where ViewBackward reshapes it, which sparse tensors refuse.
+    alias_of = {id(t): torch.ops.aten.alias(t) for t in (*user_inputs, *trained) if t.requires_grad}
     outputs = recompute.eager_outputs(
         [alias_of.get(id(t), t) for t in user_inputs], [alias_of[id(t)] for t in trained]
     )

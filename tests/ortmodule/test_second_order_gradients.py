@@ -187,6 +187,32 @@ def test_a_gradient_norm_penalty_on_the_parameters_trains_like_eager() -> None:
         torch.testing.assert_close(list(wrapped.parameters()), list(eager.parameters()), rtol=1e-4, atol=1e-6)
 
 
+class _SparseLookup(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8, sparse=True)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.tanh(self.emb(ids).mean(1)))
+
+
+def test_a_penalty_in_a_model_with_a_sparse_embedding_trains_like_eager() -> None:
+    # Wave 49's review: the recompute's aliases were views, whose backward reshaped the
+    # embedding's sparse gradient ("reshape is not implemented for sparse tensors").
+    torch.manual_seed(0)
+    eager = _SparseLookup().double()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    ids = torch.randint(0, 20, (4, 5))
+    for model in (eager, wrapped):
+        loss = model(ids).pow(2).sum()
+        (weight_grad,) = torch.autograd.grad(loss, model.fc.weight, create_graph=True)
+        (loss + weight_grad.pow(2).sum()).backward()
+    assert wrapped.emb.weight.grad.layout == torch.sparse_coo
+    torch.testing.assert_close(wrapped.emb.weight.grad.to_dense(), eager.emb.weight.grad.to_dense())
+    torch.testing.assert_close(wrapped.fc.weight.grad, eager.fc.weight.grad)
+
+
 def test_second_order_maml_through_functional_call_reads_the_fast_weights() -> None:
     """MAML with two inner steps: the second inner loss runs on fast weights passed with
     torch.func.functional_call, and its gradient is taken with a graph. The recompute must read
