@@ -247,6 +247,26 @@ def test_embedding_bag_forward_and_backward_match_native(
         )
 
 
+@pytest.mark.parametrize("mode", [0, 2])
+def test_embedding_bag_memory_grows_with_the_indices_not_indices_times_bags(mode: int) -> None:
+    # Wave 49's review: an [indices x bags] mask (and [bags x indices x dim] candidates for max):
+    # 4 GiB and 12 s a step at a thousand bags of ten. Every tensor the decomposition makes now
+    # holds at most one row per index or per bag.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    bags, per_bag, dim = 64, 10, 4
+    weight = torch.randn(100, dim)
+    indices = torch.randint(0, 100, (bags * per_bag,))
+    offsets = torch.arange(0, bags * per_bag, per_bag)
+    args = (weight, indices, offsets, False, mode, False, None, False, -1)
+    graph = make_fx(embedding.embedding_bag)(*args)
+    largest = max(
+        n.meta["val"].numel() for n in graph.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)
+    )
+    assert largest <= (bags * per_bag + 1) * dim, largest
+    torch.testing.assert_close(graph(*args)[0], aten._embedding_bag(*args)[0])
+
+
 def test_embedding_bag_scale_grad_by_freq_is_refused_not_approximated() -> None:
     grad, indices = torch.randn(2, 3), torch.tensor([1, 1, 2, 5, 1])
     offset2bag, bag_size = torch.tensor([0, 0, 1, 1, 1]), torch.tensor([2, 3])

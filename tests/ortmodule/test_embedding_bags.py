@@ -1,0 +1,40 @@
+"""``nn.EmbeddingBag`` trains on ONNX Runtime as in eager, in each mode and at a new number of bags
+(its decomposition: ortrain/capture/decompositions_embedding.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from ortrain import ORTModule
+
+
+class _Bags(nn.Module):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(30, 6, mode=mode, padding_idx=3)
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.head(self.bag(indices, offsets)).pow(2).mean()
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bags_train_like_eager_at_new_sizes(mode: str) -> None:
+    torch.manual_seed(0)
+    eager = _Bags(mode).double()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (eager, wrapped)]
+    for bags in (4, 7, 5):  # the second count captures with the sizes left open
+        per_bag = torch.randint(0, 4, (bags,))  # empty bags too
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), per_bag.cumsum(0)[:-1]])
+        indices = torch.randint(0, 30, (int(per_bag.sum()),))
+        for model, optimizer in zip((eager, wrapped), optimizers, strict=True):
+            optimizer.zero_grad()
+            model(indices, offsets).backward()
+        torch.testing.assert_close(wrapped.bag.weight.grad, eager.bag.weight.grad, msg=f"{bags} bags")
+        for optimizer in optimizers:
+            optimizer.step()
