@@ -267,3 +267,26 @@ def test_heads_that_are_not_one_row_per_input_row_train_as_eager(
     torch.testing.assert_close(got, expected)
     for (name, a), b in zip(wrapped.named_parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+class _TargetsFromPositions(torch.nn.Module):
+    def __init__(self, classes: int) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(4, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(x), torch.arange(x.shape[0]) % self.head.out_features)
+
+
+def test_targets_covering_every_class_once_keep_the_softmax_gradient() -> None:
+    # Wave 49's review: at batch = classes the one-hot term's scatter covered every row, and
+    # onnxscript's ScatterAllStatic replaced it by its updates, dropping the softmax part:
+    # the bias gradient came out -1/N everywhere.
+    torch.manual_seed(0)
+    eager = _TargetsFromPositions(4)
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(4, 4)
+    eager(x).backward()
+    wrapped(x).backward()
+    torch.testing.assert_close(wrapped.head.bias.grad, eager.head.bias.grad)
+    torch.testing.assert_close(wrapped.head.weight.grad, eager.head.weight.grad)
