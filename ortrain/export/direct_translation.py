@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.fake_tracing import copy_before, trace_on_values
 from ortrain.capture.late_decompositions import decomposed_for_export, late_decompositions
+from ortrain.export.double_precision_infinity_checks import infinity_checks_in_double
 from ortrain.export.double_precision_sizes import sizes_as_double
 from ortrain.export.exporter_decompositions import (
     node_needs_decomposition,
@@ -71,6 +72,7 @@ def translate(gm: torch.fx.GraphModule, *, opset_version: int) -> Any:
     decompose_late_ops(gm)
     _decompose_untranslated(gm, translated_operators(registry), lambda: onnx_decomposition_table(registry)[1])
     tensors_for_number_operands(gm)  # again: `rsub(x, 1.0)` decomposes to `sub(1.0, x)`
+    infinity_checks_in_double(gm)  # onnxscript checks float64 in float32, where 1e300 is inf
     sizes_as_double(gm)  # again: batch norm's backward decomposes to numbers of its sizes
     size_numbers_in_float32(gm)
     insert_type_promotion_nodes(gm)

@@ -47,6 +47,7 @@ from ortrain.export.double_precision_constants import (
     numbers_as_operands,
     python_floats_as_double,
 )
+from ortrain.export.double_precision_infinity_checks import infinity_checks_in_double
 from ortrain.export.double_precision_sizes import sizes_as_double
 from ortrain.export.exporter_decompositions import lean_decomposition
 from ortrain.export.factory_dtypes import spell_out_factory_dtypes
@@ -551,6 +552,7 @@ def _translate(
         direct_translation.decompose_late_ops(gm)
     except Exception as error:
         raise ExportError(f"cannot decompose {type(error).__name__}: {error}") from error
+    infinity_checks_in_double(gm)  # after the math forms, which check for -inf too
     examples, dynamic = _example_inputs(placeholders)
     compile_now(gm)
     try:
