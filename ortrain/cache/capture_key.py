@@ -22,8 +22,9 @@ serves), and anything that might matter is in it, so a miss is the usual price o
   or a scheduler sets per session; see ``options.environment_for_cache_key``);
 - the call: input structure and constants, each input's dtype, shape, device (with its index) and
   ``requires_grad``, which sizes are dynamic, grad mode, autocast, and the global switches that
-  change a trace (default dtype, deterministic algorithms, float32 matmul precision, and the rank,
-  world size and backend of ``torch.distributed``'s default process group);
+  change a trace (default dtype, deterministic algorithms, float32 matmul precision, the fast path
+  of ``torch.backends.mha``, and the rank, world size and backend of ``torch.distributed``'s
+  default process group);
 - every ``ORTMODULE_*`` option, and the versions of Python, torch, onnx, onnxscript, onnxruntime
   and ortrain.
 
@@ -558,6 +559,7 @@ def global_switches() -> dict[str, Any]:
         "default dtype": str(torch.get_default_dtype()),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "matmul precision": torch.get_float32_matmul_precision(),
+        "mha fast path": torch.backends.mha.get_fastpath_enabled(),
         "process group": process_group(),
     }
 

@@ -260,6 +260,10 @@ class GraphKey(NamedTuple):
     # torch.inference_mode: a forward may branch on torch.is_inference_mode_enabled(), and a graph
     # captured under no_grad ran under inference_mode (wave 43: the other branch, silently).
     inference_mode: bool = False
+    # torch.backends.mha.set_fastpath_enabled: nn.TransformerEncoder's eval forward packs padded
+    # positions to zeros on the fast path only (capture/encoder_padding_fast_path.py), so a switch
+    # between calls needs the other graph (wave 49's review: the padded outputs stayed zeros).
+    mha_fastpath: bool = True
 
     @property
     def inputs_alias(self) -> bool:
@@ -832,6 +836,7 @@ class ORTModule(nn.Module):
             state=state.key,
             aliasing=_input_aliasing(call.inputs, state.tensors),
             inference_mode=torch.is_inference_mode_enabled(),
+            mha_fastpath=torch.backends.mha.get_fastpath_enabled(),
         )
         return call, state, key
 
@@ -870,6 +875,8 @@ class ORTModule(nn.Module):
             return "inputs that share memory changed (the same tensor passed twice, or views of one tensor)"
         if last.inference_mode != key.inference_mode:
             return "torch.inference_mode was switched " + ("on" if key.inference_mode else "off")
+        if last.mha_fastpath != key.mha_fastpath:
+            return "torch.backends.mha's fast path was switched " + ("on" if key.mha_fastpath else "off")
         return "custom autograd support was switched " + ("on" if key.opaque_functions else "off")
 
     def _dynamic_dims(

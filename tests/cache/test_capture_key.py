@@ -156,6 +156,11 @@ def test_options_environment_argv_versions_and_switches_miss(
         assert _key(_Block()) != reference
     finally:
         torch.set_default_dtype(torch.float32)
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        assert _key(_Block()) != reference
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
     assert _key(_Block()) == reference
 
 

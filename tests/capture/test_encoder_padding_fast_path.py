@@ -63,3 +63,24 @@ def test_training_and_gradients_keep_the_regular_path() -> None:
     expected.sum().backward()
     for a, b in zip(wrapped.parameters(), encoder.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_switching_the_fast_path_between_calls_is_seen() -> None:
+    # Wave 49's review: the graph captured with the fast path on kept zeroing padded positions
+    # after torch.backends.mha.set_fastpath_enabled(False), where eager computes them.
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    eager = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    wrapped = ORTModule(copy.deepcopy(eager)).eval()
+    x = torch.randn(3, 7, 16)
+    padding = torch.zeros(3, 7, dtype=torch.bool)
+    padding[0, -2:] = True
+    try:
+        with torch.no_grad():
+            for enabled in (True, False, True):
+                torch.backends.mha.set_fastpath_enabled(enabled)
+                expected = eager(x, src_key_padding_mask=padding)
+                got = wrapped(x, src_key_padding_mask=padding)
+                torch.testing.assert_close(got, expected, msg=f"fast path {enabled}")
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
