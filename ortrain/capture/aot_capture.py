@@ -113,6 +113,9 @@ class Capture:
     # Parameters and buffers without elements that the forward writes into: it sizes them on first
     # use (a per-channel quantization observer's min/max), which its fake trace cannot show.
     sized_on_first_use: tuple[str, ...] = ()
+    # Modules the forward called that the model does not hold (capture/module_paths.py), weakly:
+    # the wrapper watches them for hooks of the user's added later.
+    unheld_modules: tuple[weakref.ref[torch.nn.Module], ...] = ()
 
     def input_placeholders(self, inputs: Sequence[torch.Tensor], aliased: bool) -> list[torch.fx.Node] | None:
         """The forward graph's placeholder of each of the call's inputs, in order; None where the
@@ -312,7 +315,7 @@ def capture(
         stack.enter_context(tensor_attributes_as_buffers(module))
         stack.enter_context(data_assignments_as_copies(module))
         stack.enter_context(subclasses_as_plain_tensors())  # see capture/subclass_views.py
-        stack.enter_context(annotate_module_paths(module))
+        unheld_modules = stack.enter_context(annotate_module_paths(module))
         stack.enter_context(shared_submodules_restored())
         stack.enter_context(causal_masks_read_as_given())
         # ctc_loss, recurrent layers: see capture/function_overrides.py
@@ -397,6 +400,7 @@ def capture(
         size_guards=SizeGuards.of(example) if dynamic_dims else SizeGuards(None),
         mutated_inputs=mutated,
         sized_on_first_use=sized_on_first_use,
+        unheld_modules=tuple(weakref.ref(m) for m in unheld_modules),
     )
     # The python ops' records live as long as the graphs that name them.
     weakref.finalize(captured, release_calls, call_ids)

@@ -17,6 +17,24 @@ import torch
 from torch import nn
 
 FORWARD_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
+BACKWARD_HOOK_DICTS = ("_backward_pre_hooks", "_backward_hooks")
+# Hooks of PyTorch and of the libraries ortrain works with act within the call, and are captured
+# (see ortrain/ortmodule/forward_hooks.py); the user's own must run at every step.
+_LIBRARIES = ("torch.", "transformers.", "accelerate.", "peft.", "deepspeed.", "ortrain.")
+
+
+def is_users_hook(hook: Any) -> bool:
+    home = getattr(hook, "__module__", None) or getattr(type(hook), "__module__", "") or ""
+    return not home.startswith(_LIBRARIES)
+
+
+def has_users_hooks(module: nn.Module) -> bool:
+    """Whether ``module`` has a forward (pre-)hook or a full backward (pre-)hook of the user's."""
+    return any(
+        is_users_hook(hook)
+        for name in (*FORWARD_HOOK_DICTS, *BACKWARD_HOOK_DICTS)
+        for hook in getattr(module, name).values()
+    )
 
 
 @contextlib.contextmanager

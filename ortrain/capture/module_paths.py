@@ -1,9 +1,18 @@
-"""Label every captured node with the submodule that produced it.
+"""Label every captured node with the submodule that produced it, and note the modules the
+forward calls that the model does not hold.
 
 AOTAutograd's joint graph carries no ``nn_module_stack`` when a plain module is traced, so the
 memory optimizer could not tell which transformer layer a saved activation belongs to. While
 capturing, a global forward pre-hook records the running submodule's qualified name in
 ``torch.fx.traceback``'s current node meta; nodes then carry it in ``node.meta["custom"][MODULE_KEY]``.
+
+The same hook sees the modules called that are not submodules of the model (kept in a plain list
+or dict to stay out of ``parameters()``: a frozen teacher, a helper; a module-level one). Their
+hooks are in no key of the model's: one of the user's, traced, would run once on fake tensors and
+never again, and one added later went unseen (wave 49's review: a forward hook tripling a
+helper's output changed nothing). Such a module with the user's hooks fails the capture with
+:class:`UnheldModuleHooksError` (the model then trains through TorchDynamo's graph breaks, which
+run hooks at every step), and the ones without are listed for the wrapper to watch.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ from typing import Any
 import torch
 import torch.fx.traceback as fx_traceback
 
+from ortrain.capture.module_hooks import has_users_hooks
+
 MODULE_KEY = "ortrain_module"
 
 # The first numbered component of a path is a layer of a repeated stack: "blocks.3.mlp.0" -> "blocks.3".
@@ -27,6 +38,10 @@ CAPTURE_HOOK_IDS: set[int] = set()
 _COMPILED_MODULE_HOOK_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
 
 _LAYER = re.compile(r"^(.*?\.\d+)(?:\.|$)")
+
+
+class UnheldModuleHooksError(RuntimeError):
+    """The forward called a module the model does not hold, and it has hooks of the user's."""
 
 
 def module_path(node: torch.fx.Node) -> str:
@@ -52,8 +67,9 @@ def _set_path(path: str | None) -> None:
 
 
 @contextlib.contextmanager
-def annotate_module_paths(root: torch.nn.Module) -> Iterator[None]:
-    """Nodes traced inside carry the running submodule's path (``meta["custom"][MODULE_KEY]``).
+def annotate_module_paths(root: torch.nn.Module) -> Iterator[list[torch.nn.Module]]:
+    """Nodes traced inside carry the running submodule's path (``meta["custom"][MODULE_KEY]``);
+    yields the list the modules called that ``root`` does not hold are added to (see the module).
 
     The path is written into ``torch.fx.traceback``'s current meta directly rather than through
     nested ``annotate`` contexts: a forward that raises inside a trace never reaches its
@@ -62,10 +78,18 @@ def annotate_module_paths(root: torch.nn.Module) -> Iterator[None]:
     """
     names = {id(m): name for name, m in root.named_modules()}
     active: list[tuple[int, str]] = []
+    unheld: list[torch.nn.Module] = []
 
     def enter(module: torch.nn.Module, _args: Any) -> None:
         name = names.get(id(module))
         if name is None:
+            if has_users_hooks(module):  # before the module's own hooks run
+                raise UnheldModuleHooksError(
+                    f"the forward calls a {type(module).__name__} that the model does not hold as a "
+                    "submodule, and it has hooks of the user's"
+                )
+            if not any(m is module for m in unheld):
+                unheld.append(module)
             return
         active.append((id(module), name))
         _set_path(name)
@@ -86,7 +110,7 @@ def annotate_module_paths(root: torch.nn.Module) -> Iterator[None]:
             # A torch.compile'd submodule warns that global hooks fire twice: these are ortrain's
             # own, and twice only writes the same path twice.
             warnings.filterwarnings("ignore", message=_COMPILED_MODULE_HOOK_WARNING)
-            yield
+            yield unheld
     finally:
         pre.remove()
         post.remove()

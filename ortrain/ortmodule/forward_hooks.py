@@ -15,25 +15,14 @@ act within the call; DeepSpeed ZeRO-3's are set aside while capturing
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-from ortrain.capture.module_hooks import FORWARD_HOOK_DICTS
+from ortrain.capture.module_hooks import has_users_hooks, is_users_hook
 
-_LIBRARIES = ("torch.", "transformers.", "accelerate.", "peft.", "deepspeed.", "ortrain.")
-
-
-def _is_users(hook: Any) -> bool:
-    home = getattr(hook, "__module__", None) or getattr(type(hook), "__module__", "") or ""
-    return not home.startswith(_LIBRARIES)
-
-
-# Full backward (pre-)hooks of submodules too: a graph traced with them ran them once, on traced
-# gradients (a hook logging gradient norms saw one FunctionalTensor); one that only changes the
-# gradient is differentiated correctly, one with side effects is not.
-_BACKWARD_HOOK_DICTS = ("_backward_pre_hooks", "_backward_hooks")
+# Full backward (pre-)hooks of submodules count too (has_users_hooks): a graph traced with them
+# ran them once, on traced gradients (a hook logging gradient norms saw one FunctionalTensor); one
+# that only changes the gradient is differentiated correctly, one with side effects is not.
 
 
 def user_forward_hooks(root: nn.Module) -> list[str]:
@@ -46,13 +35,9 @@ def user_forward_hooks(root: nn.Module) -> list[str]:
         torch_module._global_backward_pre_hooks,
         torch_module._global_backward_hooks,
     )
-    if any(_is_users(h) for hooks in global_hooks for h in hooks.values()):
+    if any(is_users_hook(h) for hooks in global_hooks for h in hooks.values()):
         places.append("every module (a global hook)")
     for name, module in root.named_modules():
-        if any(
-            _is_users(h)
-            for attr in (*FORWARD_HOOK_DICTS, *_BACKWARD_HOOK_DICTS)
-            for h in getattr(module, attr).values()
-        ):
+        if has_users_hooks(module):
             places.append(name or type(root).__name__)
     return places

@@ -37,6 +37,8 @@ from ortrain.capture.input_metadata_changes import InputMetadataChangeError
 from ortrain.capture.lazy_recompile import graph_modules_compiled_on_first_call
 from ortrain.capture.memoized_functions import memoized_functions_unwrapped
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
+from ortrain.capture.module_hooks import has_users_hooks
+from ortrain.capture.module_paths import UnheldModuleHooksError
 from ortrain.capture.parametrization_cache import parametrizations_cached
 from ortrain.capture.plain_values import NOT_PLAIN, python_attributes
 from ortrain.capture.tracing_context import capturing
@@ -699,6 +701,8 @@ class ORTModule(nn.Module):
             return self._ortrain_module(*args, **kwargs)
         cache: GraphCache[_CompiledEntry] = self._ortrain_graphs
         entry = cache.lookup(key, lambda e: e.matches(call.inputs))
+        if entry is not None and _unheld_modules_hooked(entry.capture):
+            entry = None  # its capture fails, naming them, and the model takes the graph breaks
         # A failure may be the user's (a wrong shape or dtype, or two sizes a dynamic graph saw
         # equal that now differ): then PyTorch's own error is the one to show. Only when eager
         # PyTorch accepts the inputs is it ortrain's failure, for the fallback policy to judge.
@@ -1176,6 +1180,12 @@ class ORTModule(nn.Module):
                 "the capture failed inside a control-flow operator (torch.cond, torch.while_loop, ...); "
                 "the model trains through TorchDynamo's graphs, which hand such operators over whole"
             )
+        elif (unheld := _first(exception_chain(error), UnheldModuleHooksError)) is not None:
+            logger.info(
+                "%s: a captured graph would run them once, on traced values, and never at later "
+                "steps; the model trains through TorchDynamo, which runs them at every step",
+                unheld,
+            )
         elif error is not None and reads_outside_tensors(error):
             logger.info(
                 "the forward reads tensors that are not the model's parameters, buffers or tensor "
@@ -1196,6 +1206,12 @@ class ORTModule(nn.Module):
     def _raise_if_user_error(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """If eager PyTorch rejects these inputs too, raise PyTorch's own error: the user's to fix."""
         run_eagerly_leaving_no_trace(self._ortrain_module, args, kwargs)
+
+
+def _unheld_modules_hooked(capture: Capture) -> bool:
+    """Whether a module the capture's forward called outside the model has hooks of the user's
+    now (added after the capture: see ortrain/capture/module_paths.py)."""
+    return any((m := ref()) is not None and has_users_hooks(m) for ref in capture.unheld_modules)
 
 
 _ABSENT = object()

@@ -341,6 +341,45 @@ def test_a_hook_that_keeps_activations_sees_every_step(caplog: pytest.LogCapture
     assert "forward hooks on 0: a captured graph would run them once" in caplog.text
 
 
+class _WithHelperInAList(nn.Module):
+    """A module kept in a plain list, out of ``parameters()`` and ``state_dict``: the model does
+    not hold it, the forward calls it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(4, 3)
+        self.helpers = [nn.Tanh()]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.helpers[0](self.fc(x)).square().mean()
+
+
+def test_hooks_on_a_module_the_model_does_not_hold_run_at_every_step(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Wave 49's review: a hook added to such a module after the first steps went unseen (the
+    model without it, silently), and a recording one ran on traced values at the capture only."""
+    eager, model = _WithHelperInAList(), _WithHelperInAList()
+    wrapped = ORTModule(model)
+    kept: dict[str, list[torch.Tensor]] = {"eager": [], "ortrain": []}
+    torch.manual_seed(1)
+    with caplog.at_level(logging.INFO, logger="ortrain.ortmodule"):
+        for step in range(5):
+            for name, module in (("eager", eager), ("ortrain", model)):
+                if step == 2:
+                    module.helpers[0].register_forward_hook(lambda m, i, out: out * 3)
+                if step == 3:
+                    keep = kept[name].append
+                    module.helpers[0].register_forward_hook(lambda m, i, out, keep=keep: keep(out.detach()))
+            x = torch.randn(5, 4)
+            assert _step(wrapped, x) == pytest.approx(_step(eager, x), rel=1e-5), f"step {step}"
+            assert_same_state(wrapped, eager)
+    assert len(kept["ortrain"]) == len(kept["eager"]) == 2
+    assert all(type(t) is torch.Tensor for t in kept["ortrain"])
+    assert "a Tanh that the model does not hold as a submodule" in caplog.text
+
+
 def test_pruning_hooks_stay_in_the_captured_graph() -> None:
     """PyTorch's own hooks (pruning recomputes the weight before each forward) are captured."""
     eager, model = _two_layers(), _two_layers()
