@@ -610,6 +610,11 @@ class ORTModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if capturing():  # inside another capture, on this thread: part of its graph, see _forward
             return self._forward(args, kwargs)
+        if torch.compiler.is_dynamo_compiling():
+            # Traced by TorchDynamo (an outer model on its graph-break path, torch.compile): no
+            # lock, which TorchDynamo cannot enter (wave 49's review: an ORTModule inside one
+            # with a hook was refused, "Dynamo does not know how to enter a RLock"); see _forward.
+            return self._forward(args, kwargs)
         # One forward at a time per wrapper: a capture swaps the model's parameters for fake ones
         # while it traces, which another thread's forward of the same model would read (threads
         # that met a new input shape at once failed on fake tensors and fell back to PyTorch).

@@ -47,3 +47,23 @@ def test_a_wrapper_wrapped_again_trains_like_eager() -> None:
             optimizer.step()
     assert_same_state(twice, eager, atol=1e-6)
     assert len(twice._ortrain_graphs) == 1
+
+
+def _doubled(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
+    return output * 2
+
+
+def test_a_wrapped_submodule_on_the_graph_break_path_trains_like_eager() -> None:
+    """Wave 49's review: a hook of the user's sends the outer model to TorchDynamo's graph breaks,
+    which traced into the inner wrapper's lock and refused the model ("Dynamo does not know how
+    to enter a RLock")."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(4, 4), ORTModule(nn.Sequential(nn.Linear(4, 4), nn.Tanh())), nn.Linear(4, 2)
+    )
+    model[2].register_forward_hook(_doubled)
+    batches = [torch.randn(3, 4) for _ in range(3)]
+    losses, expected, eager, wrapped = train_side_by_side(model, batches, lambda m, x: m(x).square().mean())
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    assert_same_state(wrapped, eager, atol=1e-6)
+    assert wrapped._ortrain_graph_breaks is not None
