@@ -445,10 +445,21 @@ def broadcasting_copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool 
     return src.to(dtype=self.dtype).expand(self.shape).clone()
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _in_float32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as PyTorch's CPU kernels read a half-precision tensor against a Python bound: in
+    float32, the bound unrounded (a comparison the user writes rounds its number instead, see
+    ortrain/export/rounded_number_operands.py; the kernels here do not: wave 49's review)."""
+    return x.float() if x.dtype in _HALF else x
+
+
 def hardtanh_backward(grad: torch.Tensor, x: torch.Tensor, min_val: float, max_val: float) -> torch.Tensor:
     """Zero where ``x`` is at or beyond a bound, as PyTorch's kernel: onnxscript's translation
     compares strictly, so ``relu6`` passed the gradient at exactly 0 and 6 (and ``hardtanh`` at ±1)."""
-    return torch.where((x <= min_val) | (x >= max_val), torch.zeros_like(grad), grad)
+    held = _in_float32(x)
+    return torch.where((held <= min_val) | (held >= max_val), torch.zeros_like(grad), grad)
 
 
 def pdist_forward(x: torch.Tensor, p: float = 2.0) -> torch.Tensor:

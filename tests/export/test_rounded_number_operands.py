@@ -50,3 +50,28 @@ def test_only_half_precision_operands_and_inexact_numbers_are_rewritten() -> Non
     assert round_number_operands(gm) == 2
     numbers = [n.args for n in gm.graph.nodes if n.op == "call_function"]
     assert (numbers[0][1], numbers[1][1], numbers[2][1], numbers[3][0]) == (1000.0, 0.5, 1000.3, 0.30078125)
+
+
+class _Clipped(nn.Module):
+    def __init__(self, dtype: torch.dtype, values: list[float]) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor(values, dtype=dtype))
+
+    def forward(self) -> torch.Tensor:
+        return nn.functional.hardtanh(self.w, -0.7, 0.7).float().sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_hardtanh_compares_with_its_bounds_unrounded_as_eagers_kernel(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    # The regression review: hardtanh's backward (ortrain's decomposition) compared in half
+    # precision, so the rounding above moved its bound to 0.69921875 and blocked the gradient
+    # there, where PyTorch's kernel compares in float32 with 0.7.
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
+    held = torch.tensor(0.7, dtype=dtype).item()
+    eager = _Clipped(dtype, [held, -held, held / 2, 0.8])
+    wrapped = ORTModule(copy.deepcopy(eager))
+    eager().backward()
+    wrapped().backward()
+    torch.testing.assert_close(wrapped.w.grad, eager.w.grad, rtol=0.0, atol=0.0)
