@@ -765,6 +765,7 @@ class ORTModule(nn.Module):
             kept_under = self._key_after_capture(key, reads_before)
             if kept_under is not None:
                 cache.add(kept_under, entry, reason)
+                key = kept_under  # the state the capture left: what a recompute compares with
         state_tensors = [state.tensors[i] for i in entry.binding]
         if self._ortrain_inspector.enabled:
             self._ortrain_inspector.on_forward(
@@ -784,6 +785,7 @@ class ORTModule(nn.Module):
                     (args, kwargs),
                     entry.buffer_writes,
                     (*state_tensors, *call.inputs),
+                    functools.partial(self._change_since, key.state),
                 )
             if outputs is None:
                 outputs = entry.capture(state_tensors, call.inputs)
@@ -848,6 +850,13 @@ class ORTModule(nn.Module):
             mha_fastpath=torch.backends.mha.get_fastpath_enabled(),
         )
         return call, state, key
+
+    def _change_since(self, state_key: Any) -> str | None:
+        """What changed in the model since its state's key was ``state_key`` (its tensors aside:
+        a recompute binds the call's own, which ``torch.func.functional_call`` swaps), or None."""
+        before = _without_tensors(state_key)
+        now = _without_tensors(read_state(self._ortrain_module, self._ortrain_reads).key)
+        return None if now == before else describe_change(self._ortrain_module, before, now)
 
     def _why_no_graph_fits(self, key: GraphKey) -> str:
         """Name, in the user's terms, what differs from the graph used last (for logs and warnings)."""
@@ -1211,6 +1220,12 @@ class ORTModule(nn.Module):
     def _raise_if_user_error(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """If eager PyTorch rejects these inputs too, raise PyTorch's own error: the user's to fix."""
         run_eagerly_leaving_no_trace(self._ortrain_module, args, kwargs)
+
+
+def _without_tensors(state_key: Any) -> Any:
+    """A model state's key (ortrain.ortmodule.guards.read_state) without its modules' tensors."""
+    modules, *rest = state_key
+    return (tuple((*m[:3], (), (), (), *m[6:]) for m in modules), *rest)
 
 
 def _unheld_modules_hooked(capture: Capture) -> bool:

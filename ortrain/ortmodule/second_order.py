@@ -79,9 +79,12 @@ class _Recompute:
         parameters: dict[str, torch.Tensor],
         input_spec: Spec,
         buffer_writes: BufferWrites,
+        changed_since: Callable[[], str | None],
     ) -> None:
         self.run = run
         self.module = module
+        # What changed in the model since this call (None: nothing its graph depends on).
+        self.changed_since = changed_since
         self.input_spec = input_spec
         # The parameters this call reads, by name (under torch.func.functional_call, the ones it
         # passed): those that require grad are saved on the node, the others kept here.
@@ -116,6 +119,18 @@ class _Recompute:
         self.unreproducible = sorted(written - copied.keys())
         return outputs
 
+    def refuse_model_changes(self) -> None:
+        changed = self.changed_since()
+        if changed is not None:
+            # The recompute runs the model as it is now: after ``model.eval()``, a changed
+            # attribute or a new hook, the penalty of another function (wave 49's review: no
+            # error, a penalty half of eager's), and a parameter frozen since failed (KeyError).
+            raise RuntimeError(
+                "backward(create_graph=True) through ORTModule recomputes the forward in PyTorch, "
+                f"and the model changed since that forward ({changed}); make such changes after "
+                "the backward, or before the forward"
+            )
+
     def eager_outputs(
         self, user_inputs: Sequence[torch.Tensor], trained: Sequence[torch.Tensor]
     ) -> list[torch.Tensor]:
@@ -129,6 +144,10 @@ class _Recompute:
         args, kwargs = unflatten(self.input_spec, list(user_inputs))
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.random.fork_rng(devices=self.devices))
+            # The Python the model's torch.compile compiles, as the capture traces it: TorchDynamo
+            # cannot differentiate its own graphs twice ("does not currently support double
+            # backward"; ORTModule(torch.compile(model)) failed where ORTModule(model) trains).
+            stack.enter_context(torch.compiler.set_stance("force_eager"))
             torch.random.set_rng_state(self.cpu_rng)
             for device, state in zip(self.devices, self.cuda_rng, strict=True):
                 torch.cuda.set_rng_state(state, device)
@@ -278,7 +297,11 @@ def _recomputed(
     tensors' own hooks to run once, at the node's edges), and the aliases of ``wanted``."""
     # aten.alias, not view_as: its backward passes a sparse gradient (an Embedding(sparse=True)
     # weight's) through, where ViewBackward reshapes it, which sparse tensors refuse.
+    recompute.refuse_model_changes()
     alias_of = {id(t): torch.ops.aten.alias(t) for t in (*user_inputs, *trained) if t.requires_grad}
+    # A parameter frozen since the forward (eager differentiates the graph it built then): a leaf
+    # of its own stands for it, as the node hands gradients by position.
+    alias_of.update({id(t): t.detach().requires_grad_() for t in trained if id(t) not in alias_of})
     outputs = recompute.eager_outputs(
         [alias_of.get(id(t), t) for t in user_inputs], [alias_of[id(t)] for t in trained]
     )
@@ -302,6 +325,7 @@ def run_twice_differentiable(
     call: tuple[tuple[Any, ...], dict[str, Any]],
     buffer_writes: BufferWrites,
     tensors: Sequence[torch.Tensor],
+    changed_since: Callable[[], str | None] = lambda: None,
 ) -> tuple[torch.Tensor, ...] | None:
     """``run(tensors)`` (the captured call over ``tensors``, the model's then the call's) whose outputs'
     gradients can be differentiated again (see the module docstring); None, having run nothing,
@@ -312,7 +336,7 @@ def run_twice_differentiable(
     reachable = {id(p) for p in parameters.values()} | {id(t) for t in user_inputs}
     if any(t.requires_grad and id(t) not in reachable for t in tensors):
         return None
-    recompute = _Recompute(run, module, parameters, spec, buffer_writes)
+    recompute = _Recompute(run, module, parameters, spec, buffer_writes, changed_since)
     returned = _TwiceDifferentiable.apply(recompute, user_inputs, *tensors)
     if recompute.input_aliases:
         returned = from_inputs(returned, recompute.input_aliases, tensors)

@@ -385,3 +385,32 @@ def test_an_inference_tensor_input_of_a_training_call_is_eagers() -> None:
             model(x, logits).backward()
         for name, p in eager.named_parameters():
             torch.testing.assert_close(wrapped.get_parameter(name).grad, p.grad, msg=name)
+
+
+def test_a_model_changed_between_forward_and_penalty_is_refused() -> None:
+    # Wave 49's review: the recompute ran the model as it was at the backward: after
+    # model.eval() the penalty (no dropout) was half of eager's, silently; a parameter frozen
+    # in between failed with a KeyError.
+    torch.manual_seed(0)
+    wrapped = ORTModule(nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 1)))
+    x = torch.randn(5, 4, requires_grad=True)
+    out = wrapped(x).sum()
+    wrapped.eval()
+    with pytest.raises(RuntimeError, match=r"model changed since that forward \(.*eval mode\)"):
+        torch.autograd.grad(out, x, create_graph=True)
+
+
+def test_a_penalty_through_a_compiled_model_trains_like_eager() -> None:
+    # Wave 49's review: the recompute ran torch.compile's graphs, which TorchDynamo cannot
+    # differentiate twice ("does not currently support double backward").
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    wrapped = ORTModule(torch.compile(copy.deepcopy(eager)))
+    x = torch.randn(5, 4, dtype=torch.float64)
+    for model in (eager, wrapped):
+        inputs = x.clone().requires_grad_()
+        out = model(inputs).sum()
+        (grad,) = torch.autograd.grad(out, inputs, create_graph=True)
+        (out + grad.pow(2).sum()).backward()
+    for got, expected in zip(wrapped.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, expected.grad)
