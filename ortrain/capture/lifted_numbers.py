@@ -38,6 +38,8 @@ _NUMBER_ARITHMETIC = frozenset(
         "add", "sub", "mul", "div", "neg", "pow", "remainder", "abs", "__rsub__", "__rpow__",
         "__floordiv__", "__rfloordiv__", "__rmod__", "__rtruediv__", "__rdiv__", "__and__", "__or__",
         "__xor__", "__lshift__", "__rshift__",
+        # Comparisons: a bool in Python (``Fn.apply(h, alpha > 0.3)``: wave 49's review)
+        "lt", "le", "gt", "ge", "eq", "ne", "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__",
     )
     if hasattr(torch.Tensor, name)
 )  # fmt: skip

@@ -128,3 +128,38 @@ def test_number_arguments_reach_an_opaque_function_as_numbers() -> None:
         got.backward()
         torch.testing.assert_close(got, expected, msg=f"step {step}")
         torch.testing.assert_close(wrapped.fc.weight.grad, eager.fc.weight.grad, msg=f"step {step}")
+
+
+class _Gate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, open_: bool) -> torch.Tensor:
+        ctx.factor = 2.0 if open_ is True else 0.5  # a 0-d tensor is not True
+        return x * ctx.factor
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.factor, None
+
+
+class _Gated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, alpha: float) -> tuple[torch.Tensor, bool]:
+        return _Gate.apply(self.fc(x), alpha > 0.3).pow(2).mean(), alpha > 0.6
+
+
+def test_a_comparison_of_number_arguments_is_a_bool_as_in_python() -> None:
+    # Wave 49's regression review: ``alpha > 0.3`` reached the Function as a 0-d tensor.
+    torch.manual_seed(0)
+    eager = _Gated()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for step, alpha in enumerate((0.5, 0.75, 0.2, 0.9)):
+        x = torch.randn(3, 4)
+        (expected, expected_flag), (got, got_flag) = eager(x, alpha), wrapped(x, alpha)
+        expected.backward()
+        got.backward()
+        torch.testing.assert_close(got, expected, msg=f"step {step}")
+        torch.testing.assert_close(wrapped.fc.weight.grad, eager.fc.weight.grad, msg=f"step {step}")
+        assert type(got_flag) is bool and got_flag == expected_flag, (step, got_flag)
