@@ -38,3 +38,19 @@ def test_embedding_bags_train_like_eager_at_new_sizes(mode: str) -> None:
         torch.testing.assert_close(wrapped.bag.weight.grad, eager.bag.weight.grad, msg=f"{bags} bags")
         for optimizer in optimizers:
             optimizer.step()
+
+
+def test_a_nan_in_a_max_bag_is_its_maximum_and_gets_the_gradient() -> None:
+    # Wave 49's regression review: the scatter-based max skipped a NaN, and a bag whose maximum
+    # no row then equalled sent its gradient to index -1 (ONNX Runtime: out of bounds).
+    torch.manual_seed(0)
+    eager = _Bags("max").double()
+    with torch.no_grad():
+        eager.bag.weight[3, 1] = torch.nan
+    wrapped = ORTModule(copy.deepcopy(eager))
+    indices, offsets = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 1])  # row 3 after row 2
+    expected, got = eager.bag(indices, offsets), wrapped.module.bag(indices, offsets)
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    for model in (eager, wrapped):
+        model(indices, offsets).backward()
+    torch.testing.assert_close(wrapped.bag.weight.grad, eager.bag.weight.grad, equal_nan=True)
