@@ -31,8 +31,8 @@ from ortrain.capture.lifted_numbers import OVERRIDES as LIFTED_NUMBERS
 from ortrain.capture.lifted_numbers import mark_numbers_computed, number_lookups_refused
 from ortrain.capture.margin_losses import OVERRIDES as MARGIN_LOSSES
 from ortrain.capture.mixed_precision_norms import OVERRIDES as MIXED_PRECISION_NORMS
-from ortrain.capture.one_hot_indices import OVERRIDES as ONE_HOT_INDICES
 from ortrain.capture.recurrent_layers import recurrent_python_ops
+from ortrain.capture.refused_index_dtypes import OVERRIDES as REFUSED_INDEX_DTYPES
 from ortrain.capture.same_size_interpolation import OVERRIDES as SAME_SIZE_INTERPOLATION
 from ortrain.capture.storage_views import OVERRIDES as STORAGE_VIEWS
 from ortrain.capture.subclass_views import mark_results
@@ -68,8 +68,8 @@ def _overrides(recurrent_as_python_ops: bool) -> dict[Callable[..., Any], Callab
 # and of nll_loss with uint8 labels: see capture/margin_losses.py, capture/byte_class_labels.py;
 # `h[mask] = row`, whose backward needs the mask's count: capture/boolean_mask_assignment.py;
 # `affine_grid` at an open size: capture/affine_grids.py; dropout at p = 1: capture/certain_dropout.py;
-# an interpolation to the same size: capture/same_size_interpolation.py; one_hot of int32
-# indices, refused as eager refuses it: capture/one_hot_indices.py.
+# an interpolation to the same size: capture/same_size_interpolation.py; one_hot of int32 and
+# index_select of int8 indices, refused as eager refuses them: capture/refused_index_dtypes.py.
 _CORRECTIONS = {
     **CERTAIN_DROPOUT,
     **SAME_SIZE_INTERPOLATION,
@@ -78,7 +78,7 @@ _CORRECTIONS = {
     **BYTE_CLASS_LABELS,
     **BOOLEAN_MASK_ASSIGNMENT,
     **AFFINE_GRIDS,
-    **ONE_HOT_INDICES,
+    **REFUSED_INDEX_DTYPES,
 }
 
 

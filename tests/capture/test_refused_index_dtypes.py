@@ -1,4 +1,5 @@
-"""``F.one_hot`` of int32 indices refused under ORTModule as eager PyTorch refuses it."""
+"""``F.one_hot`` of int32 indices and ``index_select`` of int8 ones refused under ORTModule as eager
+PyTorch refuses them."""
 
 from __future__ import annotations
 
@@ -44,3 +45,35 @@ def test_one_hot_of_narrow_indices_raises_eagers_error_then_int64_trains(
     torch.testing.assert_close(model.fc.weight.grad, eager.fc.weight.grad)
     torch.testing.assert_close(model.fc.bias.grad, eager.fc.bias.grad)
     assert len(wrapped._ortrain_graphs) == 1
+
+
+class _Lookup(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(6, 3))
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        return self.table.index_select(0, indices).square().mean()
+
+
+@pytest.mark.parametrize("policy", [None, "FALLBACK_DISABLE"])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.bool])
+def test_index_select_of_narrow_indices_raises_eagers_error(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, policy: str | None
+) -> None:
+    # Wave 49's review: ortrain computed a result where eager refuses.
+    if policy is None:
+        monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", policy)
+    torch.manual_seed(0)
+    eager = _Lookup()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    indices = torch.tensor([1, 0, 1])
+    for module in (eager, wrapped):
+        with pytest.raises(RuntimeError, match=r"index_select\(\): Expected dtype int32 or int64"):
+            module(indices.to(dtype))
+    for module in (wrapped, eager):
+        module(indices.to(torch.int32)).backward()
+    torch.testing.assert_close(wrapped.table.grad, eager.table.grad)
+    assert not wrapped._ortrain_fallback.active
