@@ -169,6 +169,13 @@ class Capture:
                 raise RuntimeError(
                     "a leaf Variable that requires grad is being used in an in-place operation."
                 )
+            base = tensor._base
+            if tensor.requires_grad and base is not None and base.is_leaf and base.requires_grad:
+                # (wave 49's review: the graph ran and failed, and the default policy sent the
+                # model to PyTorch for good over the user's mistake)
+                raise RuntimeError(
+                    "a view of a leaf Variable that requires grad is being used in an in-place operation."
+                )
 
     def __call__(self, state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Any:
         outputs = self.fn(*state, *inputs)

@@ -67,6 +67,25 @@ def test_writing_into_a_leaf_input_that_requires_grad_is_refused_as_in_eager() -
     assert not leaf.any() and leaf.grad is None
 
 
+def test_writing_into_a_view_of_a_leaf_is_refused_as_in_eager_and_training_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Wave 49's review: the graph ran and failed, and the default policy then trained the model
+    in PyTorch for good over the user's own mistake."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
+    torch.manual_seed(0)
+    model = _AddsInPlace()
+    wrapped = ORTModule(copy.deepcopy(model))
+    wrapped(torch.randn(3, 4), torch.randn(3, 4))
+    leaf = torch.zeros(5, 4, requires_grad=True)
+    for module in (model, wrapped):
+        with pytest.raises(RuntimeError, match="a view of a leaf Variable that requires grad"):
+            module(leaf[1:4], torch.randn(3, 4))
+    assert not leaf.any()
+    wrapped(torch.randn(3, 4), torch.randn(3, 4))
+    assert not wrapped._ortrain_fallback.active
+
+
 def test_writing_into_a_leaf_input_is_refused_by_a_capture_from_the_cache(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
