@@ -42,6 +42,7 @@ from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.detached_outputs import detached_outputs
 from ortrain.capture.function_overrides import dynamo_graph_overrides
+from ortrain.capture.functorch_transforms import any_batched
 from ortrain.capture.input_views import input_view_chains
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.capture.output_layouts import traced_layouts
@@ -58,6 +59,17 @@ GraphCompiler = Callable[[torch.fx.GraphModule, str, int], GraphRunner]
 
 BACKEND_NAME = "ortrain"
 _graph_numbers = iter(range(1 << 62))
+
+
+# ``jacobian(vectorize=True)`` and ``autograd.grad(is_grads_batched=True)`` hand the backward vmap's
+# batched gradients, which have no storage for an executor to read (wave 49's review: "Cannot
+# access data pointer of Tensor that doesn't have storage"). The whole-model capture runs them
+# (ortrain/ortmodule/second_order.py); a Dynamo graph says what to do.
+_BATCHED_GRADIENTS = (
+    "ortrain's TorchDynamo graphs (the graph-break path, torch.compile(backend='ortrain')) cannot "
+    "take batched gradients (torch.autograd.functional.jacobian(vectorize=True), "
+    "autograd.grad(is_grads_batched=True)): use vectorize=False or one gradient per row"
+)
 
 
 def aot_backend(
@@ -105,6 +117,8 @@ def aot_backend(
                 runner = _in_fresh_thread(lambda: compile_graph(plain, tag, number))
 
             def run(args: list[Any]) -> list[Any]:
+                if tag == "backward" and any_batched(args):
+                    raise RuntimeError(_BATCHED_GRADIENTS)
                 for position, dtype in scalars:
                     if args[position].dtype != dtype:
                         args[position] = args[position].to(dtype)

@@ -623,3 +623,17 @@ def test_a_users_error_on_the_graph_break_path_is_eagers_and_keeps_the_graphs(mo
     x = torch.randn(6, 4)
     torch.testing.assert_close(wrapped(x), eager(x))
     assert not wrapped._ortrain_fallback.active
+
+
+def test_batched_gradients_on_the_graph_break_path_say_what_to_do() -> None:
+    """Wave 49's review: vmap's batched gradients reached the executor, which failed with "Cannot
+    access data pointer of Tensor that doesn't have storage"; one gradient per row runs."""
+    torch.manual_seed(0)
+    eager = ItemControlFlow().double()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(2, 8, dtype=torch.float64)
+    wrapped(x).sum().backward()  # captured: the graph-break path
+    with pytest.raises(RuntimeError, match="cannot take batched gradients.*vectorize=False"):
+        torch.autograd.functional.jacobian(wrapped, x, vectorize=True)
+    expected = torch.autograd.functional.jacobian(eager, x)
+    torch.testing.assert_close(torch.autograd.functional.jacobian(wrapped, x), expected)
