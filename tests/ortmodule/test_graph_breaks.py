@@ -633,7 +633,7 @@ def test_batched_gradients_on_the_graph_break_path_say_what_to_do() -> None:
     wrapped = ORTModule(copy.deepcopy(eager))
     x = torch.randn(2, 8, dtype=torch.float64)
     wrapped(x).sum().backward()  # captured: the graph-break path
-    with pytest.raises(RuntimeError, match="cannot take batched gradients.*vectorize=False"):
+    with pytest.raises(RuntimeError, match=r"cannot take batched gradients.*vectorize=False"):
         torch.autograd.functional.jacobian(wrapped, x, vectorize=True)
     expected = torch.autograd.functional.jacobian(eager, x)
     torch.testing.assert_close(torch.autograd.functional.jacobian(wrapped, x), expected)
