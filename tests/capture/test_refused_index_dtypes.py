@@ -22,15 +22,18 @@ class _OneHotHead(nn.Module):
         return self.fc(F.one_hot(indices, 5).float()).square().mean()
 
 
-@pytest.mark.parametrize("policy", [None, "FALLBACK_DISABLE"])
-@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8])
-def test_one_hot_of_narrow_indices_raises_eagers_error_then_int64_trains(
-    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, policy: str | None
-) -> None:
-    if policy is None:
+@pytest.fixture(params=[None, "FALLBACK_DISABLE"])
+def policy(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each refusal under the default policy and under FALLBACK_DISABLE."""
+    if request.param is None:
         monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
     else:
-        monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", policy)
+        monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", request.param)
+
+
+@pytest.mark.usefixtures("policy")
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8])
+def test_one_hot_of_narrow_indices_raises_eagers_error_then_int64_trains(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
     eager = _OneHotHead()
     model = copy.deepcopy(eager)
@@ -56,16 +59,10 @@ class _Lookup(nn.Module):
         return self.table.index_select(0, indices).square().mean()
 
 
-@pytest.mark.parametrize("policy", [None, "FALLBACK_DISABLE"])
+@pytest.mark.usefixtures("policy")
 @pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.bool])
-def test_index_select_of_narrow_indices_raises_eagers_error(
-    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, policy: str | None
-) -> None:
+def test_index_select_of_narrow_indices_raises_eagers_error(dtype: torch.dtype) -> None:
     # Wave 49's review: ortrain computed a result where eager refuses.
-    if policy is None:
-        monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
-    else:
-        monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", policy)
     torch.manual_seed(0)
     eager = _Lookup()
     wrapped = ORTModule(copy.deepcopy(eager))
