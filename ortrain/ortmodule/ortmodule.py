@@ -852,10 +852,14 @@ class ORTModule(nn.Module):
         return call, state, key
 
     def _change_since(self, state_key: Any) -> str | None:
-        """What changed in the model since its state's key was ``state_key`` (its tensors aside:
-        a recompute binds the call's own, which ``torch.func.functional_call`` swaps), or None."""
-        before = _without_tensors(state_key)
-        now = _without_tensors(read_state(self._ortrain_module, self._ortrain_reads).key)
+        """What changed in the model since its state's key was ``state_key`` that a recompute of
+        the forward would run differently, or None: its modules, their training flags and hooks,
+        and the global hooks. (Its tensors aside: a recompute binds the call's own, which
+        ``torch.func.functional_call`` swaps. Other attributes too: a training loop sets its own,
+        ``model.last_loss = ...``, between the forward and the penalty, which the regression
+        review found refused.)"""
+        before = _recompute_relevant(state_key)
+        now = _recompute_relevant(read_state(self._ortrain_module, self._ortrain_reads).key)
         return None if now == before else describe_change(self._ortrain_module, before, now)
 
     def _why_no_graph_fits(self, key: GraphKey) -> str:
@@ -1222,10 +1226,17 @@ class ORTModule(nn.Module):
         run_eagerly_leaving_no_trace(self._ortrain_module, args, kwargs)
 
 
-def _without_tensors(state_key: Any) -> Any:
-    """A model state's key (ortrain.ortmodule.guards.read_state) without its modules' tensors."""
-    modules, *rest = state_key
-    return (tuple((*m[:3], (), (), (), *m[6:]) for m in modules), *rest)
+def _recompute_relevant(state_key: Any) -> Any:
+    """Of a model state's key (ortrain.ortmodule.guards.read_state): each module's identity,
+    training flag and hooks, and the global hooks, in the key's own shape."""
+    modules, hooks, _classes = state_key
+    return (
+        tuple(
+            (m[0], tuple(v for v in m[1] if v[0] == "training"), m[2], (), (), (), (), ()) for m in modules
+        ),
+        hooks,
+        (),
+    )
 
 
 def _unheld_modules_hooked(capture: Capture) -> bool:

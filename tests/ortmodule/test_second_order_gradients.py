@@ -414,3 +414,20 @@ def test_a_penalty_through_a_compiled_model_trains_like_eager() -> None:
         (out + grad.pow(2).sum()).backward()
     for got, expected in zip(wrapped.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(got.grad, expected.grad)
+
+
+def test_an_attribute_the_loop_sets_between_forward_and_penalty_is_not_a_change() -> None:
+    # The regression review: ``model.last_out = ...`` between the forward and the penalty was
+    # refused as a change of the model.
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(5, 4, dtype=torch.float64)
+    for model in (eager, wrapped):
+        inputs = x.clone().requires_grad_()
+        out = model(inputs).sum()
+        model.last_out = out.item()
+        (grad,) = torch.autograd.grad(out, inputs, create_graph=True)
+        grad.pow(2).sum().backward()
+    for got, expected in zip(wrapped.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, expected.grad)
