@@ -60,29 +60,35 @@ def embedding_bag(
     rows = weight.index_select(0, indices)
     if mode == MAX:
         # Per bag and feature, the largest row value, then the first index that holds it (PyTorch's
-        # choice among ties), each one scatter over the indices. A NaN is the maximum where a row
-        # holds one, as the gather of all candidates had it (wave 49's regression review: ONNX's
-        # max reduction skips NaN or not by order, and a bag whose maximum no row equals
-        # scattered its gradient at index -1).
+        # choice among ties), each one scatter over the indices. PyTorch's kernel keeps a running
+        # maximum that a later row replaces only when strictly larger: a NaN is the bag's maximum
+        # where it is the bag's first counted row, and skipped anywhere else (the regression
+        # review; ONNX's max reduction skips NaN or not by order).
+        count = indices.shape[0]
         spread = offset2bag.unsqueeze(1).expand_as(rows)
         counted = valid.unsqueeze(1)
-        nan = rows.isnan() & counted
+        position = torch.arange(count, device=weight.device)
+        first_counted = torch.full((bags,), count, dtype=torch.int64, device=weight.device).scatter_reduce(
+            0, offset2bag, torch.where(valid, position, torch.full_like(position, count)), "amin"
+        )
+        leading = (position == first_counted.index_select(0, offset2bag)).unsqueeze(1)
+        nan = rows.isnan() & counted & leading
         floor = torch.full_like(rows, -torch.inf)
         values = torch.full((bags, dim), -torch.inf, dtype=rows.dtype, device=rows.device).scatter_reduce(
-            0, spread, torch.where(counted & ~nan, rows, floor), "amax"
+            0, spread, torch.where(counted & ~rows.isnan(), rows, floor), "amax"
         )
         any_nan = torch.zeros((bags, dim), dtype=torch.int64, device=rows.device).scatter_reduce(
             0, spread, nan.to(torch.int64), "amax"
         )
         values = torch.where(any_nan > 0, torch.full_like(values, torch.nan), values)
-        position = torch.arange(indices.shape[0], device=weight.device).unsqueeze(1).expand_as(rows)
+        position = position.unsqueeze(1).expand_as(rows)
         bag_nan = any_nan.index_select(0, offset2bag) > 0
         equal = (rows == values.index_select(0, offset2bag)) & counted
         holds = (bag_nan & nan) | (~bag_nan & equal)  # (ONNX Runtime has no Where of bools)
-        beyond = torch.full_like(position, indices.shape[0])
-        first = torch.full(
-            (bags, dim), indices.shape[0], dtype=torch.int64, device=weight.device
-        ).scatter_reduce(0, spread, torch.where(holds, position, beyond), "amin")
+        beyond = torch.full_like(position, count)
+        first = torch.full((bags, dim), count, dtype=torch.int64, device=weight.device).scatter_reduce(
+            0, spread, torch.where(holds, position, beyond), "amin"
+        )
         filled = (bag_size > 0).unsqueeze(1)
         output = _zero_unless(filled, values)
         # Position ``len(indices)`` (no index holds it: an empty bag) reads -1, PyTorch's mark.
