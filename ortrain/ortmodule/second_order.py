@@ -155,7 +155,9 @@ class _Recompute:
                 stack.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled))
             # Copies again: a retained graph may be differentiated twice.
             state = {name: value.clone() for name, value in self.buffers.items()}
-            state.update(self.frozen)
+            # Detached: a parameter unfrozen since the forward gets no gradient eager would not
+            # give it (the forward's graph did not reach it).
+            state.update({name: p.detach() for name, p in self.frozen.items()})
             state.update(zip(self.trained, trained, strict=True))
             out = torch.func.functional_call(self.module, state, args, kwargs, strict=False)
         flat, _ = flatten_outputs(out)
@@ -300,13 +302,21 @@ def _recomputed(
     # aten.alias, not view_as: its backward passes a sparse gradient (an Embedding(sparse=True)
     # weight's) through, where ViewBackward reshapes it, which sparse tensors refuse.
     recompute.refuse_model_changes()
-    alias_of = {id(t): torch.ops.aten.alias(t) for t in (*user_inputs, *trained) if t.requires_grad}
-    # A parameter frozen since the forward (eager differentiates the graph it built then): a leaf
-    # of its own stands for it, as the node hands gradients by position.
-    alias_of.update({id(t): t.detach().requires_grad_() for t in trained if id(t) not in alias_of})
-    outputs = recompute.eager_outputs(
-        [alias_of.get(id(t), t) for t in user_inputs], [alias_of[id(t)] for t in trained]
-    )
+    # A parameter frozen since the forward: eager differentiates the graph built while it required
+    # grad, which reaches it, and it accumulates there if it requires grad again by the backward
+    # (a GAN freezing its discriminator only while the penalty's gradient is taken). The recompute
+    # builds its graph with the flag as the forward had it.
+    revived = [t for t in trained if not t.requires_grad and t.is_leaf]
+    for t in revived:
+        t.requires_grad_(True)
+    try:
+        alias_of = {id(t): torch.ops.aten.alias(t) for t in (*user_inputs, *trained) if t.requires_grad}
+        outputs = recompute.eager_outputs(
+            [alias_of.get(id(t), t) for t in user_inputs], [alias_of[id(t)] for t in trained]
+        )
+    finally:
+        for t in revived:
+            t.requires_grad_(False)
     if len(outputs) != count:
         raise RuntimeError(
             f"backward(create_graph=True) through ORTModule: the forward recomputed in "

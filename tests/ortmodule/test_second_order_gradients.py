@@ -431,3 +431,27 @@ def test_an_attribute_the_loop_sets_between_forward_and_penalty_is_not_a_change(
         grad.pow(2).sum().backward()
     for got, expected in zip(wrapped.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(got.grad, expected.grad)
+
+
+@pytest.mark.parametrize("toggle", ["frozen for the penalty", "unfrozen after the forward"])
+def test_requires_grad_switched_around_a_penalty_gives_eagers_gradients(toggle: str) -> None:
+    # Wave 49's reviews: a discriminator weight frozen only while the penalty's gradient was taken
+    # lost the penalty's part of its gradient; one frozen at the forward and unfrozen before
+    # the penalty got gradients eager never gives it.
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(5, 4, dtype=torch.float64)
+    for model in (eager, wrapped):
+        inputs = x.clone().requires_grad_()
+        weight = model[0].weight
+        weight.requires_grad_(toggle != "unfrozen after the forward")
+        out = model(inputs)
+        weight.requires_grad_(toggle == "unfrozen after the forward")
+        (grad,) = torch.autograd.grad(out.sum(), inputs, create_graph=True)
+        weight.requires_grad_(True)
+        (grad.pow(2).sum() + out.mean()).backward()
+    for got, expected in zip(wrapped.parameters(), eager.parameters(), strict=True):
+        assert (got.grad is None) == (expected.grad is None)
+        if expected.grad is not None:
+            torch.testing.assert_close(got.grad, expected.grad)
