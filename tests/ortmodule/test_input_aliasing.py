@@ -217,3 +217,30 @@ def test_a_graph_for_one_tensor_twice_does_not_run_a_view_of_it_when_written() -
         outputs = [m(a, second(a)) for m, a in zip((model, wrapped), tensors, strict=True)]
         torch.testing.assert_close(outputs[1], outputs[0])
         torch.testing.assert_close(tensors[1], tensors[0])
+
+
+class _ClampsItsPerturbation(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            delta.clamp_(-0.5, 0.5)  # the projection step of an adversarial perturbation
+        return self.fc(x + delta).square().mean()
+
+
+def test_a_leaf_written_under_no_grad_inside_the_forward_trains_as_in_eager() -> None:
+    """The regression review: eager allows the write under ``no_grad``, which was refused."""
+    torch.manual_seed(0)
+    eager = _ClampsItsPerturbation()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x, start = torch.randn(3, 4), torch.randn(3, 4)
+    deltas = []
+    for module in (eager, wrapped):
+        delta = start.clone().requires_grad_()
+        module(x, delta).backward()
+        deltas.append(delta)
+    torch.testing.assert_close(deltas[1], deltas[0])
+    torch.testing.assert_close(deltas[1].grad, deltas[0].grad)
+    torch.testing.assert_close(wrapped.fc.weight.grad, eager.fc.weight.grad)
