@@ -38,6 +38,16 @@ _BOUNDED_INDEX = {
     aten.index_add.default: 2,
     aten.index_copy.default: 2,
 }
+# losses -> positions of their target and of their ``ignore_index``, a target PyTorch lets be
+# negative (-100); any other negative target it refuses ("Target -1 is out of bounds"). The
+# spatial ones stay whole in the graph (wave 49's review: a -1 label in a segmentation loss read
+# the last class, the loss finite, where eager raises).
+_TARGETS_WITH_IGNORED_VALUE = {
+    aten.nll_loss_forward.default: (1, 4),
+    aten.nll_loss2d_forward.default: (1, 4),
+    aten.nll_loss_backward.default: (2, 5),
+    aten.nll_loss2d_backward.default: (2, 5),
+}
 _NON_NEGATIVE = frozenset(
     {aten.arange.default, aten.arange.start, aten.arange.start_step, aten.nonzero.default}
     | {aten.argmax.default, aten.argmin.default}
@@ -73,9 +83,16 @@ def _cannot_be_negative(node: torch.fx.Node) -> bool:
 
 def refuse_negative_indices(gm: torch.fx.GraphModule) -> int:
     """Guard each index operand of ``gm`` that PyTorch bounds from below; returns how many."""
-    guarded: dict[torch.fx.Node, torch.fx.Node] = {}
+    guarded: dict[tuple[torch.fx.Node, object], torch.fx.Node] = {}
     for node in list(gm.graph.nodes):
-        position = _BOUNDED_INDEX.get(node.target) if node.op == "call_function" else None
+        if node.op != "call_function":
+            continue
+        position, ignored = _BOUNDED_INDEX.get(node.target), None
+        if node.target in _TARGETS_WITH_IGNORED_VALUE:
+            position, ignored_at = _TARGETS_WITH_IGNORED_VALUE[node.target]
+            ignored = node.args[ignored_at] if len(node.args) > ignored_at else None
+            if not isinstance(ignored, int):
+                continue  # a symbolic ignore_index: left as it was
         if position is None or len(node.args) <= position:
             continue
         index = node.args[position]
@@ -84,23 +101,35 @@ def refuse_negative_indices(gm: torch.fx.GraphModule) -> int:
         value = index.meta.get("val")
         if not isinstance(value, torch.Tensor) or value.dtype not in (torch.int64, torch.int32):
             continue
-        if index not in guarded:
-            guarded[index] = _guard(gm.graph, index, value)
-        node.update_arg(position, guarded[index])
+        if (index, ignored) not in guarded:
+            guarded[(index, ignored)] = _guard(gm.graph, index, value, ignored)
+        node.update_arg(position, guarded[(index, ignored)])
     if guarded:
         gm.graph.lint()
         gm.recompile()
     return len(guarded)
 
 
-def _guard(graph: torch.fx.Graph, index: torch.fx.Node, value: torch.Tensor) -> torch.fx.Node:
+def _guard(
+    graph: torch.fx.Graph, index: torch.fx.Node, value: torch.Tensor, ignored: int | None = None
+) -> torch.fx.Node:
+    """``index`` with each negative value (but ``ignored``) made the most negative integer."""
     lowest = torch.iinfo(value.dtype).min
+    made = []
     with graph.inserting_after(index):
         negative = graph.call_function(aten.lt.Scalar, (index, 0))
+    made.append(negative)
+    if ignored is not None and ignored < 0:
+        with graph.inserting_after(negative):
+            counted = graph.call_function(aten.ne.Scalar, (index, ignored))
+        with graph.inserting_after(counted):
+            negative = graph.call_function(aten.logical_and.default, (made[0], counted))
+        made += [counted, negative]
     with graph.inserting_after(negative):
         refused = graph.call_function(aten.masked_fill.Scalar, (index, negative, lowest))
     mode = getattr(value, "fake_mode", None)
     with mode if mode is not None else contextlib.nullcontext():
-        negative.meta["val"] = torch.empty_like(value, dtype=torch.bool)
+        for flags in made:
+            flags.meta["val"] = torch.empty_like(value, dtype=torch.bool)
         refused.meta["val"] = torch.empty_like(value)
     return refused

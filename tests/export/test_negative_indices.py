@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import operator
 
 import pytest
@@ -83,3 +84,34 @@ def test_getitem_of_other_outputs_is_not_taken_for_indices() -> None:
     gm = _traced(f, torch.randn(5, 4), torch.tensor([1]))
     assert [n.target for n in gm.graph.nodes if n.target is operator.getitem]
     assert refuse_negative_indices(gm) == 1
+
+
+class _Segmenter(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Conv2d(3, 4, 1)
+
+    def forward(self, image: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self.head(image), labels, ignore_index=255)
+
+
+def test_a_negative_segmentation_label_raises_eagers_error_and_ignored_ones_stay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Wave 49's review: nll_loss2d stays whole in the graph, and its -1 label read the last class.
+    from ortrain import ORTModule
+
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    torch.manual_seed(0)
+    eager = _Segmenter()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    image = torch.randn(2, 3, 4, 4)
+    labels = torch.randint(0, 4, (2, 4, 4))
+    labels[0, 0, :2] = 255
+    for model in (eager, wrapped):
+        model(image, labels).backward()
+    torch.testing.assert_close(wrapped.head.weight.grad, eager.head.weight.grad)
+    labels[1, 2, 3] = -1
+    for model in (eager, wrapped):
+        with pytest.raises(IndexError, match="Target -1 is out of bounds"), torch.no_grad():
+            model(image, labels)
