@@ -39,6 +39,7 @@ from ortrain.capture.input_metadata_changes import refuse_metadata_changes
 from ortrain.capture.memory_optimizer import MemoryOptimizerConfig, MemoryReport
 from ortrain.capture.module_paths import annotate_module_paths
 from ortrain.capture.output_layouts import traced_layouts
+from ortrain.capture.outside_writes import outside_writes_undone
 from ortrain.capture.partition import partition
 from ortrain.capture.profiler_ranges import profiler_ranges_left_out
 from ortrain.capture.python_ops import (
@@ -316,6 +317,7 @@ def capture(
     example = _fake_inputs(inputs, dynamic_dims) if dynamic_dims else list(inputs)
     grad_mode = torch.enable_grad() if training else torch.no_grad()
     with contextlib.ExitStack() as stack:
+        stack.enter_context(outside_writes_undone())  # put back last: after the traces' own undoing
         stack.enter_context(grad_mode)
         stack.enter_context(tracing_context())
         # torch.compile'd code in the model (``torch.compile(model)`` or ``submodule.compile()``

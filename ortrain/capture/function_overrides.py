@@ -31,6 +31,7 @@ from ortrain.capture.lifted_numbers import OVERRIDES as LIFTED_NUMBERS
 from ortrain.capture.lifted_numbers import mark_numbers_computed, number_lookups_refused
 from ortrain.capture.margin_losses import OVERRIDES as MARGIN_LOSSES
 from ortrain.capture.mixed_precision_norms import OVERRIDES as MIXED_PRECISION_NORMS
+from ortrain.capture.outside_writes import note_write
 from ortrain.capture.recurrent_layers import recurrent_python_ops
 from ortrain.capture.refused_index_dtypes import OVERRIDES as REFUSED_INDEX_DTYPES
 from ortrain.capture.same_size_interpolation import OVERRIDES as SAME_SIZE_INTERPOLATION
@@ -112,6 +113,7 @@ class _Overrides(TorchFunctionMode):
         if self.converting:
             return func(*args, **kwargs)
         refuse_own_generators(kwargs)  # see capture/generator_resets.py
+        note_write(func, args, kwargs)  # real tensors outside the model: see capture/outside_writes.py
         replacement = self.table.get(func)
         result = replacement(*args, **kwargs) if replacement is not None else NotImplemented
         if result is NotImplemented:
