@@ -31,6 +31,7 @@ from ortrain.capture.data_assignments import data_assignments_as_copies
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.detached_outputs import detached_outputs
 from ortrain.capture.encoder_padding_fast_path import encoder_padding_as_eager
+from ortrain.capture.environment_reads import environment_reads_refused
 from ortrain.capture.fake_mode_release import forget_real_tensors, graph_fake_modes
 from ortrain.capture.forward_rewrite import ForwardRewrite, ForwardTrace, rewrite_forward
 from ortrain.capture.function_calls import intercept_functions
@@ -318,6 +319,7 @@ def capture(
     grad_mode = torch.enable_grad() if training else torch.no_grad()
     with contextlib.ExitStack() as stack:
         stack.enter_context(outside_writes_undone())  # put back last: after the traces' own undoing
+        stack.enter_context(environment_reads_refused())
         stack.enter_context(grad_mode)
         stack.enter_context(tracing_context())
         # torch.compile'd code in the model (``torch.compile(model)`` or ``submodule.compile()``

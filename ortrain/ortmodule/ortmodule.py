@@ -28,6 +28,7 @@ from ortrain.capture.autograd_hooks import AutogradHookError, refusing_autograd_
 from ortrain.capture.buffer_assignments import buffers_before, keep_assignments_as_updates
 from ortrain.capture.checkpointing import RECOMPUTATION_STOPS
 from ortrain.capture.compile_lock import COMPILE_LOCK
+from ortrain.capture.environment_reads import EnvironmentReadError
 from ortrain.capture.exact_numbers import exact_plain_form
 from ortrain.capture.forward_mode_ad import carries_tangents
 from ortrain.capture.functorch_transforms import functorch_transform_active
@@ -1197,6 +1198,11 @@ class ORTModule(nn.Module):
             logger.info(
                 "the capture failed inside a control-flow operator (torch.cond, torch.while_loop, ...); "
                 "the model trains through TorchDynamo's graphs, which hand such operators over whole"
+            )
+        elif (read := _first(exception_chain(error), EnvironmentReadError)) is not None:
+            logger.info(
+                "%s; the model trains through TorchDynamo's graph breaks, which read it at every step",
+                read,
             )
         elif (unheld := _first(exception_chain(error), UnheldModuleHooksError)) is not None:
             logger.info(
