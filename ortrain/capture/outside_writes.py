@@ -34,6 +34,8 @@ def outside_writes_undone() -> Iterator[None]:
         _state.saved = previous
         with torch.no_grad():
             for tensor, value in saved.values():
+                if tensor.shape != value.shape:  # sized by the write (an observer's ``resize_``)
+                    tensor.resize_(value.shape)
                 tensor.copy_(value)
 
 

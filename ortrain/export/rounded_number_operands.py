@@ -1,7 +1,8 @@
 """A Python number compared with, or taken as a remainder against, a half-precision tensor is
 rounded to the tensor's dtype first, as PyTorch does.
 
-PyTorch's CPU kernels read such a number as a tensor of the other operand's dtype: ``x_bf16 >=
+PyTorch's comparison and remainder kernels read such a number as a tensor of the other operand's
+dtype: ``x_bf16 >=
 1000.3`` compares with 1000 (bfloat16 holds 1000.3 as 1000) and is True at 1000; ``x_bf16 % 0.3``
 divides by 0.30078125. Multiplication and division are the exception (their kernels keep the number
 in float32, see :mod:`ortrain.export.half_precision_numbers`). The translations keep the number
@@ -42,7 +43,7 @@ def round_number_operands(gm: torch.fx.GraphModule) -> int:
             continue
         if isinstance(number, bool) or not isinstance(number, int | float):
             continue  # a symbolic size's number is rounded by its own 0-d tensor's dtype
-        held = torch.tensor(number, dtype=value.dtype).item()
+        held = torch.tensor(float(number), dtype=value.dtype).item()  # (an int past int64's range too)
         if held == number or (held != held and number != number):  # already exact (NaN is NaN)
             continue
         args = list(node.args)

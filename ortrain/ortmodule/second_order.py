@@ -122,9 +122,9 @@ class _Recompute:
     def refuse_model_changes(self) -> None:
         changed = self.changed_since()
         if changed is not None:
-            # The recompute runs the model as it is now: after ``model.eval()``, a changed
-            # attribute or a new hook, the penalty of another function (wave 49's review: no
-            # error, a penalty half of eager's), and a parameter frozen since failed (KeyError).
+            # The recompute runs the model as it is now: after ``model.eval()`` or a new hook,
+            # the penalty of another function (wave 49's review: no error, a penalty half of
+            # eager's).
             raise RuntimeError(
                 "backward(create_graph=True) through ORTModule recomputes the forward in PyTorch, "
                 f"and the model changed since that forward ({changed}); make such changes after "
@@ -299,8 +299,6 @@ def _recomputed(
     """The forward recomputed in PyTorch on aliases of the call's tensors and parameters (views:
     the graph reaches the tensors through them, and differentiating up to the aliases leaves the
     tensors' own hooks to run once, at the node's edges), and the aliases of ``wanted``."""
-    # aten.alias, not view_as: its backward passes a sparse gradient (an Embedding(sparse=True)
-    # weight's) through, where ViewBackward reshapes it, which sparse tensors refuse.
     recompute.refuse_model_changes()
     # A parameter frozen since the forward: eager differentiates the graph built while it required
     # grad, which reaches it, and it accumulates there if it requires grad again by the backward
@@ -310,6 +308,9 @@ def _recomputed(
     for t in revived:
         t.requires_grad_(True)
     try:
+        # aten.alias, not view_as: its backward passes a sparse gradient (an
+        # Embedding(sparse=True) weight's) through, where ViewBackward reshapes it, which sparse
+        # tensors refuse.
         alias_of = {id(t): torch.ops.aten.alias(t) for t in (*user_inputs, *trained) if t.requires_grad}
         outputs = recompute.eager_outputs(
             [alias_of.get(id(t), t) for t in user_inputs], [alias_of[id(t)] for t in trained]

@@ -51,3 +51,11 @@ def test_only_writes_into_real_tensors_are_undone() -> None:
         written.mul_(3.0)
         note_write(torch.Tensor.mul, (kept, 3.0), {})  # not in place: nothing to keep
     assert torch.equal(written, torch.ones(2)) and torch.equal(kept, torch.ones(2))
+
+
+def test_a_tensor_resized_by_the_write_gets_its_size_back() -> None:
+    sized = torch.empty(0)
+    with outside_writes_undone():
+        note_write(torch.Tensor.resize_, (sized, 3), {})
+        sized.resize_(3).fill_(1.0)
+    assert sized.shape == (0,)
