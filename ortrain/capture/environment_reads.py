@@ -29,14 +29,18 @@ class EnvironmentReadError(RuntimeError):
     """The model's forward read an environment variable while it was captured."""
 
 
-def _from_model_code() -> bool:
+def _model_code_reading() -> str | None:
+    """Where the model's own code reads ``os.environ`` (``file:line``), or None where the reader
+    is PyTorch's, ortrain's, an installed library's or the standard library's."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_STDLIB):
-        frame = frame.f_back  # os.getenv, Mapping.get
+    while frame is not None and frame.f_code.co_filename.startswith((_STDLIB, "<frozen ")):
+        frame = frame.f_back  # os.getenv, Mapping.get (``<frozen os>`` where Python froze them)
     if frame is None:
-        return False
+        return None
     filename = frame.f_code.co_filename
-    return not (filename.startswith(_ORTRAIN) or any(part in filename for part in _INSTALLED))
+    if filename.startswith(("<", _ORTRAIN)) or any(part in filename for part in _INSTALLED):
+        return None
+    return f"{filename}:{frame.f_lineno}"
 
 
 @contextlib.contextmanager
@@ -47,10 +51,11 @@ def environment_reads_refused() -> Iterator[None]:
     thread = threading.get_ident()
 
     def getitem(self: Any, key: str) -> Any:
-        if self is os.environ and threading.get_ident() == thread and _from_model_code():
+        where = _model_code_reading() if self is os.environ and threading.get_ident() == thread else None
+        if where is not None:
             raise EnvironmentReadError(
-                f"the forward reads the environment variable {key!r}, which a captured graph would "
-                "hold at its value now"
+                f"the forward reads the environment variable {key!r} ({where}), which a captured "
+                "graph would hold at its value now"
             )
         return original(self, key)
 

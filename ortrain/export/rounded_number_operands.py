@@ -3,10 +3,12 @@ rounded to the tensor's dtype first, as PyTorch does.
 
 PyTorch's comparison and remainder kernels read such a number as a tensor of the other operand's
 dtype: ``x_bf16 >= 1000.3`` compares with 1000 (bfloat16 holds 1000.3 as 1000) and is True at 1000;
-``x_bf16 % 0.3`` divides by 0.30078125. Multiplication and division are the exception (their kernels keep the number
-in float32, see :mod:`ortrain.export.half_precision_numbers`). The translations keep the number
-exact: bfloat16 comparisons run in float32 against 1000.3 (False), and the spelled-out remainder
-(:mod:`ortrain.export.spelled_out_math`) divides in float32 by 0.3, 0.1 off at 1000 (wave 48's
+``x_bf16 % 0.3`` divides by 0.30078125. Multiplication and division are the exception (their
+kernels keep the number in float32, see :mod:`ortrain.export.half_precision_numbers`), and so are
+kernels with Python bounds such as hardtanh's backward (ortrain's decomposition compares in float32,
+see :mod:`ortrain.capture.decompositions_math`). The translations kept the number exact: bfloat16
+comparisons ran in float32 against 1000.3 (False), and the spelled-out remainder
+(:mod:`ortrain.export.spelled_out_math`) divided in float32 by 0.3, 0.1 off at 1000 (wave 48's
 review). Such a number is replaced here by its rounded value, a Python float again, so that every
 translation after this sees the number eager computed with.
 """
