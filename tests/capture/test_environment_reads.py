@@ -36,3 +36,13 @@ def test_an_environment_variable_flipped_between_steps_is_read_at_every_step(
         expected, got = eager(x), wrapped(x)
         torch.testing.assert_close(got, expected, msg=f"head {head}")
     assert wrapped._ortrain_graph_breaks is not None
+
+
+def test_pytorchs_own_reads_while_tracing_leave_the_model_whole() -> None:
+    # The first version took Python's frozen `os` module (`<frozen os>`, os.getenv) for the
+    # model's code: PyTorch's own read of MAST_HPC_JOB_NAME while tracing sent every model to the
+    # graph-break path.
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    wrapped = ORTModule(model)
+    wrapped(torch.randn(3, 4)).sum().backward()
+    assert wrapped._ortrain_graph_breaks is None and len(wrapped._ortrain_graphs) == 1
