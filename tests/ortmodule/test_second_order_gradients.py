@@ -400,13 +400,18 @@ def test_a_model_changed_between_forward_and_penalty_is_refused() -> None:
         torch.autograd.grad(out, x, create_graph=True)
 
 
+def _small_tanh_mlp() -> tuple[nn.Module, torch.Tensor]:
+    """A float64 two-layer model and a batch for it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    return model, torch.randn(5, 4, dtype=torch.float64)
+
+
 def test_a_penalty_through_a_compiled_model_trains_like_eager() -> None:
     # Wave 49's review: the recompute ran torch.compile's graphs, which TorchDynamo cannot
     # differentiate twice ("does not currently support double backward").
-    torch.manual_seed(0)
-    eager = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    eager, x = _small_tanh_mlp()
     wrapped = ORTModule(torch.compile(copy.deepcopy(eager)))
-    x = torch.randn(5, 4, dtype=torch.float64)
     for model in (eager, wrapped):
         inputs = x.clone().requires_grad_()
         out = model(inputs).sum()
@@ -419,10 +424,8 @@ def test_a_penalty_through_a_compiled_model_trains_like_eager() -> None:
 def test_an_attribute_the_loop_sets_between_forward_and_penalty_is_not_a_change() -> None:
     # The regression review: ``model.last_out = ...`` between the forward and the penalty was
     # refused as a change of the model.
-    torch.manual_seed(0)
-    eager = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    eager, x = _small_tanh_mlp()
     wrapped = ORTModule(copy.deepcopy(eager))
-    x = torch.randn(5, 4, dtype=torch.float64)
     for model in (eager, wrapped):
         inputs = x.clone().requires_grad_()
         out = model(inputs).sum()
@@ -438,10 +441,8 @@ def test_requires_grad_switched_around_a_penalty_gives_eagers_gradients(toggle: 
     # Wave 49's reviews: a discriminator weight frozen only while the penalty's gradient was taken
     # lost the penalty's part of its gradient; one frozen at the forward and unfrozen before
     # the penalty got gradients eager never gives it.
-    torch.manual_seed(0)
-    eager = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    eager, x = _small_tanh_mlp()
     wrapped = ORTModule(copy.deepcopy(eager))
-    x = torch.randn(5, 4, dtype=torch.float64)
     for model in (eager, wrapped):
         inputs = x.clone().requires_grad_()
         weight = model[0].weight
