@@ -112,8 +112,8 @@ class Capture:
     size_guards: SizeGuards = field(default_factory=lambda: SizeGuards(None))
     # The inputs the forward writes into (``x.add_(1)``), by position among the call's inputs.
     mutated_inputs: frozenset[int] = frozenset()
-    # Of those, the ones written outside a ``no_grad`` block of the forward (None: all of them).
-    writes_seen_by_autograd: frozenset[int] | None = None
+    # Of those, the ones written only inside a ``no_grad`` block of the forward.
+    writes_hidden_from_autograd: frozenset[int] = frozenset()
     # Parameters and buffers without elements that the forward writes into: it sizes them on first
     # use (a per-channel quantization observer's min/max), which its fake trace cannot show.
     sized_on_first_use: tuple[str, ...] = ()
@@ -165,9 +165,7 @@ class Capture:
         """Eager PyTorch refuses an in-place op on a leaf that requires grad; the graph, which
         writes its inputs back after running, would not (it changed the tensor and gave it a
         gradient). Raises PyTorch's error, before anything runs."""
-        written = (
-            self.mutated_inputs if self.writes_seen_by_autograd is None else self.writes_seen_by_autograd
-        )
+        written = self.mutated_inputs - self.writes_hidden_from_autograd
         if not written or not torch.is_grad_enabled():
             return
         for position in written:
@@ -394,13 +392,11 @@ def capture(
     mutated = frozenset(i for i, info in enumerate(user_inputs) if info.mutates_data)
     # Written where autograd sees it: not under no_grad inside the forward (an adversarial
     # perturbation clamped in place, which eager allows on a leaf that requires grad).
-    seen_writes = frozenset(
+    hidden_writes = frozenset(
         i
         for i in mutated
-        if not (
-            user_inputs[i].mutations_hidden_from_autograd
-            or user_inputs[i].mutations_under_no_grad_or_inference_mode
-        )
+        if user_inputs[i].mutations_hidden_from_autograd
+        or user_inputs[i].mutations_under_no_grad_or_inference_mode
     )
     state_args = joint._aot_state.flat_args[: len(distinct)]
     state_info = joint._aot_state.fw_metadata.input_info[: len(distinct)]
@@ -425,9 +421,9 @@ def capture(
         package_entry=entries[0] if entries and not call_ids and not _calls_python(slots) else None,
         size_guards=SizeGuards.of(example) if dynamic_dims else SizeGuards(None),
         mutated_inputs=mutated,
-        writes_seen_by_autograd=seen_writes,
+        writes_hidden_from_autograd=hidden_writes,
         sized_on_first_use=sized_on_first_use,
-        unheld_modules=tuple(weakref.ref(m) for m in unheld_modules),
+        unheld_modules=tuple(weakref.ref(m) for m in unheld_modules.values()),
     )
     # The python ops' records live as long as the graphs that name them.
     weakref.finalize(captured, release_calls, call_ids)

@@ -72,22 +72,23 @@ def embedding_bag(
             0, offset2bag, torch.where(valid, position, torch.full_like(position, count)), "amin"
         )
         leading = (position == first_counted.index_select(0, offset2bag)).unsqueeze(1)
-        nan = rows.isnan() & counted & leading
+        is_nan = rows.isnan()
+        nan = is_nan & counted & leading
         floor = torch.full_like(rows, -torch.inf)
         values = torch.full((bags, dim), -torch.inf, dtype=rows.dtype, device=rows.device).scatter_reduce(
-            0, spread, torch.where(counted & ~rows.isnan(), rows, floor), "amax"
+            0, spread, torch.where(counted & ~is_nan, rows, floor), "amax"
         )
         any_nan = torch.zeros((bags, dim), dtype=torch.int64, device=rows.device).scatter_reduce(
             0, spread, nan.to(torch.int64), "amax"
         )
         values = torch.where(any_nan > 0, torch.full_like(values, torch.nan), values)
-        position = position.unsqueeze(1).expand_as(rows)
+        row_position = position.unsqueeze(1).expand_as(rows)
         bag_nan = any_nan.index_select(0, offset2bag) > 0
         equal = (rows == values.index_select(0, offset2bag)) & counted
         holds = (bag_nan & nan) | (~bag_nan & equal)  # (ONNX Runtime has no Where of bools)
-        beyond = torch.full_like(position, count)
+        beyond = torch.full_like(row_position, count)
         first = torch.full((bags, dim), count, dtype=torch.int64, device=weight.device).scatter_reduce(
-            0, spread, torch.where(holds, position, beyond), "amin"
+            0, spread, torch.where(holds, row_position, beyond), "amin"
         )
         filled = (bag_size > 0).unsqueeze(1)
         output = _zero_unless(filled, values)

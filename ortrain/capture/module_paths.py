@@ -67,9 +67,9 @@ def _set_path(path: str | None) -> None:
 
 
 @contextlib.contextmanager
-def annotate_module_paths(root: torch.nn.Module) -> Iterator[list[torch.nn.Module]]:
+def annotate_module_paths(root: torch.nn.Module) -> Iterator[dict[int, torch.nn.Module]]:
     """Nodes traced inside carry the running submodule's path (``meta["custom"][MODULE_KEY]``);
-    yields the list the modules called that ``root`` does not hold are added to (see the module).
+    yields the table (by id) the modules called that ``root`` does not hold are added to (see the module).
 
     The path is written into ``torch.fx.traceback``'s current meta directly rather than through
     nested ``annotate`` contexts: a forward that raises inside a trace never reaches its
@@ -78,7 +78,7 @@ def annotate_module_paths(root: torch.nn.Module) -> Iterator[list[torch.nn.Modul
     """
     names = {id(m): name for name, m in root.named_modules()}
     active: list[tuple[int, str]] = []
-    unheld: list[torch.nn.Module] = []
+    unheld: dict[int, torch.nn.Module] = {}
 
     def enter(module: torch.nn.Module, _args: Any) -> None:
         name = names.get(id(module))
@@ -88,8 +88,7 @@ def annotate_module_paths(root: torch.nn.Module) -> Iterator[list[torch.nn.Modul
                     f"the forward calls a {type(module).__name__} that the model does not hold as a "
                     "submodule, and it has hooks of the user's"
                 )
-            if not any(m is module for m in unheld):
-                unheld.append(module)
+            unheld.setdefault(id(module), module)
             return
         active.append((id(module), name))
         _set_path(name)
