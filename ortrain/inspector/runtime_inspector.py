@@ -42,7 +42,7 @@ def input_names(spec: Any, forward: Callable[..., Any]) -> list[str]:
         elif kind in ("tuple", "list", "namedtuple"):
             for i, child in enumerate(node[-1]):
                 walk(child, f"{name}[{i}]")
-        elif kind in ("dict", "model_output", "dataclass"):
+        elif kind in ("dict", "model_output", "dataclass", "object", "distribution"):
             for key, child in zip(node[2], node[3], strict=True):
                 walk(child, f"{name}[{key!r}]" if kind == "dict" else f"{name}.{key}")
         elif kind == "pytree":

@@ -34,7 +34,7 @@ logger = logging.getLogger("ortrain.ortmodule")
 
 _LIFTABLE = (float, int)
 # Container nodes whose children are named by the keys at spec[2]; the others by position.
-_KEYED = ("dict", "model_output", "dataclass", "object")
+_KEYED = ("dict", "model_output", "dataclass", "object", "distribution")
 
 
 def _is_liftable(leaf: Spec) -> bool:
@@ -63,7 +63,8 @@ def _leaves(spec: Spec, place: str) -> list[tuple[str, Spec]]:
     labels = spec[2] if kind in _KEYED else range(len(children))
     leaves: list[tuple[str, Spec]] = []
     for label, child in zip(labels, children, strict=True):
-        below = f"{place}.{label}" if kind in ("dataclass", "object") else f"{place}[{label!r}]"
+        by_attribute = kind in ("dataclass", "object", "distribution")
+        below = f"{place}.{label}" if by_attribute else f"{place}[{label!r}]"
         leaves += _leaves(child, below)
     return leaves
 

@@ -29,6 +29,7 @@ from ortrain.capture.plain_values import NAMESPACES, is_other_number, python_att
 from ortrain.capture.pytree_nodes import NodeContext, flatten_registered, unflatten_registered
 from ortrain.capture.subclass_views import made_as
 from ortrain.capture.tensor_subclasses import keeps_its_class, overridden_protocols
+from ortrain.ortmodule import distribution_objects
 from ortrain.ortmodule.fallback import ORTModuleIOError
 
 _CONSTANT_TYPES = (type(None), bool, int, float, str, torch.dtype, torch.device, enum.Enum)
@@ -285,6 +286,11 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
         children, context = registered
         flat = tuple(_flatten(c, tensors, _child(where, i)) for i, c in enumerate(children))
         return ("pytree", type(value), context, flat)
+    if distribution_objects.is_distribution_object(value):
+        # ``return Normal(mu, std)``: by its parameters (ortrain.ortmodule.distribution_objects).
+        state = distribution_objects.attributes(value)
+        children = tuple(_flatten(v, tensors, _child(where, n)) for n, v in state.items())
+        return ("distribution", type(value), tuple(state), children)
     if passes_by_attributes(value):
         # An object of the user's class (``model(batch)`` with ``class Batch``) or a namespace: by
         # its attributes, as a dataclass (until wave 32 the model fell back to PyTorch for good).
@@ -340,6 +346,10 @@ def _unflatten(spec: Spec, take: Callable[[], Any]) -> Any:
             rebuilt = cls.__new__(cls)
         vars(rebuilt).update((n, _unflatten(c, take)) for n, c in zip(names, children, strict=True))
         return rebuilt
+    if kind == "distribution":
+        _, cls, names, children = spec
+        state = {n: _unflatten(c, take) for n, c in zip(names, children, strict=True)}
+        return distribution_objects.rebuilt(cls, state)
     if kind == "namedtuple":
         _, cls, children = spec
         return cls(*(_unflatten(c, take) for c in children))
