@@ -38,7 +38,11 @@ Ten kinds of nodes are PyTorch's:
   flash kernels on small attention (probabilities under ``FLASH_MIN_PROBABILITY_BYTES`` a call,
   no dropout, one head count for query, key and value) go to ONNX Runtime written out in math
   (:mod:`ortrain.export.flash_attention_math`), where the two crossings a layer would cost more
-  than the kernel saves. (onnxscript's own translation of the forward fills the log-sum-exp with
+  than the kernel saves. A graph whose sequence lengths are left open (captured again at a new
+  length) keeps the kernel in PyTorch: its next call may be far longer than the one traced, and the
+  math form's probabilities grow with the square of the length (wave 49's review: a causal SDPA at
+  4096 after captures at 64-96 ran the math form, 1.7-2.2 s and 1.6 GiB a step against the
+  kernel's 0.6 s and 430 MiB). (onnxscript's own translation of the forward fills the log-sum-exp with
   zeros, so a backward reading them computes wrong gradients: tiny GPT, errors of 1e4.)
 
 - **Random numbers** (``native_dropout``, ``rand``, ``randn``, ``randint``, ``normal``,
@@ -360,6 +364,8 @@ def _small_flash_attention(node: torch.fx.Node) -> bool:
     if not math_form_applies(node):
         return False
     query, key, _ = attention_inputs(node)
+    if not all(isinstance(length, int) for length in (query.shape[-2], key.shape[-2])):
+        return False  # an open length: any length may come (see the module's text)
     return probability_bytes(query, key) < FLASH_MIN_PROBABILITY_BYTES
 
 

@@ -311,3 +311,29 @@ def test_masked_attention_with_heads_merged_by_reshape_exports_at_new_sizes(
             loss.backward()
         torch.testing.assert_close(losses[1], losses[0])
         torch.testing.assert_close(wrapped.qkv.weight.grad, model.qkv.weight.grad)
+
+
+def test_small_attention_over_open_lengths_keeps_the_kernel_in_pytorch() -> None:
+    """Captured again at a new length, the graph serves every length: its next call may be far
+    longer than the one traced, where the math form's probabilities (length squared) cost seconds
+    and GiB a step (wave 49's review: 4096 after 64-96). The first, static graph keeps its small
+    attention in ONNX Runtime."""
+    torch.manual_seed(0)
+    model = Attention(is_causal=True)
+    eager = copy.deepcopy(model)
+    wrapped = ORTModule(model)
+    for t in (24, 40, 96):
+        x = torch.randn(2, t, 32)
+        for module in (wrapped, eager):
+            module.zero_grad()
+            _loss(module, (x, None)).backward()
+        for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    static, open_lengths = [e for entries in wrapped._ortrain_graphs.values() for e in entries]
+    for entry, kernel_in_pytorch in ((static, False), (open_lengths, True)):
+        for runner, kernel in (
+            (entry.capture.forward.runner, FLASH_FORWARD),
+            (entry.capture.backward.runner, FLASH_BACKWARD),
+        ):
+            in_pytorch = [n.target for s in runner.plan.steps if s.executor.name == "torch" for n in s.nodes]
+            assert (kernel in in_pytorch) is kernel_in_pytorch
