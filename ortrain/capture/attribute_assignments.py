@@ -1,19 +1,23 @@
-"""A forward that assigns a tensor to a plain attribute: ``self.aux_loss = ...`` (a mixture-of-experts
-gate's balancing loss, which the training loop adds to the model's), ``self.last = h.detach()``
-(feature logging), pruning's ``weight`` (recomputed by its pre-hook before each forward).
+"""A forward that assigns a tensor to a buffer or a plain attribute: ``self.ema = self.ema * 0.9 +
+0.1 * x`` (a moving average, a VQ codebook), ``self.h = h.detach()`` (an RNN's state carried to the
+next batch), ``self.aux_loss = ...`` (a mixture-of-experts gate's balancing loss, which the training
+loop adds to the model's), ``self.last = h.detach()`` (feature logging), pruning's ``weight``
+(recomputed by its pre-hook before each forward).
 
-Eager PyTorch leaves the new tensor in the module after each call, with its autograd graph.
-During a capture a plain tensor attribute is a buffer (:mod:`ortrain.capture.tensor_attributes`),
-and the assignment used to be either lost (one that requires grad: the balancing loss kept the
-tensor of the step that ran in PyTorch, and the next backward through it failed, "Trying to
-backward through the graph a second time"; wave 29) or copied in place into the old tensor, which
-refused a new shape (the last, smaller batch's activation) and made the attribute the same tensor
-at every step (a list of each step's activations held the last one, repeated).
+Eager PyTorch leaves the new tensor in the module after each call, with its autograd graph; the
+tensor it replaced is untouched. A capture traces the forward with the buffers swapped for graph
+inputs (a plain tensor attribute is a buffer then: :mod:`ortrain.capture.tensor_attributes`), and
+the assignment landed in the swapped-in dictionary and was lost: the average never moved (until
+wave 28), a loss kept on the module held the tensor of the step that ran in PyTorch (wave 29).
 
-So each plain attribute the forward assigns becomes an extra output of the captured forward, set
-on its module after every run (:func:`assign_attributes`): the tensor eager PyTorch would hold, a
-new one at every step, differentiable through the graph. Registered buffers keep their in-place
-update (:mod:`ortrain.capture.buffer_assignments`), and so does an attribute that views a parameter.
+So each buffer or attribute the forward assigns becomes an extra output of the captured forward,
+set on its module after every run (:func:`assign_attributes`): the tensor eager PyTorch would
+hold, a new one at every step, differentiable through the graph, of any shape. Until wave 50 a
+registered buffer was instead copied into the tensor it replaced, in place: that refused a new
+shape (a buffer that grows), and where the forward had read the old value for the backward
+(``rnn(x, self.h)`` then ``self.h = h.detach()``), the copy overwrote what the backward needed
+("modified by an inplace operation"). An attribute that views a parameter (spectral_norm's
+``weight``, recomputed by its pre-hook before each use) is left as it was.
 """
 
 from __future__ import annotations
@@ -25,8 +29,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from ortrain.capture.buffer_assignments import Buffers
-from ortrain.capture.tensor_attributes import is_attribute_buffer, is_parameter_view
+from ortrain.capture.tensor_attributes import is_parameter_view
+
+Buffers = list[tuple[nn.Module, str, torch.Tensor]]
+
+
+def buffers_before(root: nn.Module) -> Buffers:
+    """Every buffer of ``root`` and its submodules, with its owner and name, before the forward."""
+    return [
+        (module, name, tensor)
+        for module in root.modules()
+        for name, tensor in module._buffers.items()
+        if tensor is not None
+    ]
 
 
 @dataclass(frozen=True)
@@ -44,30 +59,24 @@ class AssignedAttributes:
         return sum(self.holds_tensor)
 
 
-def take_attribute_assignments(
-    root: nn.Module, before: Buffers
-) -> tuple[list[tuple[str, torch.Tensor | None]], Buffers]:
-    """After the traced forward: the plain attributes it assigned, as (path, new value), each put
-    back to the value it had; and the rest of ``before`` (registered buffers and untouched
-    attributes), for :func:`ortrain.capture.buffer_assignments.keep_assignments_as_updates`."""
+def take_attribute_assignments(root: nn.Module, before: Buffers) -> list[tuple[str, torch.Tensor | None]]:
+    """After the traced forward: the buffers and plain attributes it assigned, as (path, new
+    value), each put back to the value it had."""
     assigned: list[tuple[nn.Module, str, torch.Tensor | None]] = []
-    rest: Buffers = []
     for module, name, old in before:
         new = module._buffers.get(name)
         # One that views a parameter (spectral_norm's ``weight`` before its first forward) stays
-        # as it was, as buffer_assignments leaves it: an output would change its requires-grad
-        # after the first run, and with it the graph's key (a second capture for nothing).
-        if new is not old and is_attribute_buffer(module, name) and not is_parameter_view(module, name):
+        # as it was: an output would change its requires-grad after the first run, and with it
+        # the graph's key (a second capture for nothing).
+        if new is not old and not is_parameter_view(module, name):
             assigned.append((module, name, new))
             module._buffers[name] = old
-        else:
-            rest.append((module, name, old))
     if not assigned:
-        return [], rest
+        return []
     paths: dict[int, str] = {}
     for path, module in root.named_modules(remove_duplicate=False):
         paths.setdefault(id(module), path)
-    return [(_dotted(paths[id(module)], name), new) for module, name, new in assigned], rest
+    return [(_dotted(paths[id(module)], name), new) for module, name, new in assigned]
 
 
 def _dotted(module_path: str, name: str) -> str:

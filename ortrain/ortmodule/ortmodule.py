@@ -20,12 +20,12 @@ from ortrain.capture.aot_capture import Capture, GraphSlot, capture
 from ortrain.capture.attribute_assignments import (
     AssignedAttributes,
     assign_attributes,
+    buffers_before,
     take_attribute_assignments,
     with_assigned_attributes,
 )
 from ortrain.capture.attribute_reads import AttributeReads
 from ortrain.capture.autograd_hooks import AutogradHookError, refusing_autograd_hooks
-from ortrain.capture.buffer_assignments import buffers_before, keep_assignments_as_updates
 from ortrain.capture.checkpointing import RECOMPUTATION_STOPS
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.environment_reads import EnvironmentReadError
@@ -183,9 +183,8 @@ class _FlatCall(nn.Module):
         with user_forward():
             out = self.module(*args, **kwargs)
         refuse_changed_containers(given, contents((args, kwargs)))
-        # self.aux_loss = ...: an extra output, set on the module after each run.
-        assigned, buffers = take_attribute_assignments(self.module, buffers)
-        keep_assignments_as_updates(buffers)  # self.ema = ...: an update of the buffer, not lost
+        # self.ema = ..., self.aux_loss = ...: an extra output, set on the module after each run.
+        assigned = take_attribute_assignments(self.module, buffers)
         flat, value_spec = flatten_outputs(out)
         flat, self.output_spec = with_assigned_attributes(flat, value_spec, assigned)
         return tuple(flat)

@@ -283,9 +283,7 @@ _WRITTEN_BETWEEN_BACKWARDS = (
     "If one of its weights was changed in place between two backward passes through the same "
     "forward (an optimizer.step() between them), the graph refuses that even where this backward "
     "does not read the weight: step the optimizers after the last backward, or backward the sum of "
-    "the losses once. If the forward assigns a new value to a buffer it also read for the backward "
-    "(`self.h = h.detach()` after `rnn(x, self.h)`), the graph writes the value into the buffer it "
-    "read: keep such state as a plain attribute (`self.h = ...` without register_buffer)"
+    "the losses once"
 )
 
 

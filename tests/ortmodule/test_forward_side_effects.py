@@ -224,21 +224,63 @@ def test_a_buffer_assigned_in_forward_is_updated_as_in_eager() -> None:
 
 
 class _GrowingBuffer(nn.Module):
+    """Keeps the last activations in a buffer that grows to a window of 12 rows, and counts its
+    calls in another that it replaces."""
+
     def __init__(self) -> None:
         super().__init__()
         self.proj = nn.Linear(4, 3)
         self.register_buffer("seen", torch.zeros(0, 3))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.proj(x)
-        self.seen = torch.cat([self.seen, h.detach()])
-        return h.sum()
+        self.seen = torch.cat([self.seen, h.detach()])[-12:]
+        self.calls = self.calls + 1
+        return h.sum() + self.seen.square().sum()
 
 
-def test_a_buffer_assigned_another_shape_is_refused_with_what_to_do() -> None:
-    wrapped = ORTModule(_GrowingBuffer())
-    with pytest.raises(RuntimeError, match=r"assigns its buffer 'seen'.*update it in\s+place"):
-        wrapped(torch.randn(5, 4))
+def test_a_buffer_assigned_another_shape_keeps_it_as_in_eager() -> None:
+    """Until wave 50 a buffer's new value was copied into the old tensor, and a new shape refused."""
+    torch.manual_seed(0)
+    eager = _GrowingBuffer()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for _ in range(5):
+        x = torch.randn(5, 4)
+        assert _step(wrapped, x) == pytest.approx(_step(eager, x), rel=1e-5)
+        assert_same_state(wrapped, eager)
+    assert wrapped._ortrain_module.seen.shape == (12, 3)
+    assert int(wrapped._ortrain_module.calls) == 5
+    assert set(wrapped.state_dict()) == {"proj.weight", "proj.bias", "seen", "calls"}
+
+
+class _CarriedState(nn.Module):
+    """Truncated backpropagation through time with the hidden state in a registered buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.GRU(4, 8, batch_first=True)
+        self.register_buffer("h", torch.zeros(1, 3, 8))
+        self.out = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, h = self.rnn(x, self.h)
+        self.h = h.detach()
+        return self.out(y).square().mean()
+
+
+def test_a_buffer_read_for_the_backward_and_then_replaced_trains_as_in_eager() -> None:
+    """Copied into the tensor the graph had read for its backward, the new state made the backward
+    fail ("modified by an inplace operation") until wave 50; eager leaves the old tensor as it was."""
+    torch.manual_seed(0)
+    eager = _CarriedState()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for _ in range(4):
+        x = torch.randn(3, 5, 4)
+        assert _step(wrapped, x) == pytest.approx(_step(eager, x), rel=1e-5)
+        assert_same_state(wrapped, eager)
+    assert len(wrapped._ortrain_graphs) == 1
+    assert wrapped._ortrain_graph_breaks is None
 
 
 class _BalancedGate(nn.Module):

@@ -254,10 +254,12 @@ def test_ten_sequence_lengths_capture_at_most_twice_and_new_dtype_recaptures() -
         loss = wrapped(idx, idx)[1]
         torch.testing.assert_close(loss, eager(idx, idx)[1])
         loss.backward()
-    assert ort_graph_count(wrapped) == 2
+    # (Not ort_graph_count: over open lengths attention keeps PyTorch's kernel, see
+    # test_attention_kernel.py.)
+    assert sum(len(entries) for entries in wrapped._ortrain_graphs.values()) == 2
     idx = torch.randint(0, 50, (3, 25), dtype=torch.int32)
     torch.testing.assert_close(wrapped(idx, idx.long())[1], eager(idx, idx.long())[1])
-    assert ort_graph_count(wrapped) == 3
+    assert sum(len(entries) for entries in wrapped._ortrain_graphs.values()) == 3
 
 
 def test_batch_size_change_reuses_the_dynamic_graph() -> None:
