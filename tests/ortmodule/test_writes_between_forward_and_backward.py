@@ -105,25 +105,3 @@ def test_an_optimizer_step_between_two_backwards_says_what_to_do() -> None:
     actor.step()
     with pytest.raises(RuntimeError, match="step the optimizers after the last backward"):
         value.pow(2).mean().backward()
-
-
-class _CarriedState(nn.Module):
-    """Truncated backpropagation through time with the state in a registered buffer."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rnn = nn.GRU(3, 4, batch_first=True)
-        self.register_buffer("h", torch.zeros(1, 2, 4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out, h = self.rnn(x, self.h)
-        self.h = h.detach()
-        return out.pow(2).mean()
-
-
-def test_a_buffer_read_and_replaced_in_the_forward_says_to_keep_it_an_attribute() -> None:
-    # Wave 49's review: the hint blamed an optimizer.step() between two backward passes, where
-    # there was one backward and no step.
-    wrapped = ORTModule(_CarriedState())
-    with pytest.raises(RuntimeError, match="keep such state as a plain attribute"):
-        wrapped(torch.randn(2, 5, 3)).backward()
