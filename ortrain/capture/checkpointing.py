@@ -76,6 +76,10 @@ class CheckpointRegions:
         # keep that behaviour rather than silently differ from eager.
         needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
         if not needs_grad:
+            # Eager's warning too, at each capture: the one hint a LoRA user gets that the adapters
+            # inside a checkpointed block of a frozen model do not train (wave 50's review: never
+            # shown). It is PyTorch's own check, which warns exactly then.
+            torch_checkpoint.check_backward_validity(inputs)
             # Not a recompute region either: its output is a constant of the backward, saved.
             # Recomputed (wave 47's review), it was computed again from the BatchNorm statistics the
             # forward had already updated, and the backward refused them ("modified by an inplace

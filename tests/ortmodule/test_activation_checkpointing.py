@@ -183,3 +183,14 @@ def test_a_reentrant_region_without_gradients_is_saved_not_recomputed() -> None:
         assert wrapped.module.block[0].weight.grad is None
         torch.testing.assert_close(wrapped.module.head.weight.grad, eager.head.weight.grad)
         torch.testing.assert_close(wrapped.module.block[2].running_var, eager.block[2].running_var)
+
+
+def test_a_reentrant_region_without_gradients_warns_as_eager() -> None:
+    """Eager warns that the region's gradients will be None (adapters inside checkpointed blocks of
+    a frozen model, without ``enable_input_require_grads``): the capture never showed it (wave 50's
+    review)."""
+    wrapped = ORTModule(_FrozenInputBlocks())
+    with pytest.warns(UserWarning, match="None of the inputs have requires_grad=True"):
+        wrapped(torch.randn(6, 8), torch.randint(0, 4, (6,))).backward()
+    assert wrapped.module.blocks[0].lin.weight.grad is None
+    assert wrapped.module.head.weight.grad is not None
