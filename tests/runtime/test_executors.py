@@ -424,3 +424,25 @@ def test_a_reason_several_operators_share_is_said_once_with_them() -> None:
     assert message.count("Optype (Concat)") == 1
     assert f"aten.mul.Tensor x2, aten.stack.default ({load})" in message
     assert "aten.mm.default (CPUExecutionProvider has no MatMul kernel for bfloat16)" in message
+
+
+def test_a_refusal_learned_for_a_transposed_convolution_is_not_taken_for_a_plain_one() -> None:
+    """``aten.convolution`` is ``Conv`` or, transposed, ``ConvTranspose``: the refusals learned at a
+    build were keyed by operator and dtypes alone, so one was reported (and decided) for the other
+    (wave 50's review: a float64 GAN's warning named ConvTranspose for both)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def convolutions(x: torch.Tensor, w: torch.Tensor, wt: torch.Tensor) -> tuple[torch.Tensor]:
+        y = torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        return (torch.ops.aten.convolution(y, wt, None, [2, 2], [0, 0], [1, 1], True, [0, 0], 1),)
+
+    args = (torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3), torch.randn(3, 2, 2, 2))
+    gm = make_fx(convolutions, tracing_mode="fake")(*(a.double() for a in args))
+    with pytest.raises(RegionRejected) as rejected:
+        _ort().build(gm, what="g", whole=True)
+    plain, transposed = [n for n in gm.graph.nodes if n.target is aten.convolution.default]
+    assert rejected.value.reasons[plain.name].endswith("no Conv kernel for double")
+    assert rejected.value.reasons[transposed.name].endswith("no ConvTranspose kernel for double")
+    fresh = _ort()  # what a later graph's placement reads: the refusals learned by node kind
+    assert fresh.refusal(plain).endswith("no Conv kernel for double")
+    assert fresh.refusal(transposed).endswith("no ConvTranspose kernel for double")

@@ -412,10 +412,14 @@ def _is_function_op(domain: str, op_type: str, version: int) -> bool:
 
 
 def _signature(node: torch.fx.Node) -> tuple[Any, ...]:
-    """An operator and the dtypes it sees: what decides whether a kernel exists."""
+    """An operator, the dtypes it sees and its flags: what decides whether a kernel exists. The
+    flags choose among ONNX operators: ``convolution`` is a ``Conv`` or, ``transposed``, a
+    ``ConvTranspose`` (wave 50's review: a double ``ConvTranspose`` refused was taken for the
+    ``Conv`` beside it, both named after it, both sent to PyTorch)."""
     values = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
     dtypes = tuple(v.dtype if isinstance(v, torch.Tensor) else None for v in values)
-    return (node.target, dtypes)
+    flags = tuple(a for a in (*node.args, *node.kwargs.values()) if isinstance(a, bool))
+    return (node.target, dtypes, flags)
 
 
 _MISSING_TYPES = re.compile(r" kernel for (\S+)$")
