@@ -29,8 +29,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ortrain.capture.tensor_attributes import is_parameter_view
-
 Buffers = list[tuple[nn.Module, str, torch.Tensor]]
 
 
@@ -65,10 +63,7 @@ def take_attribute_assignments(root: nn.Module, before: Buffers) -> list[tuple[s
     assigned: list[tuple[nn.Module, str, torch.Tensor | None]] = []
     for module, name, old in before:
         new = module._buffers.get(name)
-        # One that views a parameter (spectral_norm's ``weight`` before its first forward) stays
-        # as it was: an output would change its requires-grad after the first run, and with it
-        # the graph's key (a second capture for nothing).
-        if new is not old and not is_parameter_view(module, name):
+        if new is not old:
             assigned.append((module, name, new))
             module._buffers[name] = old
     if not assigned:

@@ -7,11 +7,10 @@ non-persistent buffer of its module, so it becomes a graph input like a buffer, 
 every step: an attribute replaced by another tensor later is what the next step reads. Afterwards
 the module is put back exactly as it was (the attribute in ``__dict__``, not in ``_buffers``).
 
-An attribute that shares its storage with a parameter is a view of it that some hook replaces
-before each use: ``torch.nn.utils.spectral_norm`` sets ``weight = weight_orig.data`` and its
-pre-hook assigns the normalized weight before every forward. Such an attribute is remembered
-(:func:`is_parameter_view`) so that the assignment is not written back into it, which would write
-into the parameter (AOTAutograd refused the capture: "non-differentiable view input mutations").
+An attribute the forward assigns is an output of the graph, set on the module after each run
+(:mod:`ortrain.capture.attribute_assignments`): ``torch.nn.utils.spectral_norm`` sets ``weight =
+weight_orig.data`` and its pre-hook assigns the normalized weight before every forward, which the
+module holds afterwards, as in eager.
 """
 
 from __future__ import annotations
@@ -47,18 +46,12 @@ def tensor_attributes(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [(name, value) for name, value in module.__dict__.items() if is_tensor_attribute(value)]
 
 
-_parameter_views: set[tuple[int, str]] = set()
 _attributes: set[tuple[int, str]] = set()
 
 
 def is_attribute_buffer(module: nn.Module, name: str) -> bool:
     """Whether ``module.name`` is, during this capture, a plain tensor attribute registered as a buffer."""
     return (id(module), name) in _attributes
-
-
-def is_parameter_view(module: nn.Module, name: str) -> bool:
-    """Whether ``module.name`` was, when the capture began, a tensor attribute viewing a parameter."""
-    return (id(module), name) in _parameter_views
 
 
 def storage_identity(tensor: torch.Tensor) -> int | None:
@@ -75,7 +68,6 @@ def tensor_attributes_as_buffers(root: nn.Module) -> Iterator[int]:
     """Register every module's plain tensor attributes as buffers; yields how many."""
     moved: list[tuple[nn.Module, str, torch.Tensor]] = []
     orders: list[tuple[nn.Module, list[str]]] = []
-    parameter_storages: set[int | None] | None = None
     shadowed: set[tuple[type, str]] = set()
     class_attributes = contextlib.ExitStack()
     try:
@@ -84,10 +76,6 @@ def tensor_attributes_as_buffers(root: nn.Module) -> Iterator[int]:
             if attributes:
                 orders.append((module, list(module.__dict__)))
             for name, value in attributes:
-                if parameter_storages is None:
-                    parameter_storages = {storage_identity(p) for p in root.parameters()} - {None}
-                if storage_identity(value) in parameter_storages:
-                    _parameter_views.add((id(module), name))
                 del module.__dict__[name]
                 _attributes.add((id(module), name))
                 moved.append((module, name, value))
@@ -103,7 +91,6 @@ def tensor_attributes_as_buffers(root: nn.Module) -> Iterator[int]:
                 module._non_persistent_buffers_set.add(name)
         yield len(moved)
     finally:
-        _parameter_views.clear()
         _attributes.clear()
         class_attributes.close()
         for module, name, value in reversed(moved):

@@ -457,13 +457,21 @@ def test_spectral_norm_power_iteration_is_captured() -> None:
         x = torch.randn(3, 2, 6, 6, generator=torch.Generator().manual_seed(step))
         assert _step(wrapped, x) == pytest.approx(_step(eager, x), rel=1e-5)
         assert_same_state(wrapped, eager)  # weight_orig, and the power iteration's weight_u, weight_v
+        # The normalized weight the forward computed, with its graph, as eager leaves it (wave
+        # 50's review: the raw weight_orig for good, and a loss reading it trained on that).
+        for name in ("conv", "head"):
+            normalized = getattr(model, name).weight
+            assert normalized.grad_fn is not None
+            torch.testing.assert_close(normalized, getattr(eager, name).weight)
     for module in (eager, wrapped):
         module.eval()  # no power iteration: u and v stay
     x = torch.randn(3, 2, 6, 6)
     with torch.no_grad():
         assert wrapped(x).item() == pytest.approx(eager(x).item(), rel=1e-5)
     assert_same_state(wrapped, eager)
-    assert not wrapped._ortrain_fallback.active and len(wrapped._ortrain_graphs) == 2
+    # Training at the first step (``weight`` still views ``weight_orig``) and after (it holds the
+    # last forward's result, which requires grad), and eval.
+    assert not wrapped._ortrain_fallback.active and len(wrapped._ortrain_graphs) == 3
 
 
 class _LayerDrop(nn.Module):
