@@ -504,6 +504,14 @@ def _closure_reads(
             yield f"closure variable {function.__qualname__}.{name}", namespace, name
 
 
+def closure_variables(function: types.FunctionType) -> Iterator[Read]:
+    """Every variable of ``function``'s closure, bound or not, as a namespace of one name (what a
+    snapshot records and puts back: :mod:`ortrain.ortmodule.callback_state`)."""
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or (), strict=True):
+        if name != "__class__":
+            yield f"closure variable {function.__qualname__}.{name}", _Cell(cell, name), name
+
+
 # Where installed packages live (also the installed part of the capture cache's library roots).
 INSTALLED_ROOTS = tuple(
     {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}

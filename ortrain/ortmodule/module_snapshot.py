@@ -31,6 +31,7 @@ from ortrain.capture.global_reads import code_reads, global_reads
 from ortrain.capture.held_objects import attributes as held_attributes
 from ortrain.capture.held_objects import held_objects, is_held_object, is_pytorch_class, set_attributes
 from ortrain.capture.plain_values import CONTAINER_DEPTH, PLAIN, short_entries
+from ortrain.ortmodule.callback_state import callbacks, reached_state
 from ortrain.ortmodule.guards import is_deepspeed_hook_state
 
 # Values that are tables of a module: their contents are recorded, not just the table object.
@@ -105,6 +106,7 @@ class ModuleSnapshot:
             # DeepSpeed's hooks keep their own state on the modules they hook, changed at every call.
             own = ((k, v) for k, v in attributes.items() if not is_deepspeed_hook_state(k))
             self._record_held(own, f"held by {where}")
+            self._record_callbacks(attributes, where)
         read: set[tuple[int, str]] = set()
         for klass in {k for cls in classes for k in cls.__mro__ if not is_pytorch_class(k)}:
             # Tables and objects kept on the class are the instances' too (``self.STATS["calls"]
@@ -156,6 +158,28 @@ class ModuleSnapshot:
             for path, table in _inner_tables(key, value, CONTAINER_DEPTH - 1):
                 self._nested.append(_RecordedTable(f"{path} of {where}", table, _copy(table)))
 
+    def _record_callbacks(self, attributes: dict[str, Any], where: str) -> None:
+        """The state a module's callbacks reach (:mod:`ortrain.ortmodule.callback_state`): their
+        closures' variables, and the tables and objects they are bound to or were given."""
+        seen: set[int] = set()
+        for name, callback in callbacks(attributes):
+            for kind, found in reached_state(name, callback):
+                if kind == "variable":
+                    label, namespace, variable = found
+                    value = namespace.get(variable, _MISSING)
+                    if not isinstance(value, _NOT_STATE):
+                        self._record_global(f"{label} (callback {name!r} of {where})", namespace, variable)
+                    continue
+                label, value = found
+                if id(value) in seen or isinstance(value, _NOT_STATE):
+                    continue
+                seen.add(id(value))
+                if isinstance(value, _TABLES):
+                    where_label = f"{label} of {where}"
+                    self._globals.append(_RecordedGlobal(where_label, None, "", value, _contents(value)))
+                elif is_held_object(value):
+                    self._record_held([(label, value)], f"of {where}")
+
     def _record_defaults(self, label: str, function: types.FunctionType) -> None:
         """A default argument that is a table or an object (``def mask(n, _cache={})``, a cache
         filled at the first call) is state the function keeps between calls."""
@@ -201,6 +225,9 @@ class ModuleSnapshot:
 
 
 _MISSING = object()
+# Values a callback's closure may hold that are not its state: the model's own modules and tensors
+# (recorded as the model's), code, classes.
+_NOT_STATE = (nn.Module, torch.Tensor, type, types.ModuleType, types.FunctionType, types.MethodType)
 
 
 class _ClassAttributes(MutableMapping[str, Any]):
