@@ -18,6 +18,8 @@ FORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "var(0)": lambda h: h.var(0).sum(),
     "mse_loss": lambda h: nn.functional.mse_loss(h, h.flip(0).detach()),
     "h * (1 / n)": lambda h: (h * (1.0 / h.shape[0])).pow(2).sum(),
+    "h * n ** 0.5": lambda h: (h * h.shape[0] ** 0.5).pow(2).sum(),
+    "h * n ** -1.5 + 1": lambda h: (h * h.shape[0] ** -1.5 + 1).pow(2).sum(),
     "batch_norm": lambda h: nn.functional.batch_norm(h, None, None, training=True).pow(3).sum(),
 }
 
