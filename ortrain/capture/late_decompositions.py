@@ -35,7 +35,7 @@ from torch._decomp import get_decompositions
 from ortrain.capture import decompositions_bessel as bessel
 from ortrain.capture import decompositions_math as math_ops
 from ortrain.capture import decompositions_special as special
-from ortrain.capture.decompositions import convolution_backward
+from ortrain.capture.decompositions import convolution_backward, input_gradient_of_any_size
 
 aten = torch.ops.aten
 
@@ -114,6 +114,45 @@ def _operand_dtypes(node: torch.fx.Node) -> set[torch.dtype]:
     return {v.dtype for v in values if isinstance(v, torch.Tensor)}
 
 
+def _transposed_convolution_of_open_size(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    transposed: bool,
+    output_padding: list[Any],
+    groups: int,
+) -> Any:
+    """A transposed convolution whose output padding depends on an open size
+    (``ConvTranspose2d(...)(h, output_size=skip.shape[-2:])``, a U-Net's up path over images whose
+    sizes vary): ONNX's ``ConvTranspose`` takes the output padding as a fixed attribute, and the
+    export failed ("Unsupported attribute type: list"), sending the forward region to PyTorch
+    (wave 50's review). Written as the input gradient of such a size, which a backward already
+    computes so (:func:`ortrain.capture.decompositions.input_gradient_of_any_size`)."""
+    if not transposed or all(isinstance(p, int) for p in output_padding):
+        return NotImplemented
+    spatial = weight.dim() - 2
+    kernel = weight.shape[2:]
+    # The output's sizes, as ``ConvTranspose``'s shape rule gives them.
+    sizes = [
+        (input.shape[2 + i] - 1) * stride[i]
+        - 2 * padding[i]
+        + dilation[i] * (kernel[i] - 1)
+        + output_padding[i]
+        + 1
+        for i in range(spatial)
+    ]
+    out = input_gradient_of_any_size(input, weight, sizes, stride, padding, dilation, groups)
+    return out if bias is None else out + bias.reshape([1, -1] + [1] * spatial)
+
+
+def _open_output_padding(node: torch.fx.Node) -> bool:
+    args = [*node.args, *[None] * 9][:9]
+    return bool(args[6]) and any(isinstance(p, torch.fx.Node) for p in args[7] or ())
+
+
 LATE_OPS = frozenset(
     {
         *_INDEX_FILLS,
@@ -142,6 +181,7 @@ def late_decompositions() -> dict[Any, Callable[..., Any]]:
         ]
     )
     table[aten.convolution_backward.default] = convolution_backward
+    table[aten.convolution.default] = _transposed_convolution_of_open_size
     table.update(_SPECIAL_FUNCTIONS)
     table.update(_INDEX_FILLS)
     table.update(_PROMOTING)
@@ -172,6 +212,8 @@ def decomposed_for_export(node: torch.fx.Node) -> bool:
         return True
     if node.target in _PROMOTING:
         return len(_operand_dtypes(node)) > 1
+    if node.target is aten.convolution.default:
+        return _open_output_padding(node)
     if node.target is not aten._native_batch_norm_legit_no_training.default:
         return False
     # A float64 one too: ONNX's BatchNormalization holds ``epsilon`` as a float32 attribute, 1e-3

@@ -133,6 +133,45 @@ def test_a_strided_convolution_keeps_the_batch_size_open_in_onnxruntime(
     assert caplog.text.count("capturing a graph:") == 2  # the first sizes, then all of them open
 
 
+class _UpToTheSkip(nn.Module):
+    """A U-Net's level: down by a strided convolution, up to the skip connection's size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = nn.Conv2d(2, 4, 3, stride=2, padding=1)
+        self.up = nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = self.up(torch.relu(self.down(x)), output_size=x.shape[-2:])
+        return (up * x).square().mean()
+
+
+def test_a_transposed_convolution_to_an_open_output_size_runs_in_onnxruntime(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its output padding follows the image size (odd or even): ONNX holds it as a fixed
+    attribute, and the export at open sizes failed, so the forward ran in PyTorch (an error under
+    FALLBACK_DISABLE; wave 50's review)."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    torch.manual_seed(0)
+    model = _UpToTheSkip()
+    wrapped = ORTModule(copy.deepcopy(model))
+    for height, width in [(8, 8), (12, 12), (9, 9), (11, 7), (10, 13)]:
+        x = torch.randn(2, 2, height, width)
+        losses = [m(x) for m in (model, wrapped)]
+        for loss in losses:
+            loss.backward()
+        torch.testing.assert_close(losses[1], losses[0])
+        for name in ("down", "up"):
+            for p, q in zip(
+                getattr(wrapped, name).parameters(), getattr(model, name).parameters(), strict=True
+            ):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    for entries in wrapped._ortrain_graphs.values():
+        for entry in entries:
+            assert runs_whole_in_onnxruntime(entry.capture.forward.runner)
+
+
 def test_a_float64_batch_norm_in_eval_keeps_its_epsilon_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     # ONNX's BatchNormalization holds epsilon as a float32 attribute: 1e-3 was 0.0010000000475,
     # 2e-8 relative off eager at small running variances (wave 47's review); a model in eval()
