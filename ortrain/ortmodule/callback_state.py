@@ -69,6 +69,11 @@ def reached_state(name: str, callback: Any, depth: int = _DEPTH) -> Iterator[tup
         if isinstance(function, types.FunctionType):
             yield from reached_state(name, function, depth - 1)
     elif isinstance(callback, types.FunctionType):
+        # The module-level names its code loads (``HISTORY.append(t)``, ``global COUNT``).
+        namespace = callback.__globals__
+        for variable in callback.__code__.co_names:
+            if variable in namespace:
+                yield "variable", (f"global {callback.__module__}.{variable}", namespace, variable)
         for read in closure_variables(callback):
             yield "variable", read
             value = read[1].get(read[2])

@@ -133,6 +133,9 @@ class ModuleSnapshot:
             self._record_held([(name, value)], f"({label})")
         else:
             self._globals.append(_RecordedGlobal(label, namespace, name, value, _contents(value)))
+            # The lists and dicts inside it too (``METRICS["hist"].append(m)``: the capture's traced
+            # tensors stayed in the inner list, the outer dict unchanged; wave 50's review).
+            self._record_nested({name: value}, f"({label})")
 
     def record_reached(self, name: str, held: Any) -> None:
         """An object the capture reads below the depth recorded here (``self.run.phase.counter``,
@@ -177,6 +180,7 @@ class ModuleSnapshot:
                 if isinstance(value, _TABLES):
                     where_label = f"{label} of {where}"
                     self._globals.append(_RecordedGlobal(where_label, None, "", value, _contents(value)))
+                    self._record_nested({label: value}, where_label)
                 elif is_held_object(value):
                     self._record_held([(label, value)], f"of {where}")
 

@@ -77,6 +77,55 @@ def test_a_callback_the_model_holds_gets_real_values_at_every_step(kind: str) ->
         assert len(stores[1]["tracker"].values) == len(stores[0]["tracker"].values) == 4
 
 
+HISTORY: list[torch.Tensor] = []
+METRICS: dict[str, list[torch.Tensor]] = {"means": []}
+
+
+def _append_to_history(value: torch.Tensor) -> None:
+    HISTORY.append(value)
+
+
+class _ReportingNested(nn.Module):
+    """Reports through a callback into a dict of lists, and into a list of its module's globals,
+    and appends to a module-level dict of lists itself."""
+
+    def __init__(self, store: dict[str, list[torch.Tensor]]) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.report = lambda value: store["means"].append(value)
+        self.remember = _append_to_history
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        self.report(h.mean().detach())
+        self.remember(h.amax().detach())
+        METRICS["means"].append(h.amin().detach())
+        return h.square().sum()
+
+
+def test_lists_inside_a_callbacks_store_and_module_level_tables_get_every_step() -> None:
+    """The capture's traced tensors stayed in the inner list (the outer dict looked unchanged),
+    and a callback's writes into its module's globals went unseen (wave 50's review)."""
+    stores: list[dict[str, list[torch.Tensor]]] = [{"means": []}, {"means": []}]
+    torch.manual_seed(0)
+    eager = _ReportingNested(stores[0])
+    wrapped = ORTModule(_ReportingNested(stores[1]))
+    wrapped.load_state_dict(eager.state_dict())
+    reported = []
+    for _ in range(3):
+        x = torch.randn(2, 4)
+        for store, model in zip(stores, (eager, wrapped), strict=True):
+            del HISTORY[:], METRICS["means"][:]
+            for _ in range(2):
+                model(x).backward()
+            reported.append((list(store["means"]), list(HISTORY), list(METRICS["means"])))
+            del store["means"][:]
+        for got, expected in zip(reported[-1], reported[-2], strict=True):
+            assert len(got) == len(expected) == 2
+            assert all(type(t) is torch.Tensor for t in got)
+            torch.testing.assert_close(got, expected)
+
+
 def test_a_model_with_a_callback_that_keeps_nothing_stays_whole() -> None:
     """A callback held by the model but writing nothing (an activation chosen by name) keeps the
     model on one captured graph."""
