@@ -92,6 +92,8 @@ def _run_once(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
             writes.undo()
             for m, name, buffer, copy in saved:
                 m._buffers[name] = buffer  # the same tensor object, in case forward replaced it
+                if buffer.is_inference():
+                    continue  # written in place only under inference_mode: replaced, if anything
                 if buffer.shape == copy.shape:
                     buffer.copy_(copy)
                 else:  # resized by the forward (a quantization observer's first call)

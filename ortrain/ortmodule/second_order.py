@@ -52,7 +52,10 @@ class BufferWrites:
 
     def before(self, module: nn.Module) -> tuple[dict[str, int], dict[str, torch.Tensor]]:
         buffers = dict(module.named_buffers())
-        versions = {name: b._version for name, b in buffers.items()}
+        # An inference tensor (a buffer set under ``torch.inference_mode()``) has no version
+        # counter, and reading it raised (wave 50's review); nothing can write into it in place
+        # outside that mode, so it is written only if replaced.
+        versions = {name: b._version for name, b in buffers.items() if not b.is_inference()}
         copied = {
             name: b.detach().clone()
             for name, b in buffers.items()
@@ -62,7 +65,9 @@ class BufferWrites:
 
     def after(self, module: nn.Module, versions: dict[str, int]) -> set[str]:
         written = {
-            name for name, b in module.named_buffers() if name not in versions or b._version != versions[name]
+            name
+            for name, b in module.named_buffers()
+            if name not in versions or b.is_inference() or b._version != versions[name]
         }
         self.written = written if self.written is None else self.written | written
         return written

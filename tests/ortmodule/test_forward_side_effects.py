@@ -692,3 +692,30 @@ def test_a_forward_that_updates_a_table_on_its_class_does_so_at_every_step(
     wrapped = ORTModule(_CountsOnItsClass())
     assert [_step(wrapped, torch.ones(2, 4)) for _ in range(3)] == pytest.approx(eager_losses, rel=1e-5)
     assert _CountsOnItsClass.STATISTICS["calls"] == 3
+
+
+class _CenteredByTheLoop(nn.Module):
+    """DINO-style: the loop sets ``center`` to a value it computed under ``inference_mode``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 3)
+        self.register_buffer("center", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.proj(x) - self.center).square().sum()
+
+
+def test_a_buffer_holding_an_inference_tensor_trains_as_in_eager() -> None:
+    """An inference tensor has no version counter: reading it, and restoring it in place after the
+    capture's eager check, raised at every training call (wave 50's review)."""
+    torch.manual_seed(0)
+    eager = _CenteredByTheLoop()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for _ in range(3):
+        x = torch.randn(5, 4)
+        for model in (eager, wrapped):
+            with torch.inference_mode():
+                model.center = model.proj(x).mean(0)
+        assert _step(wrapped, x) == pytest.approx(_step(eager, x), rel=1e-5)
+        assert_same_state(wrapped, eager)
