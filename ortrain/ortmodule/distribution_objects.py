@@ -13,14 +13,16 @@ where validation is on); while ortrain traces they are off
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 from torch.distributions import Distribution
-from torch.distributions.transforms import Transform
+from torch.distributions.transforms import Transform, _InverseTransform
 
-# A transform's ``_inv`` is a weak reference to its inverse, made on first use of ``.inv``: a cache
-# (rebuilt on the next ``.inv``), not state, and a weak reference cannot go through a graph.
+# A transform's ``_inv`` holds its inverse, made on first use of ``.inv`` (``log_prob`` of a
+# TransformedDistribution uses it): a cache, rebuilt on the next ``.inv``, as torch's own pickling
+# treats it. torch 2.13 holds it strongly both ways (``t._inv._inv is t``), and the loop failed the
+# capture with a RecursionError (wave 50's review). An ``_InverseTransform``'s ``_inv`` is not a
+# cache but the transform it inverts.
 _TRANSFORM_CACHES = frozenset({"_inv"})
 
 
@@ -32,8 +34,8 @@ def is_distribution_object(value: object) -> bool:
 def attributes(value: Distribution | Transform) -> dict[str, Any]:
     """The attributes that make ``value`` what it is."""
     state = vars(value)
-    if isinstance(value, Transform):
-        return {k: v for k, v in state.items() if not (k in _TRANSFORM_CACHES and isinstance(v, weakref.ref))}
+    if isinstance(value, Transform) and not isinstance(value, _InverseTransform):
+        return {k: v for k, v in state.items() if k not in _TRANSFORM_CACHES}
     return dict(state)
 
 

@@ -139,3 +139,31 @@ def test_a_distribution_passes_in_as_an_argument() -> None:
         prior = dist.Normal(torch.zeros(3), torch.full((3,), scale))
         losses = [m(x, prior) for m in (eager, wrapped)]
         torch.testing.assert_close(losses[1], losses[0])
+
+
+class _ScoredSquashedPolicy(nn.Module):
+    """A SAC actor that scores an action inside the forward (which builds the transform's
+    inverse) and returns the distribution too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 6)
+
+    def forward(self, x: torch.Tensor, action: torch.Tensor) -> tuple[dist.Distribution, torch.Tensor]:
+        policy = _tanh_normal(self.body(x))
+        return policy, policy.log_prob(action).sum()
+
+
+def test_a_transform_whose_inverse_was_built_passes_out_and_in() -> None:
+    """torch 2.13 keeps a transform and its inverse pointing at each other: the capture recursed
+    without end (a RecursionError, and the model trained in PyTorch; wave 50's review)."""
+    torch.manual_seed(0)
+    eager = _ScoredSquashedPolicy()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x, action = torch.randn(5, 4), torch.full((5, 3), 0.3)
+    results = [m(x, action) for m in (eager, wrapped)]
+    torch.testing.assert_close(results[1][1], results[0][1])
+    for policy, score in results:
+        (score - policy.log_prob(action.flip(0)).sum()).backward()
+    torch.testing.assert_close(wrapped.module.body.weight.grad, eager.body.weight.grad, rtol=1e-5, atol=1e-6)
+    assert results[1][0].transforms[0].inv.inv is results[1][0].transforms[0]
