@@ -300,6 +300,37 @@ def test_a_placement_failing_at_run_time_hands_the_graph_to_pytorch(caplog: pyte
     assert caplog.text.count("placement onnxruntime failed at this call") == 1
 
 
+class _CheckingRunner(_FakeRunner):
+    """Runs the user's own check on the data, as the captured graph does: a negative input fails."""
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        if args[0] < 0:
+            args.clear()
+            raise RuntimeError("out of range")
+        return super().__call__(args)
+
+
+def test_an_input_that_fails_in_pytorch_too_raises_and_leaves_the_race_on() -> None:
+    """One bad batch (an assert on the data in the forward, a batch the loop skips) failed the
+    ONNX Runtime candidate mid-race and ended the race for good (wave 50's review): it is the
+    input's error, raised as PyTorch raises it, and the race goes on."""
+    clock = _Clock()
+
+    def build(placement: Placement) -> Any:
+        return _CheckingRunner(clock, 0.01 if placement.all_torch else 0.005)
+
+    runner = TunedRunner(
+        "forward", lambda: build(DEFAULT), [DEFAULT, Placement(all_torch=True)], build,
+        settings=TuningSettings(enabled=None), key="k", clock=clock, lazy_default=True,  # type: ignore[arg-type]
+    )  # fmt: skip
+    for call in range(30):
+        if call == 4:  # on the ONNX Runtime candidate's turn
+            with pytest.raises(RuntimeError, match="out of range"):
+                runner([-1.0])
+        assert runner([1.0]) == [2.0]
+    assert runner.chosen_placement == DEFAULT
+
+
 def test_a_quick_graph_with_a_lazy_default_is_raced_like_any() -> None:
     runner, order = _lazy_race({"onnxruntime": 0.001, "all-torch": 0.0005}, calls=30)
     assert order[:5] == ["all-torch"] * 3 + ["onnxruntime"] * 2
