@@ -42,6 +42,7 @@ from ortrain.capture.module_paths import annotate_module_paths
 from ortrain.capture.output_layouts import traced_layouts
 from ortrain.capture.outside_writes import outside_writes_undone
 from ortrain.capture.partition import partition
+from ortrain.capture.print_calls import print_calls_noted
 from ortrain.capture.profiler_ranges import profiler_ranges_left_out
 from ortrain.capture.python_ops import (
     call_of,
@@ -318,6 +319,7 @@ def capture(
     with contextlib.ExitStack() as stack:
         stack.enter_context(outside_writes_undone())  # put back last: after the traces' own undoing
         stack.enter_context(environment_reads_refused())
+        stack.enter_context(print_calls_noted())
         stack.enter_context(grad_mode)
         stack.enter_context(tracing_context())
         # torch.compile'd code in the model (``torch.compile(model)`` or ``submodule.compile()``

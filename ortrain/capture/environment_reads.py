@@ -13,34 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
-import sysconfig
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-_STDLIB = sysconfig.get_paths()["stdlib"]
-_ORTRAIN = str(Path(__file__).resolve().parents[1])
-_INSTALLED = ("site-packages", "dist-packages")
+from ortrain.capture.model_code import model_code_calling
 
 
 class EnvironmentReadError(RuntimeError):
     """The model's forward read an environment variable while it was captured."""
-
-
-def _model_code_reading() -> str | None:
-    """Where the model's own code reads ``os.environ`` (``file:line``), or None where the reader
-    is PyTorch's, ortrain's, an installed library's or the standard library's."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith((_STDLIB, "<frozen ")):
-        frame = frame.f_back  # os.getenv, Mapping.get (``<frozen os>`` where Python froze them)
-    if frame is None:
-        return None
-    filename = frame.f_code.co_filename
-    if filename.startswith(("<", _ORTRAIN)) or any(part in filename for part in _INSTALLED):
-        return None
-    return f"{filename}:{frame.f_lineno}"
 
 
 @contextlib.contextmanager
@@ -51,7 +32,7 @@ def environment_reads_refused() -> Iterator[None]:
     thread = threading.get_ident()
 
     def getitem(self: Any, key: str) -> Any:
-        where = _model_code_reading() if self is os.environ and threading.get_ident() == thread else None
+        where = model_code_calling(2) if self is os.environ and threading.get_ident() == thread else None
         if where is not None:
             raise EnvironmentReadError(
                 f"the forward reads the environment variable {key!r} ({where}), which a captured "
