@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ortrain import ORTModule
+from ortrain.capture import print_calls
 
 
 class _Chatty(nn.Module):
@@ -24,9 +25,10 @@ class _Chatty(nn.Module):
 
 
 def test_a_print_in_the_forward_is_warned_about_once(
-    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """It printed traced values at capture, then never again, without a word (wave 50's review)."""
+    monkeypatch.setattr(print_calls, "_warned", set())  # once per process: this test's own
     wrapped = ORTModule(_Chatty())
     with caplog.at_level(logging.WARNING, logger="ortrain"):
         for rows in (3, 3, 5, 6):
