@@ -98,3 +98,11 @@ def assign_attributes(root: nn.Module, spec: AssignedAttributes, tensors: Sequen
     for path, holds_tensor in zip(spec.paths, spec.holds_tensor, strict=True):
         prefix, _, name = path.rpartition(".")
         setattr(root.get_submodule(prefix), name, next(values) if holds_tensor else None)
+
+
+def assigned_tensor_paths(spec: Any) -> tuple[str, ...]:
+    """The paths of the assigned attributes that hold tensors, in the order a call returns them
+    (none where ``spec`` is not an :class:`AssignedAttributes`)."""
+    if not isinstance(spec, AssignedAttributes):
+        return ()
+    return tuple(path for path, holds in zip(spec.paths, spec.holds_tensor, strict=True) if holds)

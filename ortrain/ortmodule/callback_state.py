@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from ortrain.capture.global_reads import Read, closure_variables
+from ortrain.capture.global_reads import Read, closure_variables, is_users_function
 from ortrain.capture.plain_values import short_entries
 
 # Bound methods: Python's, C functions' (``history.append``) and slots' (``store.__setitem__``).
@@ -69,9 +69,12 @@ def reached_state(name: str, callback: Any, depth: int = _DEPTH) -> Iterator[tup
         if isinstance(function, types.FunctionType):
             yield from reached_state(name, function, depth - 1)
     elif isinstance(callback, types.FunctionType):
-        # The module-level names its code loads (``HISTORY.append(t)``, ``global COUNT``).
+        # The module-level names its code loads (``HISTORY.append(t)``, ``global COUNT``), where
+        # the code is the user's: a library's globals are its own (``partial(checkpoint, ...)``,
+        # which Hugging Face models hold, reads torch's).
         namespace = callback.__globals__
-        for variable in callback.__code__.co_names:
+        names = callback.__code__.co_names if is_users_function(callback) else ()
+        for variable in names:
             if variable in namespace:
                 yield "variable", (f"global {callback.__module__}.{variable}", namespace, variable)
         for read in closure_variables(callback):

@@ -20,6 +20,7 @@ from ortrain.capture.aot_capture import Capture, GraphSlot, capture
 from ortrain.capture.attribute_assignments import (
     AssignedAttributes,
     assign_attributes,
+    assigned_tensor_paths,
     buffers_before,
     take_attribute_assignments,
     with_assigned_attributes,
@@ -786,6 +787,7 @@ class ORTModule(nn.Module):
                     entry.buffer_writes,
                     (*state_tensors, *call.inputs),
                     functools.partial(self._change_since, key.state),
+                    assigned_tensor_paths(entry.output_spec),
                 )
             if outputs is None:
                 outputs = entry.capture(state_tensors, call.inputs)

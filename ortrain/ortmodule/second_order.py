@@ -21,7 +21,7 @@ in the recompute; its buffer writes do not (they go to copies).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -85,9 +85,13 @@ class _Recompute:
         input_spec: Spec,
         buffer_writes: BufferWrites,
         changed_since: Callable[[], str | None],
+        assigned: tuple[str, ...] = (),
     ) -> None:
         self.run = run
         self.module = module
+        # The buffers and attributes the forward assigns a tensor, by dotted path: the captured
+        # call returns them after its own outputs (ortrain.capture.attribute_assignments).
+        self.assigned = assigned
         # What changed in the model since this call (None: nothing its graph depends on).
         self.changed_since = changed_since
         self.input_spec = input_spec
@@ -164,9 +168,38 @@ class _Recompute:
             # give it (the forward's graph did not reach it).
             state.update({name: p.detach() for name, p in self.frozen.items()})
             state.update(zip(self.trained, trained, strict=True))
+            assigned = stack.enter_context(_assignments_taken(self.module, self.assigned))
             out = torch.func.functional_call(self.module, state, args, kwargs, strict=False)
         flat, _ = flatten_outputs(out)
-        return flat
+        return [*flat, *assigned]
+
+
+@contextlib.contextmanager
+def _assignments_taken(module: nn.Module, paths: tuple[str, ...]) -> Iterator[list[torch.Tensor]]:
+    """The tensors the forward run inside assigns to ``paths``, as the captured call returns them
+    after its outputs (read when the forward returns, before ``functional_call`` puts the swapped
+    buffers back); afterwards the module holds what it held before, the captured call's values
+    (wave 50's review: a gradient penalty through a model replacing a buffer in its forward
+    compared one recomputed output with two captured ones)."""
+    taken: list[torch.Tensor] = []
+    if not paths:
+        yield taken
+        return
+
+    def located(path: str) -> tuple[nn.Module, str]:
+        prefix, _, name = path.rpartition(".")
+        return module.get_submodule(prefix), name
+
+    before = [(owner, name, getattr(owner, name)) for owner, name in map(located, paths)]
+    handle = module.register_forward_hook(
+        lambda *_: taken.extend(getattr(owner, name) for owner, name, _ in before)
+    )
+    try:
+        yield taken
+    finally:
+        handle.remove()
+        for owner, name, value in before:
+            setattr(owner, name, value)
 
 
 class _TwiceDifferentiable(torch.autograd.Function):
@@ -342,6 +375,7 @@ def run_twice_differentiable(
     buffer_writes: BufferWrites,
     tensors: Sequence[torch.Tensor],
     changed_since: Callable[[], str | None] = lambda: None,
+    assigned: tuple[str, ...] = (),
 ) -> tuple[torch.Tensor, ...] | None:
     """``run(tensors)`` (the captured call over ``tensors``, the model's then the call's) whose outputs'
     gradients can be differentiated again (see the module docstring); None, having run nothing,
@@ -352,7 +386,7 @@ def run_twice_differentiable(
     reachable = {id(p) for p in parameters.values()} | {id(t) for t in user_inputs}
     if any(t.requires_grad and id(t) not in reachable for t in tensors):
         return None
-    recompute = _Recompute(run, module, parameters, spec, buffer_writes, changed_since)
+    recompute = _Recompute(run, module, parameters, spec, buffer_writes, changed_since, assigned)
     returned = _TwiceDifferentiable.apply(recompute, user_inputs, *tensors)
     if recompute.input_aliases:
         returned = from_inputs(returned, recompute.input_aliases, tensors)

@@ -456,3 +456,45 @@ def test_requires_grad_switched_around_a_penalty_gives_eagers_gradients(toggle: 
         assert (got.grad is None) == (expected.grad is None)
         if expected.grad is not None:
             torch.testing.assert_close(got.grad, expected.grad)
+
+
+class _CriticWithStatistics(nn.Module):
+    """A critic that keeps a moving average of its features in a buffer it replaces, and its last
+    features in a plain attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(6, 16), nn.Linear(16, 1)
+        self.register_buffer("mean", torch.zeros(16))
+        self.last: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.l1(x))
+        with torch.no_grad():
+            self.mean = 0.9 * self.mean + 0.1 * h.mean(0)
+        self.last = h.detach()
+        return self.l2(h - self.mean)
+
+
+def test_a_penalty_through_a_forward_that_replaces_a_buffer_trains_as_in_eager() -> None:
+    """The captured call returns the replaced buffer after its outputs; the recompute returned only
+    the outputs, and every penalty step raised (wave 50's review; a regression of this wave, whose
+    buffers became graph outputs)."""
+    torch.manual_seed(0)
+    eager = _CriticWithStatistics().double()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for _ in range(3):
+        x = torch.randn(5, 6, dtype=torch.float64)
+        losses = []
+        for model in (eager, wrapped):
+            model.zero_grad()
+            inputs = x.clone().requires_grad_()
+            out = model(inputs)
+            (grad,) = torch.autograd.grad(out.sum(), inputs, create_graph=True)
+            loss = nn.functional.softplus(-out).mean() + 10 * grad.square().sum(1).mean()
+            loss.backward()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[1], losses[0])
+        torch.testing.assert_close(wrapped.module.l1.weight.grad, eager.l1.weight.grad)
+        torch.testing.assert_close(wrapped.module.mean, eager.mean)
+        torch.testing.assert_close(wrapped.module.last, eager.last)
