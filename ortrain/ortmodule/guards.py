@@ -587,10 +587,15 @@ def _code_state(value: Any, walk: _Walk) -> tuple[tuple[str, Any], ...]:
         state += [(f"argument {i}", _bound_form(a, walk)) for i, a in enumerate(value.args)]
         state += [(f"keyword {k}", _bound_form(v, walk)) for k, v in value.keywords.items()]
         return tuple(state)
+    bound: tuple[tuple[str, Any], ...] = ()
+    if type(value) is types.MethodType and is_held_object(value.__self__):
+        # ``self.scale = temp.scale``: the method reads its object's attributes (``self.t``, which
+        # the loop anneals), and a graph baked them in (wave 50's review: the first value, for good).
+        bound = (("object", _held_description(value.__self__, 1, walk)),)
     function = value.__func__ if type(value) is types.MethodType else value
     if type(function) is types.FunctionType:
-        return _read_values(*function_reads(function), walk)
-    return ()
+        return (*bound, *_read_values(*function_reads(function), walk))
+    return bound
 
 
 def _bound_form(argument: Any, walk: _Walk) -> Any:

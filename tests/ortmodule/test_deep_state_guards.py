@@ -163,3 +163,37 @@ class _DeepCountNet(nn.Module):
 def test_a_forward_that_counts_deep_below_the_module(where: str) -> None:
     """Each call counts once, as eagerly: the capture's trace does not count."""
     calls_agree(_DeepCountNet(where), lambda m: (_leaf(m.run).calls, m.tables["a"]["b"]["calls"]))
+
+
+class _Temperature:
+    def __init__(self) -> None:
+        self.t = 1.0
+
+    def scale(self, x: torch.Tensor) -> torch.Tensor:
+        return x / self.t
+
+
+class _ScaledByABoundMethod(nn.Module):
+    def __init__(self, temperature: _Temperature) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.scale = temperature.scale  # the method, not the object
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale(self.fc(x)).logsumexp(-1).mean()
+
+
+def test_the_object_behind_a_held_bound_method_is_watched() -> None:
+    """The loop anneals ``temperature.t``; the model holds only ``temperature.scale``: the graph
+    kept t = 1 for good, the loss off by 0.19 at t = 2, silently (wave 50's review)."""
+    torch.manual_seed(0)
+    temperatures = _Temperature(), _Temperature()
+    eager = _ScaledByABoundMethod(temperatures[0])
+    wrapped = ORTModule(_ScaledByABoundMethod(temperatures[1]))
+    wrapped.load_state_dict(eager.state_dict())
+    for t in (1.0, 1.0, 2.0, 4.0):
+        x = torch.randn(5, 4)
+        for temperature in temperatures:
+            temperature.t = t
+        losses = [m(x) for m in (eager, wrapped)]
+        torch.testing.assert_close(losses[1], losses[0])
