@@ -218,20 +218,26 @@ def test_flash_attention_with_dropout_takes_the_math_form() -> None:
     assert FLASH_FORWARD not in forward.get("torch", [])
 
 
-@pytest.mark.usefixtures("flash_always")
-def test_flash_attention_across_sequence_lengths_and_in_eval() -> None:
-    """A new length re-captures with symbolic sizes; eval mode runs the forward alone."""
+def _trained_across_lengths(lengths: tuple[int, ...]) -> tuple[Attention, ORTModule]:
+    """Causal attention trained a step at each length beside eager, its gradients checked."""
     torch.manual_seed(0)
     model = Attention(is_causal=True)
     eager = copy.deepcopy(model)
     wrapped = ORTModule(model)
-    for t in (24, 40, 17):
+    for t in lengths:
         x = torch.randn(2, t, 32)
         for module in (wrapped, eager):
             module.zero_grad()
             _loss(module, (x, None)).backward()
         for p, q in zip(model.parameters(), eager.parameters(), strict=True):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    return eager, wrapped
+
+
+@pytest.mark.usefixtures("flash_always")
+def test_flash_attention_across_sequence_lengths_and_in_eval() -> None:
+    """A new length re-captures with symbolic sizes; eval mode runs the forward alone."""
+    eager, wrapped = _trained_across_lengths((24, 40, 17))
     wrapped.eval()
     eager.eval()
     x = torch.randn(3, 30, 32)
@@ -318,17 +324,7 @@ def test_small_attention_over_open_lengths_keeps_the_kernel_in_pytorch() -> None
     longer than the one traced, where the math form's probabilities (length squared) cost seconds
     and GiB a step (wave 49's review: 4096 after 64-96). The first, static graph keeps its small
     attention in ONNX Runtime."""
-    torch.manual_seed(0)
-    model = Attention(is_causal=True)
-    eager = copy.deepcopy(model)
-    wrapped = ORTModule(model)
-    for t in (24, 40, 96):
-        x = torch.randn(2, t, 32)
-        for module in (wrapped, eager):
-            module.zero_grad()
-            _loss(module, (x, None)).backward()
-        for p, q in zip(model.parameters(), eager.parameters(), strict=True):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    _, wrapped = _trained_across_lengths((24, 40, 96))
     static, open_lengths = [e for entries in wrapped._ortrain_graphs.values() for e in entries]
     for entry, kernel_in_pytorch in ((static, False), (open_lengths, True)):
         for runner, kernel in (
