@@ -16,8 +16,11 @@ hold, a new one at every step, differentiable through the graph, of any shape. U
 registered buffer was instead copied into the tensor it replaced, in place: that refused a new
 shape (a buffer that grows), and where the forward had read the old value for the backward
 (``rnn(x, self.h)`` then ``self.h = h.detach()``), the copy overwrote what the backward needed
-("modified by an inplace operation"). An attribute that views a parameter (spectral_norm's
-``weight``, recomputed by its pre-hook before each use) is left as it was.
+("modified by an inplace operation"). An attribute that views a parameter (the hook form of
+spectral_norm's ``weight``, ``weight_orig.data`` until its pre-hook assigns the normalized weight)
+was left as it was until wave 50, and the module held the raw weight for good: it is an output
+like the others, at the cost of one more capture (its requires-grad flag changes after the first
+run).
 """
 
 from __future__ import annotations
