@@ -149,6 +149,7 @@ def _transposed_convolution_of_open_size(
 
 
 def _open_output_padding(node: torch.fx.Node) -> bool:
+    """Whether a ``convolution`` node is transposed with an output padding the sizes compute."""
     args = [*node.args, *[None] * 9][:9]
     return bool(args[6]) and any(isinstance(p, torch.fx.Node) for p in args[7] or ())
 

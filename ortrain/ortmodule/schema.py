@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ortrain.capture import distribution_objects
 from ortrain.capture.exact_numbers import ExactBool, ExactFloat
 from ortrain.capture.held_objects import is_held_object
 from ortrain.capture.huggingface import layered_cache, rebuilt_cache
@@ -29,7 +30,6 @@ from ortrain.capture.plain_values import NAMESPACES, is_other_number, python_att
 from ortrain.capture.pytree_nodes import NodeContext, flatten_registered, unflatten_registered
 from ortrain.capture.subclass_views import made_as
 from ortrain.capture.tensor_subclasses import keeps_its_class, overridden_protocols
-from ortrain.ortmodule import distribution_objects
 from ortrain.ortmodule.fallback import ORTModuleIOError
 
 _CONSTANT_TYPES = (type(None), bool, int, float, str, torch.dtype, torch.device, enum.Enum)
@@ -287,7 +287,7 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
         flat = tuple(_flatten(c, tensors, _child(where, i)) for i, c in enumerate(children))
         return ("pytree", type(value), context, flat)
     if distribution_objects.is_distribution_object(value):
-        # ``return Normal(mu, std)``: by its parameters (ortrain.ortmodule.distribution_objects).
+        # ``return Normal(mu, std)``: by its parameters (ortrain.capture.distribution_objects).
         state = distribution_objects.attributes(value)
         children = tuple(_flatten(v, tensors, _child(where, n)) for n, v in state.items())
         return ("distribution", type(value), tuple(state), children)
