@@ -89,9 +89,11 @@ class _Recompute:
     ) -> None:
         self.run = run
         self.module = module
-        # The buffers and attributes the forward assigns a tensor, by dotted path: the captured
-        # call returns them after its own outputs (ortrain.capture.attribute_assignments).
-        self.assigned = assigned
+        # The buffers and attributes the forward assigns a tensor, with the values they hold now,
+        # before the forward: the captured call read those, returns the new ones after its own
+        # outputs (ortrain.capture.attribute_assignments), and the module holds the new ones by
+        # the time a backward recomputes it.
+        self.assigned = _current_values(module, assigned)
         # What changed in the model since this call (None: nothing its graph depends on).
         self.changed_since = changed_since
         self.input_spec = input_spec
@@ -174,23 +176,35 @@ class _Recompute:
         return [*flat, *assigned]
 
 
+_Assigned = list[tuple[nn.Module, str, Any]]
+
+
+def _current_values(module: nn.Module, paths: tuple[str, ...]) -> _Assigned:
+    """(owner, name, value) of each dotted path below ``module``."""
+    located = []
+    for path in paths:
+        prefix, _, name = path.rpartition(".")
+        owner = module.get_submodule(prefix)
+        located.append((owner, name, getattr(owner, name)))
+    return located
+
+
 @contextlib.contextmanager
-def _assignments_taken(module: nn.Module, paths: tuple[str, ...]) -> Iterator[list[torch.Tensor]]:
-    """The tensors the forward run inside assigns to ``paths``, as the captured call returns them
-    after its outputs (read when the forward returns, before ``functional_call`` puts the swapped
-    buffers back); afterwards the module holds what it held before, the captured call's values
-    (wave 50's review: a gradient penalty through a model replacing a buffer in its forward
-    compared one recomputed output with two captured ones)."""
+def _assignments_taken(module: nn.Module, before: _Assigned) -> Iterator[list[torch.Tensor]]:
+    """Within the block, the assigned buffers and attributes hold their values from before the
+    forward (the ones the captured call read), and the tensors the forward run inside assigns them
+    are collected, as the captured call returns them after its outputs (read when the forward
+    returns, before ``functional_call`` puts the swapped buffers back); afterwards the module holds
+    what it held at the start, the captured call's new values. (Wave 50's review: a gradient
+    penalty through a model replacing a buffer compared one recomputed output with two captured
+    ones, then recomputed with the buffer's new value: a wrong penalty, silently.)"""
     taken: list[torch.Tensor] = []
-    if not paths:
+    if not before:
         yield taken
         return
-
-    def located(path: str) -> tuple[nn.Module, str]:
-        prefix, _, name = path.rpartition(".")
-        return module.get_submodule(prefix), name
-
-    before = [(owner, name, getattr(owner, name)) for owner, name in map(located, paths)]
+    now = [(owner, name, getattr(owner, name)) for owner, name, _ in before]
+    for owner, name, value in before:
+        setattr(owner, name, value)
     handle = module.register_forward_hook(
         lambda *_: taken.extend(getattr(owner, name) for owner, name, _ in before)
     )
@@ -198,7 +212,7 @@ def _assignments_taken(module: nn.Module, paths: tuple[str, ...]) -> Iterator[li
         yield taken
     finally:
         handle.remove()
-        for owner, name, value in before:
+        for owner, name, value in now:
             setattr(owner, name, value)
 
 

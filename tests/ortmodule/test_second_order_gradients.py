@@ -459,27 +459,28 @@ def test_requires_grad_switched_around_a_penalty_gives_eagers_gradients(toggle: 
 
 
 class _CriticWithStatistics(nn.Module):
-    """A critic that keeps a moving average of its features in a buffer it replaces, and its last
-    features in a plain attribute."""
+    """A critic that scales its input by a moving average it keeps in a buffer and replaces, and
+    keeps its last features in a plain attribute."""
 
     def __init__(self) -> None:
         super().__init__()
         self.l1, self.l2 = nn.Linear(6, 16), nn.Linear(16, 1)
-        self.register_buffer("mean", torch.zeros(16))
+        self.register_buffer("mean", torch.zeros(6))
         self.last: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.tanh(self.l1(x))
+        h = torch.tanh(self.l1(x * (1 + self.mean)))
         with torch.no_grad():
-            self.mean = 0.9 * self.mean + 0.1 * h.mean(0)
+            self.mean = 0.5 * self.mean + 0.5 * x.mean(0)
         self.last = h.detach()
-        return self.l2(h - self.mean)
+        return self.l2(h)
 
 
 def test_a_penalty_through_a_forward_that_replaces_a_buffer_trains_as_in_eager() -> None:
     """The captured call returns the replaced buffer after its outputs; the recompute returned only
-    the outputs, and every penalty step raised (wave 50's review; a regression of this wave, whose
-    buffers became graph outputs)."""
+    the outputs, and every penalty step raised, then recomputed the penalty with the buffer's new
+    value, which the input's gradient depends on: a wrong penalty, silently (wave 50's review; a
+    regression of this wave, whose buffers became graph outputs)."""
     torch.manual_seed(0)
     eager = _CriticWithStatistics().double()
     wrapped = ORTModule(copy.deepcopy(eager))
