@@ -173,13 +173,28 @@ def build_model(name: str, sizes: ModelSizes = FULL) -> tuple[nn.Module, Batch]:
         known = ", ".join(BUILTIN_MODELS)
         raise ValueError(f"unknown model {name!r}: use one of {known}, or module:factory")
     module_name, factory_name = name.split(":", 1)
-    factory = getattr(importlib.import_module(module_name), factory_name)
+    factory = getattr(_import_as_children_do(module_name), factory_name)
     model, batch = factory()
     if not isinstance(model, nn.Module) or not isinstance(batch, (tuple, list, dict)):
         raise TypeError(
             f"{name} must return (nn.Module, tuple or dict of inputs), got {type(model).__name__}"
         )
     return model, tuple(batch) if isinstance(batch, list) else batch
+
+
+def _import_as_children_do(module_name: str) -> Any:
+    """The module of a ``module:factory`` model, found from the working directory as the
+    children (``python -m ortrain.bench``) find it: the parent, run as ``python
+    benchmarks/bench_ortmodule.py`` from the repository root, has ``benchmarks/`` on its path
+    instead, and failed on ``benchmarks.hf_models`` after every child had run (wave 50)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        here = os.getcwd()
+        if error.name is None or not module_name.startswith(error.name) or here in sys.path:
+            raise
+        sys.path.insert(0, here)
+        return importlib.import_module(module_name)
 
 
 def _loss_of(output: Any) -> torch.Tensor:

@@ -67,6 +67,26 @@ def test_user_model_by_module_and_factory(tmp_path: Path, monkeypatch: pytest.Mo
         bench.build_model("resnet")
 
 
+def test_a_model_in_a_package_of_the_working_directory_is_found_by_the_parent_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python benchmarks/bench_ortmodule.py --models benchmarks.hf_models:t5`` from the
+    repository root: the children (``python -m``) found the package, the parent (its path starts
+    at ``benchmarks/``) failed when it timed the GEMMs, after every child had run (wave 50)."""
+    package = tmp_path / "my_benchmarks"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "models.py").write_text(
+        "import torch\n\ndef build():\n    return torch.nn.Linear(4, 1), (torch.randn(8, 4),)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    model, batch = bench.build_model("my_benchmarks.models:build")
+    assert isinstance(model, torch.nn.Linear) and batch[0].shape == (8, 4)
+    with pytest.raises(ModuleNotFoundError, match="no_such_package"):
+        bench.build_model("no_such_package.models:build")
+
+
 def test_chart_without_matplotlib_says_what_to_install(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     result = bench.BenchResult("mlp", "eager", step_ms=1.0, first_s=0.1, peak_mib=300.0)
