@@ -46,14 +46,6 @@ def tensor_attributes(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [(name, value) for name, value in module.__dict__.items() if is_tensor_attribute(value)]
 
 
-_attributes: set[tuple[int, str]] = set()
-
-
-def is_attribute_buffer(module: nn.Module, name: str) -> bool:
-    """Whether ``module.name`` is, during this capture, a plain tensor attribute registered as a buffer."""
-    return (id(module), name) in _attributes
-
-
 def storage_identity(tensor: torch.Tensor) -> int | None:
     """What two tensors that share memory have in common, real or traced (a fake or functional
     tensor's storage is an object of its own too); None for a tensor subclass without storage."""
@@ -77,7 +69,6 @@ def tensor_attributes_as_buffers(root: nn.Module) -> Iterator[int]:
                 orders.append((module, list(module.__dict__)))
             for name, value in attributes:
                 del module.__dict__[name]
-                _attributes.add((id(module), name))
                 moved.append((module, name, value))
                 cls = type(module)
                 original = class_attribute(cls, name, _NONE)
@@ -91,7 +82,6 @@ def tensor_attributes_as_buffers(root: nn.Module) -> Iterator[int]:
                 module._non_persistent_buffers_set.add(name)
         yield len(moved)
     finally:
-        _attributes.clear()
         class_attributes.close()
         for module, name, value in reversed(moved):
             module._buffers.pop(name, None)
