@@ -41,7 +41,14 @@ def outside_writes_undone() -> Iterator[None]:
 
 def _is_real(value: Any) -> bool:
     # Fake and functional tensors are subclasses: a real one is exactly a Tensor or a Parameter.
-    return type(value) in (torch.Tensor, torch.nn.Parameter) and value.device.type != "meta"
+    # torch.func's batched and grad-tracking wrappers are of that exact type too, but live only
+    # inside their transform: one written there (an in-place op under ``vmap(grad(f))``) is not
+    # outside the model, and writing its value back after the transform ended raises.
+    return (
+        type(value) in (torch.Tensor, torch.nn.Parameter)
+        and value.device.type != "meta"
+        and not torch._C._functorch.is_functorch_wrapped_tensor(value)
+    )
 
 
 def _written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
