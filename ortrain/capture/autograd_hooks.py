@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,6 +37,7 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from ortrain.capture.function_overrides import grad_of_a_traced_leaf
 from ortrain.capture.generator_resets import in_user_forward
+from ortrain.errors import ORTModuleTorchModelException
 
 _TENSOR_METHODS = ("register_hook", "register_post_accumulate_grad_hook", "retain_grad")
 
@@ -48,21 +50,76 @@ class AutogradHookError(RuntimeError):
     """The forward installed an autograd hook for its own backward while it was captured."""
 
 
+class DifferentiatingHookError(ORTModuleTorchModelException):
+    """The forward installs a gradient hook that differentiates a graph of its own forward.
+
+    TorchDynamo's graph breaks fail on it too, as torch.compile does: the hook's side graph shares
+    a compiled region's backward node with the outputs, which the outer backward frees before the
+    hook differentiates it ("backward through the graph a second time"). PyTorch keeps the two
+    graphs apart, so such a model trains there."""
+
+    def __init__(self, hooks: str) -> None:
+        super().__init__(
+            f"the forward installs a gradient hook that differentiates during the backward ({hooks} "
+            "with autograd.grad or backward inside, as a deep equilibrium model's implicit backward "
+            "does): neither a captured graph nor TorchDynamo's graph breaks keep the graph such a "
+            "hook differentiates, so this model trains in PyTorch"
+        )
+
+
+def differentiates(hook: object) -> bool:
+    """Whether a hook's code (or code it defines: a lambda handed to a solver) calls
+    ``autograd.grad`` or ``backward``. Read from the code's names: the hook never runs while
+    capturing, and a deep equilibrium model's implicit backward (``z.register_hook(lambda g:
+    autograd.grad(f0, z0, g, retain_graph=True)[0] + g)``) is recognised by them."""
+    while isinstance(hook, functools.partial):
+        hook = hook.func
+    code = getattr(getattr(hook, "__func__", hook), "__code__", None)
+    return code is not None and any(map(_calls_differentiation, _code_tree(code)))
+
+
+def forward_defines_differentiating_hook(root: torch.nn.Module) -> bool:
+    """Whether a forward of the model registers a gradient hook and defines a function that
+    differentiates (the DEQ pattern above, found without running it: a capture that fails on
+    data-dependent Python earlier, the solver's ``.item()`` stopping rule, never reaches the hook)."""
+    for kind in {type(module) for module in root.modules()}:
+        code = getattr(kind.forward, "__code__", None)
+        if code is None or not {"register_hook", "register_prehook"} & set(code.co_names):
+            continue
+        if any(_calls_differentiation(inner) for inner in _code_tree(code) if inner is not code):
+            return True
+    return False
+
+
+def _code_tree(code: types.CodeType) -> Iterator[types.CodeType]:
+    """``code`` and the code of the functions and lambdas defined in it, at any depth."""
+    pending = [code]
+    while pending:
+        current = pending.pop()
+        yield current
+        pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+
+
+def _calls_differentiation(code: types.CodeType) -> bool:
+    names = set(code.co_names)
+    return "backward" in names or {"autograd", "grad"} <= names
+
+
 class _WatchedNode:
     """A traced tensor's ``grad_fn`` as the user's forward sees it while captured: the node, except
     that registering a hook on it is refused."""
 
     __slots__ = ("_node", "_refuse")
 
-    def __init__(self, node: Any, refuse: Callable[[str], None]) -> None:
+    def __init__(self, node: Any, refuse: Callable[..., None]) -> None:
         object.__setattr__(self, "_node", node)
         object.__setattr__(self, "_refuse", refuse)
 
     def register_hook(self, *args: Any, **kwargs: Any) -> Any:
-        self._refuse("grad_fn.register_hook")
+        self._refuse("grad_fn.register_hook", *args[:1])
 
     def register_prehook(self, *args: Any, **kwargs: Any) -> Any:
-        self._refuse("grad_fn.register_prehook")
+        self._refuse("grad_fn.register_prehook", *args[:1])
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._node, name)
@@ -112,9 +169,12 @@ def refusing_autograd_hooks() -> Iterator[None]:
     hook on a tensor that requires a gradient, or entered saved-tensor hooks of the user's (the
     body's own error, if any, is its cause)."""
     called: list[str] = []
+    differentiating: list[str] = []
 
-    def refuse(what: str) -> None:
+    def refuse(what: str, hook: object = None) -> None:
         called.append(what)
+        if differentiates(hook):
+            differentiating.append(what)
         # Stop the trace here: the hook must not act on traced values either.
         raise AutogradHookError(f"the forward calls {what}")
 
@@ -122,7 +182,7 @@ def refusing_autograd_hooks() -> Iterator[None]:
         @functools.wraps(original)
         def call(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if in_user_forward() and tensor.requires_grad:
-                refuse(f"Tensor.{name}")
+                refuse(f"Tensor.{name}", *args[:1])
             return original(tensor, *args, **kwargs)
 
         return call
@@ -164,6 +224,8 @@ def refusing_autograd_hooks() -> Iterator[None]:
                 delattr(torch.Tensor, name)
             else:
                 setattr(torch.Tensor, name, original)
+        if differentiating:
+            raise DifferentiatingHookError(", ".join(dict.fromkeys(differentiating)))
         if "Tensor.grad" in called:
             raise AutogradHookError(
                 "the forward reads a gradient an earlier backward left (Tensor.grad): a captured "

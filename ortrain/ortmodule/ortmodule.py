@@ -26,7 +26,12 @@ from ortrain.capture.attribute_assignments import (
     with_assigned_attributes,
 )
 from ortrain.capture.attribute_reads import AttributeReads
-from ortrain.capture.autograd_hooks import AutogradHookError, refusing_autograd_hooks
+from ortrain.capture.autograd_hooks import (
+    AutogradHookError,
+    DifferentiatingHookError,
+    forward_defines_differentiating_hook,
+    refusing_autograd_hooks,
+)
 from ortrain.capture.checkpointing import RECOMPUTATION_STOPS
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.environment_reads import EnvironmentReadError
@@ -1225,6 +1230,8 @@ class ORTModule(nn.Module):
         return True
 
     def _train_through_graph_breaks(self) -> None:
+        if forward_defines_differentiating_hook(self._ortrain_module):
+            raise DifferentiatingHookError("a hook defined in the forward")
         path = GraphBreakPath(self._ortrain_module, self._ortrain_debug, self._ortrain_options)
         object.__setattr__(self, "_ortrain_graph_breaks", path)
 

@@ -13,7 +13,12 @@ import torch
 from torch import nn
 
 from ortrain import ORTModule
-from ortrain.capture.autograd_hooks import AutogradHookError, refusing_autograd_hooks
+from ortrain.capture.autograd_hooks import (
+    AutogradHookError,
+    differentiates,
+    forward_defines_differentiating_hook,
+    refusing_autograd_hooks,
+)
 from ortrain.capture.generator_resets import user_forward
 
 
@@ -184,3 +189,82 @@ def test_a_forward_that_reads_a_gradient_sees_each_steps_gradient() -> None:
         assert losses[0].item() == pytest.approx(losses[1].item(), rel=1e-5)
     torch.testing.assert_close(wrapped.linear.weight.grad, eager.linear.weight.grad)
     assert wrapped._ortrain_graph_breaks is not None
+
+
+class _ImplicitLayer(nn.Module):
+    """A deep equilibrium model's layer: a fixed point found without gradients, one step with them,
+    and the implicit backward as a hook that differentiates a side graph of the forward."""
+
+    def __init__(self, stop_on_residual: bool) -> None:
+        super().__init__()
+        self.stop_on_residual = stop_on_residual  # the tutorial's `.item()` stopping rule
+        self.f = nn.Linear(4, 4)
+        self.inject = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 1)
+        with torch.no_grad():
+            self.f.weight.mul_(0.3)
+
+    def step(self, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.f(z) + self.inject(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            z = torch.zeros_like(x)
+            for _ in range(30):
+                z, previous = self.step(z, x), z
+                if self.stop_on_residual and (z - previous).norm().item() < 1e-6:
+                    break
+        z = self.step(z, x)
+        z0 = z.detach().requires_grad_()
+        f0 = self.step(z0, x)
+
+        def implicit_backward(grad: torch.Tensor) -> torch.Tensor:
+            g = grad
+            for _ in range(30):
+                g = torch.autograd.grad(f0, z0, g, retain_graph=True)[0] + grad
+            return g
+
+        if z.requires_grad:
+            z.register_hook(implicit_backward)
+        return self.head(z)
+
+
+@pytest.mark.parametrize("stop_on_residual", [False, True], ids=["captured", "graph breaks"])
+def test_a_hook_that_differentiates_a_side_graph_trains_in_pytorch(
+    stop_on_residual: bool, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Through the graph-break path the side graph shared a compiled region's backward node with
+    # the output, freed by the outer backward before the hook ran: "backward through the graph a
+    # second time" (wave 51's review). The captured path never reaches the hook when the forward's
+    # Python stops on a residual first: the forward's code is read for it.
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")  # the default policy
+    torch.manual_seed(0)
+    eager = _ImplicitLayer(stop_on_residual).double()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, wrapped)]
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for _ in range(2):
+            x = torch.randn(5, 4, dtype=torch.float64)
+            for model, optimizer in zip((eager, wrapped), optimizers, strict=True):
+                optimizer.zero_grad()
+                model(x).pow(2).mean().backward()
+                optimizer.step()
+            for p, q in zip(wrapped.parameters(), eager.parameters(), strict=True):
+                torch.testing.assert_close(p, q)
+    warnings = [r.getMessage() for r in caplog.records if "differentiates during" in r.getMessage()]
+    assert len(warnings) == 1 and "trains it in PyTorch" in warnings[0]
+
+
+def test_under_fallback_disable_a_differentiating_hook_is_refused() -> None:
+    wrapped = ORTModule(_ImplicitLayer(stop_on_residual=False))
+    with pytest.raises(RuntimeError, match="deep equilibrium model's implicit backward"):
+        wrapped(torch.randn(5, 4))
+
+
+def test_a_hook_that_only_scales_is_not_taken_for_one_that_differentiates() -> None:
+    def clip(grad: torch.Tensor) -> torch.Tensor:
+        return grad.clamp(-1.0, 1.0)
+
+    assert not differentiates(clip) and not differentiates(lambda g: g * -0.5)
+    assert not forward_defines_differentiating_hook(_Hooked("scale"))
+    assert forward_defines_differentiating_hook(_ImplicitLayer(stop_on_residual=True))
