@@ -295,6 +295,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten._pdist_forward.default] = math_ops.pdist_forward
     table[aten._pdist_backward.default] = math_ops.pdist_backward
     table[aten.nextafter.default] = math_ops.nextafter
+    table[aten.fft_rfftfreq.default] = math_ops.rfftfreq
+    table[aten.fft_fftfreq.default] = math_ops.fftfreq
     table[aten.masked_scatter_backward.default] = gathers.masked_scatter_backward
     table[aten._embedding_bag.default] = embedding.embedding_bag
     table[aten._embedding_bag_forward_only.default] = embedding.embedding_bag

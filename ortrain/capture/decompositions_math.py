@@ -2,7 +2,8 @@
 
 The exporter lowers ``hypot``, ``erfinv`` and ``cumprod`` to ``prims`` ops that have no ONNX
 translation, and ``_cdist_forward``/``_cdist_backward`` (also behind ``pdist``) have none at
-all; ``nextafter``'s ``prims.nextafter`` neither.
+all; ``nextafter``'s ``prims.nextafter`` neither, nor the FFT's sample frequencies (``fftfreq``,
+``rfftfreq``).
 """
 
 from __future__ import annotations
@@ -591,3 +592,25 @@ def roll_by_a_symbolic_shift(x: torch.Tensor, shifts: Any, dims: Any = ()) -> An
     if not any(isinstance(s, torch.SymInt) for s in listed):
         return NotImplemented
     return torch._refs.roll(x, shifts, dims)
+
+
+def _frequency_options(dtype: torch.dtype | None, device: Any) -> dict[str, Any]:
+    return {"dtype": dtype or torch.get_default_dtype(), "device": device}
+
+
+def rfftfreq(
+    n: int, d: float = 1.0, *, dtype: torch.dtype | None = None, device: Any = None, **_: Any
+) -> torch.Tensor:
+    """``torch.fft.rfftfreq`` (a spectral derivative's wave numbers), as PyTorch computes it:
+    ``arange(n // 2 + 1)`` times ``1 / (n * d)``."""
+    return torch.arange(n // 2 + 1, **_frequency_options(dtype, device)) * (1.0 / (n * d))
+
+
+def fftfreq(
+    n: int, d: float = 1.0, *, dtype: torch.dtype | None = None, device: Any = None, **_: Any
+) -> torch.Tensor:
+    """``torch.fft.fftfreq``: the non-negative frequencies, then the negative ones from ``-(n // 2)``,
+    times ``1 / (n * d)`` as PyTorch's kernel."""
+    options = _frequency_options(dtype, device)
+    steps = torch.cat([torch.arange((n + 1) // 2, **options), torch.arange(-(n // 2), 0, **options)])
+    return steps * (1.0 / (n * d))

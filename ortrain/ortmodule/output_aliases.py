@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from ortrain.capture.view_replay import ViewReplay, view_bits, view_replay
+
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """The elements of ``t``'s storage it reaches, as [first, last] offsets."""
@@ -45,8 +47,15 @@ def _dense(t: torch.Tensor) -> bool:
 
 
 # Where an aliased output lies in its holder's memory: size, strides, storage offset; None where it
-# is the holder itself, returned twice.
-Layout = tuple[torch.Size, tuple[int, ...], int] | None
+# is the holder itself, returned twice; a view replay where the view changes the dtype or carries a
+# conj/neg bit, which a layout does not say (ortrain/capture/view_replay.py).
+Layout = tuple[torch.Size, tuple[int, ...], int] | ViewReplay | None
+
+
+def _remade(holder: torch.Tensor, layout: Layout) -> torch.Tensor:
+    if layout is None:
+        return holder
+    return layout(holder) if callable(layout) else holder.as_strided(*layout)
 
 
 def output_aliases(outputs: Sequence[Any]) -> dict[int, tuple[int, Layout]]:
@@ -76,7 +85,15 @@ def output_aliases(outputs: Sequence[Any]) -> dict[int, tuple[int, Layout]]:
             first, last = _span(o)
             dense = last - first + 1 == o.numel()
             for j, holder, (held_first, held_last) in holders:
-                if j == i or holder.dtype != o.dtype or not held_first <= first <= last <= held_last:
+                if j == i:
+                    continue
+                if view_bits(holder) != view_bits(o):  # ``z`` beside ``z.real`` or ``z.conj()``
+                    replay = view_replay(o, holder)
+                    if replay is not None and holder.requires_grad:
+                        aliases[i] = (j, replay)
+                        break
+                    continue
+                if not held_first <= first <= last <= held_last:
                     continue
                 if not holder.requires_grad:
                     # ``x[:, :3]`` next to ``x.detach().view(-1)``: made from the detached one, the
@@ -94,7 +111,7 @@ def as_views(returned: Sequence[Any], aliases: dict[int, tuple[int, Layout]]) ->
     result: the same tensor, or a view of it laid out as the call's output was."""
     result = list(returned)
     for i, (j, layout) in aliases.items():
-        result[i] = result[j] if layout is None else result[j].as_strided(*layout)
+        result[i] = _remade(result[j], layout)
     return tuple(result)
 
 
@@ -125,12 +142,17 @@ def input_aliases(outputs: Sequence[Any], passed: Sequence[torch.Tensor]) -> Inp
             continue
         layout = (o.shape, o.stride(), o.storage_offset())
         k = position.get(id(o), position.get(id(o._base)) if o._base is not None else None)
+        if k is not None and view_bits(o) != view_bits(passed[k]):
+            replay = view_replay(o, passed[k])
+            if replay is not None:
+                found[i] = (k, replay, o.requires_grad)
+            continue
         if k is None:
             first, last = _span(o)
             candidates = [
                 (j, t)
                 for j, t in holders.get(o.untyped_storage().data_ptr(), ())
-                if t.dtype == o.dtype and _span(t)[0] <= first and last <= _span(t)[1]
+                if view_bits(t) == view_bits(o) and _span(t)[0] <= first and last <= _span(t)[1]
             ]
             # The same layout first, then the same requires_grad (``x.detach()`` next to ``x``).
             candidates.sort(
@@ -153,5 +175,5 @@ def from_inputs(
     result = list(returned)
     for i, (k, layout, requires_grad) in aliases.items():
         source = tensors[k] if requires_grad or not tensors[k].requires_grad else tensors[k].detach()
-        result[i] = source if layout is None else source.as_strided(*layout)
+        result[i] = _remade(source, layout)
     return tuple(result)

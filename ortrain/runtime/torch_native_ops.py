@@ -219,6 +219,9 @@ RUNTIME_CHECKS: frozenset[object] = frozenset(
     {aten._assert_scalar, aten._assert_async, aten.binary_cross_entropy}
 )
 STRIDED_VIEWS: frozenset[object] = frozenset({aten.as_strided, aten.as_strided_copy})
+# The lazy negative and conjugate bits: ``z.conj().imag`` of a complex ``z`` is a real tensor
+# viewed negated (``_neg_view``), next to the complex nodes it comes from.
+LAZY_BIT_VIEWS: frozenset[object] = frozenset({aten._neg_view, aten._conj})
 # Translated, but without the range PyTorch's kernel keeps (see the module's text).
 LOSSY_TRANSLATIONS: frozenset[object] = frozenset({aten.logcumsumexp})
 # Antialiased resizing: PyTorch's when the translation is wrong, its backward always.
@@ -300,7 +303,7 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
     if _single_precision_form_of_doubles(node):
         return "double precision"
     touched = _tensors_touched(node)
-    if any(t.is_complex() for t in touched):
+    if any(t.is_complex() for t in touched) or _packet(target) in LAZY_BIT_VIEWS:
         return "complex tensor"
     if any(t.layout != torch.strided for t in touched):
         return "sparse tensor"

@@ -720,3 +720,9 @@ def test_copysign_of_numbers_integers_and_booleans_matches_native() -> None:
         got, expected = math_ops.copysign(a, b), torch.copysign(a, b)
         assert got.dtype == expected.dtype
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_fft_sample_frequencies_match_native_bit_for_bit() -> None:
+    for n, d, dtype in itertools.product((1, 2, 5, 8, 9), (1.0, 0.1, 1 / 3), (None, torch.float64)):
+        assert torch.equal(math_ops.fftfreq(n, d, dtype=dtype), torch.fft.fftfreq(n, d, dtype=dtype))
+        assert torch.equal(math_ops.rfftfreq(n, d, dtype=dtype), torch.fft.rfftfreq(n, d, dtype=dtype))

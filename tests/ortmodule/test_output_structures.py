@@ -421,3 +421,66 @@ def test_an_expanded_row_of_the_input_at_new_sizes_is_that_view() -> None:
         torch.testing.assert_close(got_first, want_first)
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(got_grad, want_grad)
+
+
+class _ReturnsComplexViews(nn.Module):
+    """Views that change the dtype or carry a lazy conj/neg bit, of a parameter, an input and an
+    output: ``as_strided`` with their layout alone gave ``w`` for ``w.conj()`` (a loss of the wrong
+    sign), float32 for ``view_as_complex(x)``, and lost ``z.real``'s history (wave 51's review)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor([1 + 2j, 3 - 1j, -0.5 + 0.25j]))
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor, pairs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        z = torch.fft.fft(self.linear(x)) * self.w
+        return (
+            self.w.conj(),
+            self.w.unsqueeze(0).mH,
+            self.w.conj().imag,
+            self.w.real,
+            c.conj(),
+            torch.view_as_complex(pairs),
+            z,
+            z.real,
+            z.imag,
+        )
+
+
+def _complex_views_loss(outputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    weights = iter(range(1, 100))
+    total = torch.zeros(())
+    for t in outputs:
+        values = torch.view_as_real(t.resolve_conj()) if t.is_complex() else t.resolve_neg()
+        total = total + (values * next(weights)).sum()
+    return total
+
+
+def test_complex_views_of_parameters_inputs_and_outputs_keep_their_dtype_bits_and_history() -> None:
+    torch.manual_seed(0)
+    eager = _ReturnsComplexViews()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for _ in range(2):
+        x, c, pairs = (
+            torch.randn(2, 3),
+            torch.complex(torch.randn(2, 3), torch.randn(2, 3)),
+            torch.randn(3, 2),
+        )
+        grads = []
+        for model in (eager, wrapped):
+            cs, ps = c.clone().requires_grad_(), pairs.clone().requires_grad_()
+            outputs = model(x, cs, ps)
+            assert outputs[7]._base is outputs[6]  # z.real is a view of z, as in eager
+            outputs[6].mul_(2)  # reaches z.real and z.imag, values and gradients
+            _complex_views_loss(outputs).backward()
+            grads.append([cs.grad, ps.grad, *(p.grad.clone() for p in model.parameters())])
+            got = [(t.dtype, t.is_conj(), t.is_neg(), t.resolve_conj().resolve_neg()) for t in outputs]
+            if model is eager:
+                expected = got
+            model.zero_grad()
+        for (dtype, conj, neg, value), (e_dtype, e_conj, e_neg, e_value) in zip(got, expected, strict=True):
+            assert (dtype, conj, neg) == (e_dtype, e_conj, e_neg)
+            torch.testing.assert_close(value, e_value)
+        for g, e in zip(grads[1], grads[0], strict=True):
+            torch.testing.assert_close(g, e)
