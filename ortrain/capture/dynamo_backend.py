@@ -478,6 +478,15 @@ def reads_outside_tensors(error: BaseException) -> bool:
     return any("Please convert all Tensors to FakeTensors first" in str(e) for e in exception_chain(error))
 
 
+def on_sparse_tensors(error: BaseException) -> bool:
+    """Whether a whole-graph capture failed on a sparse tensor the forward builds: AOTAutograd's
+    joint trace of ``torch.sparse_coo_tensor(edges, learned_weights, (n, n))`` fails in the
+    constructor's backward ("SparseCooTensorWithDimsAndTensorsBackward0 returned an invalid
+    gradient"), and the model fell back to PyTorch (wave 51's review); through TorchDynamo's graphs
+    it trains, the sparse operators in PyTorch."""
+    return any(re.search(r"\bSparse\w*Backward\d*\b", str(e)) for e in exception_chain(error))
+
+
 def in_control_flow_operator(error: BaseException) -> bool:
     """Whether a whole-graph capture failed inside one of PyTorch's control-flow operators
     (``torch.cond``, ``torch.while_loop``, ``scan``, ``map``). AOTAutograd differentiates them

@@ -27,6 +27,7 @@ from ortrain.capture.dynamo_backend import (
     in_control_flow_operator,
     is_data_dependent,
     module_ints_symbolic,
+    on_sparse_tensors,
     reads_outside_tensors,
     recompile_limit_watched,
     source_line,
@@ -41,7 +42,13 @@ from ortrain.ortmodule.options import DebugOptions, RuntimeOptions
 
 logger = logging.getLogger("ortrain.ortmodule")
 
-__all__ = ["GraphBreakPath", "in_control_flow_operator", "is_data_dependent", "reads_outside_tensors"]
+__all__ = [
+    "GraphBreakPath",
+    "in_control_flow_operator",
+    "is_data_dependent",
+    "on_sparse_tensors",
+    "reads_outside_tensors",
+]
 
 
 # How many GraphBreakPath calls are running: TorchDynamo tracing an ORTModule nested in the model

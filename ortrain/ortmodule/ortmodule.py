@@ -74,6 +74,7 @@ from ortrain.ortmodule.graph_breaks import (
     in_control_flow_operator,
     inside_graph_break_path,
     is_data_dependent,
+    on_sparse_tensors,
     reads_outside_tensors,
 )
 from ortrain.ortmodule.graph_cache import GraphCache
@@ -1010,8 +1011,9 @@ class ORTModule(nn.Module):
         ]
         if pinned:
             logger.info(
-                "the model's Python fixed sizes the capture left open (%s: a len(), a loop or a Python int "
-                "of a size); the graph holds for these sizes only, and each new one captures again",
+                "the model's Python fixed sizes the capture left open (%s: a len(), a loop, a Python int "
+                "of a size, or an operator traced at fixed sizes, as a sparse tensor's constructor); "
+                "the graph holds for these sizes only, and each new one captures again",
                 ", ".join(pinned),
             )
         binding = binding_order(self._ortrain_module, captured.state_names, prefix="module")
@@ -1215,6 +1217,11 @@ class ORTModule(nn.Module):
                 "%s: a captured graph would run them once, on traced values, and never at later "
                 "steps; the model trains through TorchDynamo, which runs them at every step",
                 unheld,
+            )
+        elif error is not None and on_sparse_tensors(error):
+            logger.info(
+                "the whole-graph capture failed on a sparse tensor the forward builds; the model "
+                "trains through TorchDynamo's graphs, with the sparse operators in PyTorch"
             )
         elif error is not None and reads_outside_tensors(error):
             logger.info(

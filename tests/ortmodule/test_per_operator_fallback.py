@@ -256,6 +256,37 @@ def test_sparse_tensors_stay_in_pytorch(caplog) -> None:
     assert "aten.mm.default x1 (sparse tensor)" in named[1]
 
 
+class _LearnedAdjacency(nn.Module):
+    """A graph layer whose sparse adjacency the forward builds from learned edge weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(6, 6), nn.Tanh())
+        self.edge_weight = nn.Linear(6, 1)
+
+    def forward(self, edges: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(features)
+        weights = torch.sigmoid(self.edge_weight(h[edges[0]] * h[edges[1]])).squeeze(-1)
+        adjacency = torch.sparse_coo_tensor(edges, weights, (h.shape[0], h.shape[0]))
+        return torch.sparse.mm(adjacency, h).pow(2).mean()
+
+
+def test_a_sparse_tensor_built_in_the_forward_trains_through_graph_breaks(monkeypatch, caplog) -> None:
+    """The whole-graph capture fails in the sparse constructor's backward ("invalid gradient"), and
+    the model trained in PyTorch for good (wave 51's review); TorchDynamo's graphs keep the rest."""
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY")
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+    edges = torch.tensor([[0, 1, 2, 3, 4, 0], [1, 2, 3, 4, 0, 2]])
+    batches = [torch.randn(5, 6) for _ in range(3)]
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        got, want, eager, wrapped = _train(_LearnedAdjacency(), batches, lambda m, x: m(edges, x))
+    torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=1e-5, atol=1e-6)
+    _assert_close_state(wrapped, eager, rtol=1e-5, atol=1e-6)
+    assert wrapped._ortrain_fallback.reason is None and wrapped._ortrain_graph_breaks is not None
+    assert any("failed on a sparse tensor the forward builds" in r.getMessage() for r in caplog.records)
+
+
 def _mlp() -> nn.Module:
     return nn.Sequential(
         nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)
