@@ -130,7 +130,7 @@ def test_a_size_with_float_arithmetic_reaches_the_backward_as_a_number(monkeypat
     torch.manual_seed(0)
     eager = _PoolThenResample()
     wrapped = ORTModule(copy.deepcopy(eager))
-    for height, width in ((16, 16), (19, 21), (9, 13)):
+    for height, width in ((16, 16), (19, 21)):  # the second: the capture with open sizes
         x = torch.randn(2, 2, height, width)
         expected, got = eager(x), wrapped(x)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

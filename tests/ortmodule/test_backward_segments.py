@@ -221,7 +221,7 @@ def test_dynamic_sizes_cross_the_cuts() -> None:
     """A second batch shape makes a dynamic capture: its backward is cut too (symbolic sizes cross
     the sessions' boundaries) and trains as eager does."""
     torch.manual_seed(4)
-    batches = [torch.randint(0, VOCAB, shape) for shape in ((BATCH, SEQ), (24, 48), (32, 56))]
+    batches = [torch.randint(0, VOCAB, shape) for shape in ((BATCH, SEQ), (24, 48))]
     losses_ort, losses_eager, eager, wrapped = train_side_by_side(_gpt(), batches, _loss)
     torch.testing.assert_close(losses_ort, losses_eager, rtol=1e-5, atol=1e-5)
     assert_same_state(wrapped, eager)
@@ -242,7 +242,7 @@ def test_unused_logits_of_a_dynamic_capture_get_no_zeros_gradient(
     if tuning == "auto":
         monkeypatch.delenv("ORTMODULE_ENABLE_TUNING")
     torch.manual_seed(5)
-    shapes = ((BATCH, SEQ), (24, 48), (32, 56), (16, 40), (24, 48))
+    shapes = ((BATCH, SEQ), (24, 48), (8, 40), (12, 56))  # the dynamic graph: loss, both, loss
     batches = [torch.randint(0, VOCAB, shape) for shape in shapes]
     for i, batch in enumerate(batches):
         batch[0, 0] = i + 1  # odd: the loss alone; even: the logits too (_logits_loss_or_both)

@@ -38,18 +38,18 @@ def test_an_encoder_given_a_mask_trains_as_one_graph(is_causal: bool | None) -> 
     """Until wave 42, without ``is_causal`` PyTorch's check of the mask's values split the model at
     graph breaks, and its layers ran in eager PyTorch without a word."""
     torch.manual_seed(0)
-    batches = [torch.randn(n, 5, WIDTH) for n in (4, 6, 3)]
+    batches = [torch.randn(4, 5, WIDTH) for _ in range(2)]  # one graph: what the test is about
     model = _Encoder(is_causal)
     losses_ort, losses_eager, eager, wrapped = train_side_by_side(model, batches, lambda m, x: m(x))
     assert losses_ort == pytest.approx(losses_eager, rel=1e-5)
     assert_same_state(wrapped.module, eager)
     assert wrapped._ortrain_graph_breaks is None
-    assert ort_graph_count(wrapped) <= 3  # each whole in ONNX Runtime
+    assert ort_graph_count(wrapped) == 1  # whole in ONNX Runtime
 
 
 def test_a_transformer_given_a_target_mask_trains_as_one_graph() -> None:
     torch.manual_seed(0)
-    batches = [(torch.randn(n, 6, WIDTH), torch.randn(n, 5, WIDTH)) for n in (4, 6)]
+    batches = [(torch.randn(4, 6, WIDTH), torch.randn(4, 5, WIDTH)) for _ in range(2)]
     losses_ort, losses_eager, eager, wrapped = train_side_by_side(_Seq2Seq(), batches, lambda m, b: m(*b))
     assert losses_ort == pytest.approx(losses_eager, rel=1e-5)
     assert_same_state(wrapped.module, eager)
