@@ -35,6 +35,7 @@ from ortrain.capture.outside_writes import note_write
 from ortrain.capture.recurrent_layers import recurrent_python_ops
 from ortrain.capture.refused_index_dtypes import OVERRIDES as REFUSED_INDEX_DTYPES
 from ortrain.capture.same_size_interpolation import OVERRIDES as SAME_SIZE_INTERPOLATION
+from ortrain.capture.size_math import symbolic_math_of_sizes
 from ortrain.capture.storage_views import OVERRIDES as STORAGE_VIEWS
 from ortrain.capture.subclass_views import mark_results
 
@@ -156,7 +157,11 @@ def _active(mode: _Overrides) -> Iterator[None]:
 def function_overrides(*, recurrent_as_python_ops: bool) -> Iterator[None]:
     """``recurrent_as_python_ops``: recurrent layers over padded batches run as one opaque op each
     (:mod:`ortrain.capture.recurrent_layers`); otherwise, and for packed sequences, unrolled."""
-    with _active(_Overrides(_overrides(recurrent_as_python_ops))), number_lookups_refused():
+    with (
+        _active(_Overrides(_overrides(recurrent_as_python_ops))),
+        number_lookups_refused(),
+        symbolic_math_of_sizes(),
+    ):
         yield
 
 

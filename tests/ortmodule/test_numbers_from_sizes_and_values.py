@@ -101,6 +101,31 @@ def test_sizes_with_floor_division_remainder_and_ceiling_of_a_changing_length_ma
         assert wrapped._ortrain_graph_breaks is None
 
 
+class _ScaledByRootLength(nn.Module):
+    """Scores scaled by ``math.sqrt`` of the sequence length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.linear(x) / math.sqrt(x.shape[1])).sum(1).pow(2).mean()
+
+
+def test_math_sqrt_of_a_changing_length_keeps_one_graph_with_pythons_value() -> None:
+    """``math.sqrt(T)`` asked the size for a float, which fixed it: a capture per length (wave 50's
+    review); as ``torch.sym_sqrt`` it stays open, computed in float64 as Python does."""
+    torch.manual_seed(0)
+    batches = [torch.randn(2, length, 4, dtype=torch.float64) for length in (8, 12, 16, 21)]
+    model = _ScaledByRootLength().double()
+    losses, expected, eager, wrapped = train_side_by_side(model, batches, lambda m, x: m(x))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-13, atol=0)
+    for got, want in zip(wrapped.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-15)
+    assert sum(len(group) for group in wrapped._ortrain_graphs.values()) == 2  # static, then open
+    assert math.sqrt is not None and math.sqrt(16) == 4.0 and type(math.sqrt(2)) is float
+
+
 class _TokenNormalized(nn.Module):
     """The loss summed over counted tokens and divided by their count, read with ``.item()``."""
 
