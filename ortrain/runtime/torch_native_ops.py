@@ -97,7 +97,10 @@ Ten kinds of nodes are PyTorch's:
 
 - **Double precision where the ONNX form has single precision**: ONNX attributes are float32, so
   ``celu``'s alpha, ``addmm``'s alpha and beta (``Gemm``'s) and ``HardSwish``'s slope carry
-  float32 values into a float64 graph, and the series ortrain wrote for the special functions ONNX
+  float32 values into a float64 graph (as ``LayerNormalization``'s epsilon: a float64 LayerNorm the
+  forward computes alone, its statistics recomputed in the backward as under activation
+  checkpointing, ran in ONNX Runtime with eps 9.99999975e-06, 3e-13 off; wave 51), and the series
+  ortrain wrote for the special functions ONNX
   lacks (``erfc``, ``erfcx``, ``log_ndtr``, ``lgamma``, ``mvlgamma``; see
   :mod:`ortrain.capture.late_decompositions`) and onnxscript's ``sinc`` are accurate to float32:
   on float64 tensors they were 1e-7 to 4e-6 relative off PyTorch's (1e-8 for the gradients),
@@ -245,6 +248,7 @@ SINGLE_PRECISION_FORMS: frozenset[object] = frozenset(
         aten.special_log_ndtr,
         aten.lgamma,
         aten.mvlgamma,
+        aten.native_layer_norm,
     }
 )
 
@@ -313,6 +317,8 @@ def torch_native_reason(node: torch.fx.Node) -> str | None:
 def _single_precision_form_of_doubles(node: torch.fx.Node) -> bool:
     """A float64 node whose ONNX form computes in float32 precision (see the module's text)."""
     value = node.meta.get("val")
+    if isinstance(value, tuple | list) and value:  # (output, statistics...): the output's dtype
+        value = value[0]
     if not isinstance(value, torch.Tensor) or value.dtype != torch.float64:
         return False
     if _packet(node.target) in SINGLE_PRECISION_FORMS:
