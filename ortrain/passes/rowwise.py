@@ -151,8 +151,16 @@ def is_full_slice(node: torch.fx.Node) -> bool:
     source, out = value(node.args[0]), value(node)
     if source is None or out is None:
         return False
-    step = node.args[4] if len(node.args) > 4 else 1
-    return step == 1 and tuple(source.shape) == tuple(out.shape)
+    return _slice_argument(node, 4, "step", 1) == 1 and tuple(source.shape) == tuple(out.shape)
+
+
+def _slice_argument(node: torch.fx.Node, position: int, name: str, default: Any) -> Any:
+    """An argument of ``slice.Tensor(self, dim=0, start=None, end=None, step=1)``, passed or not:
+    TorchScript's trace of ``h[:, t]`` leaves ``dim`` to its default (wave 51's review: an
+    IndexError failed such a model's capture)."""
+    if len(node.args) > position:
+        return node.args[position]
+    return node.kwargs.get(name, default)
 
 
 def is_leading_reshape(node: torch.fx.Node) -> bool:
@@ -192,7 +200,7 @@ def row_arguments(
     if leading_reshapes and is_leading_reshape(node):
         return (0,)
     if is_full_slice(node):
-        dim = node.args[1] % out.dim()
+        dim = _slice_argument(node, 1, "dim", 0) % out.dim()
         return (0,) if dim < out.dim() - 1 else None
     positions = _ROW_ARGS.get(node.target)
     if positions is None:

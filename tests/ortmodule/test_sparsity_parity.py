@@ -256,6 +256,36 @@ def test_model_without_sparsity_is_unchanged(monkeypatch: pytest.MonkeyPatch) ->
     assert codes[0] == codes[1]
 
 
+@torch.jit.script
+def _scripted_step(h: torch.Tensor, t: int) -> torch.Tensor:
+    return h[:, t]  # traced as slice.Tensor(h) without its dim, then select
+
+
+class _ScriptedScan(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(_scripted_step(torch.sigmoid(self.linear(x)), 1)).sum()
+
+
+def test_a_full_slice_with_its_dim_left_out_is_read_with_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compute optimizer read the slice's dim as its second argument: IndexError, and the model
+    fell back to PyTorch (wave 51's review: an RWKV-style scan in a TorchScript helper)."""
+    _set_switches(monkeypatch, sparse=True, compute=True, embedding=False)
+    torch.manual_seed(0)
+    eager = _ScriptedScan()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(2, 5, 4)
+    expected, got = eager(x), wrapped(x)
+    expected.backward()
+    got.backward()
+    torch.testing.assert_close(got, expected)
+    for mine, theirs in zip(wrapped.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(mine.grad, theirs.grad)
+
+
 class _EndTokenClassifier(torch.nn.Module):
     """Classifies a padded row on its first or last position, read as a slice (``x[:, :1]``,
     ``x[:, -1:]``)."""
