@@ -74,8 +74,15 @@ def differentiates(hook: object) -> bool:
     autograd.grad(f0, z0, g, retain_graph=True)[0] + g)``) is recognised by them."""
     while isinstance(hook, functools.partial):
         hook = hook.func
-    code = getattr(getattr(hook, "__func__", hook), "__code__", None)
-    return code is not None and any(map(_calls_differentiation, _code_tree(code)))
+    function = getattr(hook, "__func__", hook)
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return False
+    # The objects it closes over or is bound to (``lambda g: self.implicit(g)``): their methods
+    # the hook names are read too, one level down.
+    held = [cell.cell_contents for cell in getattr(function, "__closure__", None) or () if _filled(cell)]
+    held += [hook.__self__] if hasattr(hook, "__self__") else []
+    return _code_differentiates(code, getattr(function, "__globals__", {}), [type(h) for h in held])
 
 
 def forward_defines_differentiating_hook(root: torch.nn.Module) -> bool:
@@ -83,12 +90,38 @@ def forward_defines_differentiating_hook(root: torch.nn.Module) -> bool:
     differentiates (the DEQ pattern above, found without running it: a capture that fails on
     data-dependent Python earlier, the solver's ``.item()`` stopping rule, never reaches the hook)."""
     for kind in {type(module) for module in root.modules()}:
-        code = getattr(kind.forward, "__code__", None)
+        code, names = getattr(kind.forward, "__code__", None), getattr(kind.forward, "__globals__", {})
         if code is None or not {"register_hook", "register_prehook"} & set(code.co_names):
             continue
-        if any(_calls_differentiation(inner) for inner in _code_tree(code) if inner is not code):
+        nested = [c for c in code.co_consts if isinstance(c, types.CodeType)]
+        if any(_code_differentiates(inner, names, [kind]) for inner in nested):
             return True
     return False
+
+
+def _code_differentiates(code: types.CodeType, module_names: dict[str, Any], owners: list[type]) -> bool:
+    """Whether ``code``, a function it defines, or a method of ``owners`` it names (one level
+    down) calls differentiation."""
+    for inner in _code_tree(code):
+        if _calls_differentiation(inner, module_names):
+            return True
+        for name in inner.co_names:
+            for owner in owners:
+                method = getattr(owner, name, None)
+                method_code = getattr(method, "__code__", None)
+                if method_code is not None and any(
+                    _calls_differentiation(c, method.__globals__) for c in _code_tree(method_code)
+                ):
+                    return True
+    return False
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 (an empty cell raises)
+    except ValueError:
+        return False
+    return True
 
 
 def _code_tree(code: types.CodeType) -> Iterator[types.CodeType]:
@@ -100,9 +133,16 @@ def _code_tree(code: types.CodeType) -> Iterator[types.CodeType]:
         pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
 
 
-def _calls_differentiation(code: types.CodeType) -> bool:
+_DIFFERENTIATE = (torch.autograd.grad, torch.autograd.backward)
+
+
+def _calls_differentiation(code: types.CodeType, module_names: dict[str, Any]) -> bool:
+    """``autograd.grad`` or ``.backward`` among the names ``code`` reads, or a name its module
+    binds to them (``from torch.autograd import grad``)."""
     names = set(code.co_names)
-    return "backward" in names or {"autograd", "grad"} <= names
+    if "backward" in names or {"autograd", "grad"} <= names:
+        return True
+    return any(module_names.get(name) in _DIFFERENTIATE for name in names)
 
 
 class _WatchedNode:

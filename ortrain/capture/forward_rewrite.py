@@ -157,12 +157,20 @@ def _is_fake(gm: torch.fx.GraphModule, target: str) -> bool:
     return isinstance(getattr(gm.get_submodule(owner) if owner else gm, name, None), FakeTensor)
 
 
-_SIZE_FUNCTIONS = {torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_float, torch.sym_int, torch.sym_ite}
+_SIZE_FUNCTIONS = {
+    torch.sym_max,
+    torch.sym_min,
+    torch.sym_not,
+    torch.sym_float,
+    torch.sym_int,
+    torch.sym_ite,
+    torch._sym_sqrt,  # math.sqrt of an open size (ortrain/capture/size_math.py)
+}
 
 
 def _is_plain_op(target: Any) -> bool:
     """ATen ops and size arithmetic; not python ops, checkpoint regions or other higher-order ops."""
-    if getattr(target, "__module__", None) == "_operator" or target in _SIZE_FUNCTIONS:
+    if getattr(target, "__module__", None) in ("_operator", "math") or target in _SIZE_FUNCTIONS:
         return True
     if isinstance(target, torch._ops.OpOverload):
         return target.namespace in ("aten", "prims")

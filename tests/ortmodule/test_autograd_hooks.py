@@ -11,6 +11,7 @@ import logging
 import pytest
 import torch
 from torch import nn
+from torch.autograd import grad
 
 from ortrain import ORTModule
 from ortrain.capture.autograd_hooks import (
@@ -268,3 +269,22 @@ def test_a_hook_that_only_scales_is_not_taken_for_one_that_differentiates() -> N
     assert not differentiates(clip) and not differentiates(lambda g: g * -0.5)
     assert not forward_defines_differentiating_hook(_Hooked("scale"))
     assert forward_defines_differentiating_hook(_ImplicitLayer(stop_on_residual=True))
+
+
+def test_hooks_that_differentiate_by_another_name_or_through_a_method_are_recognised() -> None:
+    # The regression review: a bare ``grad`` imported from torch.autograd, and a lambda handing
+    # the gradient to a method of the model, crashed through graph breaks as before.
+    z0 = torch.zeros(2, requires_grad=True)
+    f0 = z0 * 2
+    assert differentiates(lambda g: grad(f0, z0, g, retain_graph=True)[0] + g)
+
+    class Solver:
+        def implicit(self, g: torch.Tensor) -> torch.Tensor:
+            return torch.autograd.grad(f0, z0, g, retain_graph=True)[0] + g
+
+        def scale(self, g: torch.Tensor) -> torch.Tensor:
+            return g * 2
+
+    solver = Solver()
+    assert differentiates(lambda g: solver.implicit(g)) and differentiates(solver.implicit)
+    assert not differentiates(lambda g: solver.scale(g)) and not differentiates(solver.scale)

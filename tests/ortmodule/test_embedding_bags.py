@@ -65,3 +65,25 @@ def test_a_nan_in_a_max_bag_counts_where_eager_counts_it() -> None:
     expected.sum().backward()
     got.sum().backward()
     torch.testing.assert_close(wrapped.bag.weight.grad, eager.bag.weight.grad)
+
+
+@pytest.mark.parametrize(
+    ("offsets", "mode", "message"),
+    [
+        ([0, 4, 2], "sum", "Expected i < index_size"),  # decreasing
+        ([0, 2, 9], "max", "offsets\\[-1\\] can not be greater than input's length"),
+        ([1, 2, 6], "mean", "offsets\\[0\\] has to be 0"),
+    ],
+)
+def test_offsets_pytorch_refuses_raise_pytorchs_error(offsets: list[int], mode: str, message: str) -> None:
+    """The bags came out of any offsets (``[0, 4, 2]`` pooled as ``[0, 2, 4]``), where eager raises
+    (wave 51's review); a good batch after the refused one trains as before."""
+    torch.manual_seed(0)
+    wrapped = ORTModule(nn.EmbeddingBag(30, 6, mode=mode))
+    indices = torch.randint(0, 30, (6,))
+    for good in ([0, 2, 3], [0, 1, 5]):  # the second captures with the sizes left open
+        wrapped(indices, torch.tensor(good)).sum().backward()
+    with pytest.raises(RuntimeError, match=message):
+        wrapped(indices, torch.tensor(offsets))
+    expected = nn.functional.embedding_bag(indices, wrapped.module.weight, torch.tensor([0, 3, 4]), mode=mode)
+    torch.testing.assert_close(wrapped(indices, torch.tensor([0, 3, 4])), expected)

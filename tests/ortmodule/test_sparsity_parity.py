@@ -7,12 +7,14 @@ Each test trains one capture for four steps whose batches have the label (or tok
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ortrain import ORTModule
 from ortrain.models.tiny_gpt import GPTConfig, TinyGPT, TinyGPTLoss
@@ -254,6 +256,39 @@ def test_model_without_sparsity_is_unchanged(monkeypatch: pytest.MonkeyPatch) ->
         assert entry.capture.forward_trace is None or entry.capture.forward_trace.changes == []
         codes.append((entry.capture.forward.graph.code, entry.capture.backward.graph.code))
     assert codes[0] == codes[1]
+
+
+class _LengthScaledLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding, self.head = nn.Embedding(50, 16), nn.Linear(16, 50)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.embedding(ids)) / math.sqrt(ids.shape[1])
+        return F.cross_entropy(self.head(h).flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+
+def test_label_sparsity_applies_to_a_graph_scaled_by_math_sqrt_of_an_open_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``math.sqrt(T)`` stays symbolic while capturing (wave 51); the pre-dispatch trace then held
+    ``_sym_sqrt``, which the forward rewrites refused as foreign (the regression review)."""
+    _set_switches(monkeypatch, sparse=True, compute=True, embedding=False)
+    torch.manual_seed(0)
+    eager = _LengthScaledLM()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for length in (8, 11, 13):
+        ids = torch.randint(0, 50, (4, length))
+        labels = ids.clone()
+        labels[:, : length // 2] = -100
+        expected, got = eager(ids, labels), wrapped(ids, labels)
+        expected.backward()
+        got.backward()
+        torch.testing.assert_close(got, expected)
+        for mine, theirs in zip(wrapped.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(mine.grad, theirs.grad)
+    entries = [e for group in wrapped._ortrain_graphs.values() for e in group]
+    assert len(entries) == 2 and all(e.capture.forward_trace.changes for e in entries)
 
 
 @torch.jit.script
