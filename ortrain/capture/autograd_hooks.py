@@ -28,16 +28,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
+from ortrain.capture.differentiating_hooks import DifferentiatingHookError, differentiates
 from ortrain.capture.function_overrides import grad_of_a_traced_leaf
 from ortrain.capture.generator_resets import in_user_forward
-from ortrain.errors import ORTModuleTorchModelException
 
 _TENSOR_METHODS = ("register_hook", "register_post_accumulate_grad_hook", "retain_grad")
 
@@ -48,101 +47,6 @@ _GRAD = torch._C.TensorBase.__dict__["grad"]
 
 class AutogradHookError(RuntimeError):
     """The forward installed an autograd hook for its own backward while it was captured."""
-
-
-class DifferentiatingHookError(ORTModuleTorchModelException):
-    """The forward installs a gradient hook that differentiates a graph of its own forward.
-
-    TorchDynamo's graph breaks fail on it too, as torch.compile does: the hook's side graph shares
-    a compiled region's backward node with the outputs, which the outer backward frees before the
-    hook differentiates it ("backward through the graph a second time"). PyTorch keeps the two
-    graphs apart, so such a model trains there."""
-
-    def __init__(self, hooks: str) -> None:
-        super().__init__(
-            f"the forward installs a gradient hook that differentiates during the backward ({hooks} "
-            "with autograd.grad or backward inside, as a deep equilibrium model's implicit backward "
-            "does): neither a captured graph nor TorchDynamo's graph breaks keep the graph such a "
-            "hook differentiates, so this model trains in PyTorch"
-        )
-
-
-def differentiates(hook: object) -> bool:
-    """Whether a hook's code (or code it defines: a lambda handed to a solver) calls
-    ``autograd.grad`` or ``backward``. Read from the code's names: the hook never runs while
-    capturing, and a deep equilibrium model's implicit backward (``z.register_hook(lambda g:
-    autograd.grad(f0, z0, g, retain_graph=True)[0] + g)``) is recognised by them."""
-    while isinstance(hook, functools.partial):
-        hook = hook.func
-    function = getattr(hook, "__func__", hook)
-    code = getattr(function, "__code__", None)
-    if code is None:
-        return False
-    # The objects it closes over or is bound to (``lambda g: self.implicit(g)``): their methods
-    # the hook names are read too, one level down.
-    held = [cell.cell_contents for cell in getattr(function, "__closure__", None) or () if _filled(cell)]
-    held += [hook.__self__] if hasattr(hook, "__self__") else []
-    return _code_differentiates(code, getattr(function, "__globals__", {}), [type(h) for h in held])
-
-
-def forward_defines_differentiating_hook(root: torch.nn.Module) -> bool:
-    """Whether a forward of the model registers a gradient hook and defines a function that
-    differentiates (the DEQ pattern above, found without running it: a capture that fails on
-    data-dependent Python earlier, the solver's ``.item()`` stopping rule, never reaches the hook)."""
-    for kind in {type(module) for module in root.modules()}:
-        code, names = getattr(kind.forward, "__code__", None), getattr(kind.forward, "__globals__", {})
-        if code is None or not {"register_hook", "register_prehook"} & set(code.co_names):
-            continue
-        nested = [c for c in code.co_consts if isinstance(c, types.CodeType)]
-        if any(_code_differentiates(inner, names, [kind]) for inner in nested):
-            return True
-    return False
-
-
-def _code_differentiates(code: types.CodeType, module_names: dict[str, Any], owners: list[type]) -> bool:
-    """Whether ``code``, a function it defines, or a method of ``owners`` it names (one level
-    down) calls differentiation."""
-    for inner in _code_tree(code):
-        if _calls_differentiation(inner, module_names):
-            return True
-        for name in inner.co_names:
-            for owner in owners:
-                method = getattr(owner, name, None)
-                method_code = getattr(method, "__code__", None)
-                if method_code is not None and any(
-                    _calls_differentiation(c, method.__globals__) for c in _code_tree(method_code)
-                ):
-                    return True
-    return False
-
-
-def _filled(cell: types.CellType) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 (an empty cell raises)
-    except ValueError:
-        return False
-    return True
-
-
-def _code_tree(code: types.CodeType) -> Iterator[types.CodeType]:
-    """``code`` and the code of the functions and lambdas defined in it, at any depth."""
-    pending = [code]
-    while pending:
-        current = pending.pop()
-        yield current
-        pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
-
-
-_DIFFERENTIATE = (torch.autograd.grad, torch.autograd.backward)
-
-
-def _calls_differentiation(code: types.CodeType, module_names: dict[str, Any]) -> bool:
-    """``autograd.grad`` or ``.backward`` among the names ``code`` reads, or a name its module
-    binds to them (``from torch.autograd import grad``)."""
-    names = set(code.co_names)
-    if "backward" in names or {"autograd", "grad"} <= names:
-        return True
-    return any(module_names.get(name) in _DIFFERENTIATE for name in names)
 
 
 class _WatchedNode:

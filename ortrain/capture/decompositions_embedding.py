@@ -27,15 +27,18 @@ def _offset2bag(indices: torch.Tensor, offsets: torch.Tensor, bags: int) -> torc
     return per_position.cumsum(0)[:count] - 1
 
 
-def _refused_offsets_out_of_range(indices: torch.Tensor, offsets: torch.Tensor, mode: int) -> torch.Tensor:
+def _refused_offsets_out_of_range(
+    indices: torch.Tensor, offsets: torch.Tensor, decreasing_refused: bool
+) -> torch.Tensor:
     """``indices``, each made out of range where PyTorch refuses the offsets: a first offset other
-    than 0, a last one past the indices, and (but in max mode) decreasing ones. The bag of each
+    than 0, a last one past the indices, and decreasing ones where its kernel refuses them (sum and
+    mean of float32 and half tables without ``padding_idx``; the others accept them). The bag of each
     index is computed without such checks, and the bags came out of any offsets (wave 51's
     review: ``[0, 4, 2]`` pooled as ``[0, 2, 4]``, where eager raises); now the row gather raises,
     and ORTModule runs the step eagerly for PyTorch's own message (as for a negative index:
     :mod:`ortrain.export.negative_indices`)."""
     refused = (offsets[:1] != 0).any() | (offsets[-1:] > indices.shape[0]).any()
-    if mode != MAX:
+    if decreasing_refused:
         refused = refused | (offsets[1:] < offsets[:-1]).any()
     return torch.where(refused, torch.full_like(indices, torch.iinfo(indices.dtype).min), indices)
 
@@ -70,7 +73,8 @@ def embedding_bag(
     bag_size = torch.zeros(bags, dtype=torch.int64, device=weight.device).index_add(
         0, offset2bag, valid.to(torch.int64)
     )
-    rows = weight.index_select(0, _refused_offsets_out_of_range(indices, offsets, mode))
+    fast_kernel = mode != MAX and weight.dtype != torch.float64 and (padding_idx is None or padding_idx < 0)
+    rows = weight.index_select(0, _refused_offsets_out_of_range(indices, offsets, fast_kernel))
     if mode == MAX:
         # Per bag and feature, the largest row value, then the first index that holds it (PyTorch's
         # choice among ties), each one scatter over the indices. PyTorch's kernel keeps a running

@@ -26,14 +26,13 @@ from ortrain.capture.attribute_assignments import (
     with_assigned_attributes,
 )
 from ortrain.capture.attribute_reads import AttributeReads
-from ortrain.capture.autograd_hooks import (
-    AutogradHookError,
-    DifferentiatingHookError,
-    forward_defines_differentiating_hook,
-    refusing_autograd_hooks,
-)
+from ortrain.capture.autograd_hooks import AutogradHookError, refusing_autograd_hooks
 from ortrain.capture.checkpointing import RECOMPUTATION_STOPS
 from ortrain.capture.compile_lock import COMPILE_LOCK
+from ortrain.capture.differentiating_hooks import (
+    DifferentiatingHookError,
+    forward_defines_differentiating_hook,
+)
 from ortrain.capture.environment_reads import EnvironmentReadError
 from ortrain.capture.exact_numbers import exact_plain_form
 from ortrain.capture.forward_mode_ad import carries_tangents

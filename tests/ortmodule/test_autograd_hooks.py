@@ -8,18 +8,15 @@ from __future__ import annotations
 import copy
 import logging
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 from torch.autograd import grad
 
 from ortrain import ORTModule
-from ortrain.capture.autograd_hooks import (
-    AutogradHookError,
-    differentiates,
-    forward_defines_differentiating_hook,
-    refusing_autograd_hooks,
-)
+from ortrain.capture.autograd_hooks import AutogradHookError, refusing_autograd_hooks
+from ortrain.capture.differentiating_hooks import differentiates, forward_defines_differentiating_hook
 from ortrain.capture.generator_resets import user_forward
 
 
@@ -288,3 +285,26 @@ def test_hooks_that_differentiate_by_another_name_or_through_a_method_are_recogn
     solver = Solver()
     assert differentiates(lambda g: solver.implicit(g)) and differentiates(solver.implicit)
     assert not differentiates(lambda g: solver.scale(g)) and not differentiates(solver.scale)
+
+
+_SCALES = np.array([0.5, 2.0])
+
+
+def test_ordinary_hooks_are_not_taken_for_differentiating_ones() -> None:
+    # The second regression review: a module-level NumPy array (compared with ``in``: "truth value
+    # of an array is ambiguous"), a ``.grad`` attribute beside a bare ``grad`` import, and a method
+    # name called on another object than the one holding a differentiating method of that name.
+    w = torch.zeros(2, requires_grad=True)
+
+    class Agent:
+        def __init__(self) -> None:
+            self.stats: dict[str, float] = {}
+
+        def update(self, loss: torch.Tensor) -> None:
+            loss.backward()
+
+    agent = Agent()
+    assert not differentiates(lambda g: g * torch.as_tensor(_SCALES))
+    assert not differentiates(lambda g: g + (w.grad if w.grad is not None else 0))
+    assert not differentiates(lambda g: agent.stats.update(norm=float(g.norm())))
+    assert differentiates(lambda g: agent.update(g.sum()))
