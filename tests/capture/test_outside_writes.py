@@ -5,6 +5,7 @@ attempt had made it too (wave 49's review: BYOL's target moved three times on th
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -83,21 +84,12 @@ class _InputGradients(nn.Module):
 
 @pytest.mark.parametrize("transform", ["grad", "hessian", "in_place_under_vmap"])
 def test_writes_inside_a_torch_func_transform_are_not_outside_writes(
-    monkeypatch: pytest.MonkeyPatch, transform: str
+    monkeypatch: pytest.MonkeyPatch, calls_like_eager: Any, transform: str
 ) -> None:
     # The transforms' wrapper tensors are plain Tensors by type: counted as outside tensors, their
     # write-back after the transform had ended failed every capture (wave 51's review).
     monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
     torch.manual_seed(0)
     eager = _InputGradients(transform).double()
-    wrapped = ORTModule(copy.deepcopy(eager))
-    for rows in (16, 24):
-        x = torch.rand(rows, 2, dtype=torch.float64)
-        eager.zero_grad()
-        wrapped.zero_grad()
-        expected, got = eager(x), wrapped(x)
-        expected.backward()
-        got.backward()
-        torch.testing.assert_close(got, expected)
-        for p, q in zip(wrapped.parameters(), eager.parameters(), strict=True):
-            torch.testing.assert_close(p.grad, q.grad)
+    batches = [torch.rand(rows, 2, dtype=torch.float64) for rows in (16, 24)]
+    calls_like_eager(eager, ORTModule(copy.deepcopy(eager)), batches)
