@@ -9,6 +9,7 @@ is described by :class:`OutputSource` so the executor rebuilds them without copy
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import operator
 import re
@@ -29,6 +30,7 @@ from ortrain.capture.lazy_recompile import compile_now, deep_copy
 from ortrain.capture.memory_layouts import dense_dim_order, shares_storage, size_hint
 from ortrain.capture.number_inputs import numbers_as_tensors
 from ortrain.capture.size_carriers import carry_free_sizes
+from ortrain.capture.symbol_ranges import symbol_range
 from ortrain.capture.symbolic_sizes import (
     SizeCeil,
     SizeCeilDiv,
@@ -317,6 +319,14 @@ def _tensor_with_size(candidates: list[Any], size: sympy.Expr) -> tuple[torch.fx
     return None
 
 
+def _free_value(used: set[int], lower: int, upper: int | None) -> int:
+    """A value for a size symbol: one of the small primes if its range allows, else the first
+    unused value of its range (a reflect pad of 32 needs a length above 32)."""
+    allowed = [c for c in _HINT_CANDIDATES if c >= lower and (upper is None or c <= upper)]
+    beyond = itertools.count(max(lower, _HINT_CANDIDATES[-1] + 1, 2))
+    return next(c for c in itertools.chain(allowed, beyond) if c not in used)
+
+
 def _example_inputs(
     placeholders: list[torch.fx.Node],
 ) -> tuple[list[Any], list[dict[int, Any] | None]]:
@@ -336,8 +346,10 @@ def _example_inputs(
                 if sym in values:
                     continue
                 hint = size.node.hint if isinstance(size, torch.SymInt) and _expr(size) == sym else None
-                if hint is None or hint <= 1 or hint in used:
-                    hint = next(c for c in _HINT_CANDIDATES if c not in used)
+                lower, upper = symbol_range(size, sym)
+                fits = hint is not None and hint > 1 and hint >= lower and (upper is None or hint <= upper)
+                if not fits or hint in used:
+                    hint = _free_value(used, lower, upper)
                 values[sym] = int(hint)
                 used.add(int(hint))
     examples: list[Any] = []
@@ -589,13 +601,16 @@ def _exporter_settings(gm: torch.fx.GraphModule) -> Iterator[None]:
 @contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
     """The exporter warns about things that do not concern ortrain's users (torchvision, say)."""
+    # The fake tensors' logger reports, at ERROR, every meta kernel that fails on symbolic sizes
+    # before the decomposition that handles them is tried: not failures of the export.
     names = ("torch.onnx", "torch.export", "onnx_ir", "onnxscript", "torch._export")
+    names += ("torch._subclasses.fake_tensor",)
     loggers = [logging.getLogger(n) for n in names]
     levels = [lg.level for lg in loggers]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for lg in loggers:
-            lg.setLevel(logging.ERROR)
+            lg.setLevel(logging.CRITICAL if lg.name.endswith("fake_tensor") else logging.ERROR)
         try:
             yield
         finally:
