@@ -6,6 +6,7 @@ changing must not collect graphs forever. Past ``capacity`` graphs (``ORTMODULE_
 names what keeps changing. A model captured again at every call for the same reason (a step
 counter the loop sets on a module) is warned about sooner, at the :data:`STREAK`-th such call,
 with what to do: until wave 31 it captured eight times, a first step's cost each, before a word.
+Each of the two warnings is given once per wrapper, independently of the other.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ class GraphCache(Generic[Entry]):
         self.capacity = capacity
         self._groups: collections.OrderedDict[Hashable, list[Entry]] = collections.OrderedDict()
         self._reasons: collections.Counter[str] = collections.Counter()
-        self._warned = False
+        # One flag per warning: until wave 52 they shared one, and a model warned about its capture
+        # streak was never told its graphs were then being evicted (nor of ORTMODULE_GRAPH_CACHE_SIZE).
+        self._warned_streak = False
+        self._warned_eviction = False
         self._streak: tuple[str, int] = ("", 0)  # the kind of change behind the last captures in a row
         self.last_key: Hashable | None = None
 
@@ -63,8 +67,8 @@ class GraphCache(Generic[Entry]):
         kind = _kind(reason)
         streak = self._streak[1] + 1 if kind == self._streak[0] else 1
         self._streak = (kind, streak)
-        if streak == STREAK and not self._warned:
-            self._warned = True
+        if streak == STREAK and not self._warned_streak:
+            self._warned_streak = True
             logger.warning(
                 "ORTModule captured this model again at each of the last %d calls because %s each time "
                 "(last: %s), each capture costing about what a first step does. %s",
@@ -81,8 +85,8 @@ class GraphCache(Generic[Entry]):
         group.pop(0)
         if not group:
             del self._groups[oldest_key]
-        if not self._warned:
-            self._warned = True
+        if not self._warned_eviction:
+            self._warned_eviction = True
             changes = "; ".join(f"{reason} ({n}×)" for reason, n in self._reasons.most_common(3))
             logger.warning(
                 "ORTModule has captured more than %d graphs for this model and now drops the least "

@@ -1317,6 +1317,23 @@ def test_the_capture_streak_warning_advises_for_what_changed(
     assert advice in warning
 
 
+def test_the_eviction_warning_follows_the_streak_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """The two warnings shared one flag: after the streak warning the user was never told that
+    graphs were being evicted, nor about ORTMODULE_GRAPH_CACHE_SIZE (wave 52's review)."""
+    from ortrain.ortmodule.graph_cache import STREAK, GraphCache
+
+    cache: GraphCache[int] = GraphCache(capacity=STREAK + 2)
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for call in range(3 * STREAK):
+            cache.add(call, call, f"(the model).mode changed from {call} to {call + 1}")
+    assert len(cache) == STREAK + 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert f"captured this model again at each of the last {STREAK} calls" in warnings[0]
+    assert f"has captured more than {STREAK + 2} graphs" in warnings[1]
+    assert "ORTMODULE_GRAPH_CACHE_SIZE" in warnings[1] and "(the model).mode changed" in warnings[1]
+
+
 class _PhaseFlagNet(Net):
     phase = "d"
 
