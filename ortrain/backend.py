@@ -50,6 +50,7 @@ class OrtrainBackend:
         self.debug_options = debug_options or DebugOptions()
         self.options = options
         self.graphs_compiled = 0  # Dynamo graphs handed to this backend
+        self._memory_warned: set[str] = set()  # the memory optimizer's warnings, once per backend
         # As ORTModule does: DebugOptions(log_level=...) and ORTMODULE_LOG_LEVEL set the level, and
         # ortrain's lines get their prefix (wave 42: on this path neither, and warnings came out
         # through Python's last-resort handler).
@@ -74,7 +75,9 @@ class OrtrainBackend:
             with compile_garbage_collected():
                 return _graph_runner(graph, name, number, options, self.debug_options, device)
 
-        memory = MemoryOptimizerConfig(options.memory_opt_level, options.memory_opt_config)
+        memory = MemoryOptimizerConfig(
+            options.memory_opt_level, options.memory_opt_config, warned=self._memory_warned
+        )
         # As ORTModule's compile: no full collection of the whole process while AOTAutograd
         # traces and the forward is exported, and one of the compile's own objects after it.
         with compile_garbage_collected():

@@ -118,6 +118,10 @@ class RecomputeRequest:
 class MemoryOptimizerConfig:
     level: int = 0
     requests: tuple[RecomputeRequest, ...] = ()
+    # What was warned about already: one config serves every capture of a wrapper (or of a Dynamo
+    # backend), so a request is warned about once, not again at each re-capture (wave 52: the
+    # dynamic re-capture repeated the static capture's warning).
+    warned: set[str] = field(default_factory=set, compare=False, hash=False, repr=False)
 
 
 @dataclass
@@ -530,20 +534,24 @@ def plan_recompute(graph: torch.fx.Graph, config: MemoryOptimizerConfig) -> Memo
         if request.kind == OFF:
             plan.requested = None
         elif request.kind == RECOMPUTE and plan.kind == COMPROMISE:
-            logger.warning(
-                "memory optimizer: %s frees only part of its activation; request it as %s:2:%d",
-                plan.pattern,
-                plan.pattern,
-                request.count,
-            )
+            if str(request) not in config.warned:
+                config.warned.add(str(request))
+                logger.warning(
+                    "memory optimizer: %s frees only part of its activation; request it as %s:2:%d",
+                    plan.pattern,
+                    plan.pattern,
+                    request.count,
+                )
             plan.requested = None
         else:
             plan.requested = request.count
-    if report.unknown_patterns:
+    unwarned = [pattern for pattern in report.unknown_patterns if pattern not in config.warned]
+    if unwarned:
+        config.warned.update(unwarned)
         logger.warning(
             "memory optimizer: no subgraph matches %s in this model; the patterns found are listed "
             "in the memory optimizer summary (ORTMODULE_LOG_LEVEL=INFO)",
-            ", ".join(report.unknown_patterns),
+            ", ".join(unwarned),
         )
     for plan in plans:
         if plan.requested is None:

@@ -138,6 +138,7 @@ _OWN_ATTRIBUTES = frozenset(
         "_ortrain_module",
         "_ortrain_debug",
         "_ortrain_options",
+        "_ortrain_memory",
         "_ortrain_graphs",
         "_ortrain_reads",
         "_ortrain_fallback",
@@ -374,6 +375,9 @@ class ORTModule(nn.Module):
         object.__setattr__(self, "_ortrain_module", module)
         object.__setattr__(self, "_ortrain_debug", debug)
         object.__setattr__(self, "_ortrain_options", options)
+        # One for every capture: it remembers what it warned about (once per wrapper).
+        memory = MemoryOptimizerConfig(options.memory_opt_level, options.memory_opt_config)
+        object.__setattr__(self, "_ortrain_memory", memory)
         object.__setattr__(self, "_ortrain_graphs", GraphCache(options.graph_cache_size))
         object.__setattr__(self, "_ortrain_reads", AttributeReads())
         object.__setattr__(self, "_ortrain_fallback", FallbackManager(options.fallback_policy))
@@ -1065,9 +1069,7 @@ class ORTModule(nn.Module):
                         opaque_functions=key.opaque_functions,
                         checkpoint_ops=self._ortrain_options.allow_autograd_checkpoint,
                         skipped_functions=self._ortrain_options.skipped_autograd_functions,
-                        memory=MemoryOptimizerConfig(
-                            self._ortrain_options.memory_opt_level, self._ortrain_options.memory_opt_config
-                        ),
+                        memory=self._ortrain_memory,
                         forward_rewrites=_forward_rewrites(self._ortrain_options),
                         trace_forward_graph=self._ortrain_options.print_input_density,
                         package=package,

@@ -143,6 +143,25 @@ def test_levels_and_config_choose_the_applied_counts(caplog: pytest.LogCaptureFi
     assert "LayerNormalization+:1:2" in format_summary(report)
 
 
+def test_an_unknown_pattern_is_warned_about_once_per_wrapper(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning came again at every capture: the static one, then the dynamic re-capture."""
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_CONFIG", "Gelu+:1:-1,Bogus+:1:-1")
+    torch.manual_seed(0)
+    wrapped = ORTModule(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1)))
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        for rows in (2, 3, 4):
+            wrapped(torch.randn(rows, 8)).sum().backward()
+    assert len(memory_reports(wrapped)) == 2  # captured again, with dynamic sizes
+    assert all(r.unknown_patterns == ["Bogus+"] for r in memory_reports(wrapped))
+    warnings = [r.getMessage() for r in caplog.records if "Bogus+" in r.getMessage()]
+    assert warnings == [
+        "memory optimizer: no subgraph matches Bogus+ in this model; the patterns found are listed "
+        "in the memory optimizer summary (ORTMODULE_LOG_LEVEL=INFO)"
+    ]
+
+
 def _eager_saved_bytes(model: nn.Module, inputs: list[torch.Tensor]) -> int:
     """Bytes eager autograd saves for backward, but parameters and inputs (views counted once)."""
     alive_anyway = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *inputs)}
