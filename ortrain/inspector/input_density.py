@@ -7,11 +7,17 @@ the labels inside the model). Each step the density of those inputs is measured 
 tensors: embedding density = tokens that are not ``padding_idx`` / all tokens; label density =
 labels that are not ``ignore_index`` / all labels. The figures say whether the sparsity
 optimizers (ORTMODULE_ENABLE_SPARSE_OPTIMIZER, ..._EMBEDDING_SPARSE_OPTIMIZER) will pay off.
+
+Only the last :data:`WINDOW` steps are kept as records (``records``, for plotting; set ``window``
+to keep more or fewer); every step counts in each input's running figures (``totals``: steps,
+lowest, mean and highest density), which is what the summary at the end shows. Until wave 52 every
+step was kept and the end logged one row per step and input: unbounded memory and log.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +27,8 @@ from ortrain.passes.linear_cross_entropy import linear_cross_entropy
 logger = logging.getLogger("ortrain.inspector")
 
 aten = torch.ops.aten
+
+WINDOW = 1000  # steps kept as records; older steps count in the running figures only
 
 # Ops that move or copy index values without computing new ones (argument 0 is the source).
 _PASS_THROUGH = {
@@ -116,12 +124,52 @@ def _density(tensor: torch.Tensor, ignored: int) -> float:
 
 
 @dataclass
-class InputDensity:
-    """Density figures per step, logged as a table every ``interval`` steps and at the end."""
+class DensityFigures:
+    """One kind of density of one input over every step recorded: lowest, mean, highest."""
 
-    interval: int = 10
-    records: list[DensityRecord] = field(default_factory=list)
-    _printed: int = 0
+    steps: int = 0
+    lowest: float = 1.0
+    highest: float = 0.0
+    total: float = 0.0
+
+    def add(self, value: float) -> None:
+        self.steps += 1
+        self.lowest = min(self.lowest, value)
+        self.highest = max(self.highest, value)
+        self.total += value
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.steps if self.steps else 0.0
+
+    def __str__(self) -> str:
+        return f"{_percent(self.lowest)} / {_percent(self.mean)} / {_percent(self.highest)}"
+
+
+@dataclass
+class InputTotals:
+    """An input's figures over every step it was measured at."""
+
+    steps: int = 0
+    embedding: DensityFigures = field(default_factory=DensityFigures)
+    label: DensityFigures = field(default_factory=DensityFigures)
+
+
+class InputDensity:
+    """Density figures of the last ``window`` steps and running figures of every step, logged as a
+    table at step 1, every ``interval`` steps and at the end."""
+
+    def __init__(self, interval: int = 10, window: int = WINDOW) -> None:
+        self.interval = interval
+        self.window = window
+        self._recent: deque[DensityRecord] = deque()
+        self._unlogged: list[DensityRecord] = []  # at most ``interval`` steps' records
+        self.totals: dict[str, InputTotals] = {}
+
+    @property
+    def records(self) -> list[DensityRecord]:
+        """The records of the last ``window`` steps, oldest first."""
+        return list(self._recent)
 
     def record(
         self, step: int, sources: list[DensitySource], names: list[str], inputs: list[torch.Tensor]
@@ -134,7 +182,17 @@ class InputDensity:
             DensityRecord(step, names[i], kinds.get("embedding"), kinds.get("label"))
             for i, kinds in sorted(by_input.items())
         ]
-        self.records += new
+        for r in new:
+            totals = self.totals.setdefault(r.input_name, InputTotals())
+            totals.steps += 1
+            if r.embedding_density is not None:
+                totals.embedding.add(r.embedding_density)
+            if r.label_density is not None:
+                totals.label.add(r.label_density)
+        self._recent.extend(new)
+        while self._recent and self._recent[0].step <= step - self.window:
+            self._recent.popleft()
+        self._unlogged += new
         if step == 1 or step % self.interval == 0:
             self.log(f"input density at step {step}")
         return new
@@ -148,15 +206,24 @@ class InputDensity:
         return "\n".join(lines)
 
     def log(self, title: str) -> None:
-        """Log the records not printed yet, under ``title``."""
-        fresh = self.records[self._printed :]
-        if fresh:
-            logger.info("%s\n%s", title, self.table(fresh))
-            self._printed = len(self.records)
+        """Log the records not logged yet, under ``title``."""
+        if self._unlogged:
+            logger.info("%s\n%s", title, self.table(self._unlogged))
+            self._unlogged = []
 
     def summary(self) -> str:
-        """Every step recorded so far as one table (what is logged at the end)."""
-        return self.table()
+        """Each input's density over every step recorded, lowest / mean / highest (what is logged
+        at the end): one row an input, however long the run."""
+        lines = [
+            "| input | steps | embedding density, lowest / mean / highest | label density, lowest / mean / "
+            "highest |",
+            "|---|---:|---:|---:|",
+        ]
+        for name, t in self.totals.items():
+            embedding = str(t.embedding) if t.embedding.steps else "-"
+            label = str(t.label) if t.label.steps else "-"
+            lines.append(f"| {name} | {t.steps} | {embedding} | {label} |")
+        return "\n".join(lines)
 
 
 def _percent(value: float | None) -> str:

@@ -5,13 +5,18 @@ ONNX Runtime does not expose its allocators' statistics through its Python API (
 ortrain's sessions allocate through malloc, without an arena (see
 ``ortrain.runtime.executors.ort``), and their memory is part of the process's resident set. On
 CUDA, PyTorch's allocator figures are reported beside it.
+
+Only the last :data:`WINDOW` steps are kept as records (``records``, for plotting; set ``window``
+to keep more or fewer); every step counts in each phase's peak (``peaks``), which is what the
+summary at the end shows. Until wave 52 every step was kept, and a long run grew without bound.
 """
 
 from __future__ import annotations
 
 import logging
 import resource
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,6 +24,7 @@ import torch
 logger = logging.getLogger("ortrain.inspector")
 
 PHASES = ("before forward", "after forward", "after backward")
+WINDOW = 1000  # steps kept as records; older steps count in the peaks only
 _MIB = 1024 * 1024
 
 
@@ -48,10 +54,39 @@ def process_memory_mib() -> tuple[float, float]:
 
 
 @dataclass
-class MemoryStats:
-    """Per-phase memory records; each step's three phases are logged as one table."""
+class PhasePeak:
+    """The highest figures one phase reached over every step recorded."""
 
-    records: list[MemoryRecord] = field(default_factory=list)
+    phase: str
+    steps: int = 0
+    process_current_mib: float = 0.0
+    step: int = 0  # the step of the highest process_current_mib
+    process_peak_mib: float = 0.0
+    device_current_mib: float | None = None
+    device_peak_mib: float | None = None
+
+    def add(self, r: MemoryRecord) -> None:
+        self.steps += 1
+        if self.steps == 1 or r.process_current_mib > self.process_current_mib:
+            self.process_current_mib, self.step = r.process_current_mib, r.step
+        self.process_peak_mib = max(self.process_peak_mib, r.process_peak_mib)
+        self.device_current_mib = _highest(self.device_current_mib, r.device_current_mib)
+        self.device_peak_mib = _highest(self.device_peak_mib, r.device_peak_mib)
+
+
+class MemoryStats:
+    """Per-phase memory records of the last ``window`` steps, and each phase's peak over all steps;
+    each step's three phases are logged as one table."""
+
+    def __init__(self, window: int = WINDOW) -> None:
+        self.window = window
+        self._recent: deque[MemoryRecord] = deque()
+        self.peaks: dict[str, PhasePeak] = {}
+
+    @property
+    def records(self) -> list[MemoryRecord]:
+        """The records of the last ``window`` steps, oldest first."""
+        return list(self._recent)
 
     def record(self, step: int, phase: str, device: torch.device | None = None) -> MemoryRecord:
         current, peak = process_memory_mib()
@@ -60,11 +95,17 @@ class MemoryStats:
             device_current = torch.cuda.memory_allocated(device) / _MIB
             device_peak = torch.cuda.max_memory_allocated(device) / _MIB
         entry = MemoryRecord(step, phase, current, peak, device_current, device_peak)
-        self.records.append(entry)
+        self._recent.append(entry)
+        while self._recent[0].step <= step - self.window:
+            self._recent.popleft()
+        self.peaks.setdefault(phase, PhasePeak(phase)).add(entry)
         if phase == PHASES[-1]:
-            logger.info(
-                "memory at step %d (MiB)\n%s", step, self.table([r for r in self.records if r.step == step])
-            )
+            this_step = []
+            for r in reversed(self._recent):
+                if r.step != step:
+                    break
+                this_step.append(r)
+            logger.info("memory at step %d (MiB)\n%s", step, self.table(this_step[::-1]))
         return entry
 
     def table(self, records: list[MemoryRecord] | None = None) -> str:
@@ -79,6 +120,25 @@ class MemoryStats:
                 f"{_mib(r.device_current_mib)} | {_mib(r.device_peak_mib)} |"
             )
         return "\n".join(lines)
+
+    def summary(self) -> str:
+        """Each phase's peak over every step recorded (what is logged at the end), in MiB."""
+        lines = [
+            "| phase | steps | process current, highest | at step | process peak | device current, "
+            "highest | device peak |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for phase in sorted(self.peaks, key=lambda p: PHASES.index(p) if p in PHASES else len(PHASES)):
+            p = self.peaks[phase]
+            lines.append(
+                f"| {p.phase} | {p.steps} | {p.process_current_mib:.1f} | {p.step} | "
+                f"{p.process_peak_mib:.1f} | {_mib(p.device_current_mib)} | {_mib(p.device_peak_mib)} |"
+            )
+        return "\n".join(lines)
+
+
+def _highest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 def _mib(value: float | None) -> str:

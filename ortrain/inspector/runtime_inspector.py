@@ -4,13 +4,16 @@
 feed embeddings and losses (see :mod:`ortrain.inspector.input_density`);
 ``ORTMODULE_PRINT_MEMORY_STATS=1`` records memory before the forward graph, after it and after
 the backward graph (see :mod:`ortrain.inspector.memory_stats`). Both log tables through the
-``ortrain.inspector`` logger at INFO and keep the figures as data for plotting.
+``ortrain.inspector`` logger at INFO and keep the figures of the last steps as data for plotting;
+the summary at the end is one row an input (lowest, mean and highest density) and one a phase
+(its peak), however many steps ran.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -66,7 +69,10 @@ class RuntimeInspector:
         self.input_density = InputDensity()
         self.memory_stats = MemoryStats()
         self.step = 0
+        # By id of the capture, each entry dropped when its capture goes (the graph cache evicted
+        # it): until wave 52 they stayed, one a graph ever captured.
         self._sources: dict[int, list[DensitySource]] = {}
+        self._finished_at: int | None = None  # the step the summary was logged at
         self._device: torch.device | None = None
 
     @property
@@ -86,6 +92,7 @@ class RuntimeInspector:
             if trace is None:
                 logger.info("input density: the forward graph could not be traced; no density figures")
             self._sources[id(captured)] = sources
+            weakref.finalize(captured, self._sources.pop, id(captured), None).atexit = False
         if self.print_memory_stats and captured.training:
             self._wrap(captured.forward, before=PHASES[0], after=PHASES[1])
             if captured.backward is not None:
@@ -115,6 +122,13 @@ class RuntimeInspector:
             self.input_density.record(self.step, sources, input_names(spec, forward), inputs)
 
     def finish(self) -> None:
-        """Log what was not printed yet (called when the model goes away or the process ends)."""
-        if self.print_input_density and self.input_density.records:
+        """Log what was not printed yet and the summaries (called when the model goes away or the
+        process ends); again only after more steps."""
+        if self._finished_at == self.step:
+            return
+        self._finished_at = self.step
+        if self.print_input_density and self.input_density.totals:
+            self.input_density.log(f"input density up to step {self.step}")
             logger.info("input density, all steps\n%s", self.input_density.summary())
+        if self.print_memory_stats and self.memory_stats.peaks:
+            logger.info("memory, all steps: each phase's peak (MiB)\n%s", self.memory_stats.summary())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import pytest
@@ -86,6 +87,67 @@ def test_memory_stats_per_phase(monkeypatch: pytest.MonkeyPatch, caplog: pytest.
     assert "memory at step 2 (MiB)" in caplog.text
     assert "| step | phase | process current | process peak | device current | device peak |" in caplog.text
     assert model.inspector.input_density.records == []
+
+
+def test_records_keep_a_window_of_steps_and_the_summary_one_row_per_input_and_phase(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every step was kept, and the end logged one row per step and input: a long run's memory
+    and log grew without bound (wave 52's review)."""
+    monkeypatch.setenv("ORTMODULE_PRINT_INPUT_DENSITY", "1")
+    monkeypatch.setenv("ORTMODULE_PRINT_MEMORY_STATS", "1")
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    torch.manual_seed(0)
+    model = ORTModule(ShiftedLM())
+    model.inspector.input_density.window = model.inspector.memory_stats.window = 2
+    with caplog.at_level(logging.INFO, logger="ortrain"):
+        for real, counted in ((16, 16), (8, 0), (12, 16), (4, 0)):
+            model(_batch(real, counted)).backward()
+        model.inspector.finish()
+    density = model.inspector.input_density.records
+    assert [(r.step, r.input_name) for r in density] == [
+        (s, n) for s in (3, 4) for n in ("batch['input_ids']", "batch['labels']")
+    ]
+    memory = model.inspector.memory_stats.records
+    assert [(r.step, r.phase) for r in memory] == [(s, p) for s in (3, 4) for p in PHASES]
+    summaries = [r.getMessage() for r in caplog.records if "all steps" in r.getMessage()]
+    assert len(summaries) == 2, summaries
+    assert summaries[0] == (
+        "input density, all steps\n"
+        "| input | steps | embedding density, lowest / mean / highest | label density, lowest / mean / "
+        "highest |\n"
+        "|---|---:|---:|---:|\n"
+        "| batch['input_ids'] | 4 | 25.00% / 62.50% / 100.00% | - |\n"
+        "| batch['labels'] | 4 | - | 0.00% / 50.00% / 100.00% |"
+    )
+    head, *rows = summaries[1].splitlines()
+    assert head == "memory, all steps: each phase's peak (MiB)"
+    assert [row.split(" | ")[:2] for row in rows[2:]] == [[f"| {p}", "4"] for p in PHASES]
+    assert "input density up to step 4" in caplog.text  # the steps not logged yet, before it
+    model.inspector.finish()  # nothing new: not logged again
+    assert len([r for r in caplog.records if "all steps" in r.getMessage()]) == 2
+
+
+class _ModeLM(ShiftedLM):
+    mode = 0
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return super().forward(batch) * (1.0 + self.mode)  # a Python number: one graph a mode
+
+
+def test_density_sources_go_with_the_graphs_the_cache_drops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inspector kept the sources of every graph ever captured, evicted ones too."""
+    monkeypatch.setenv("ORTMODULE_PRINT_INPUT_DENSITY", "1")
+    monkeypatch.setenv("ORTMODULE_GRAPH_CACHE_SIZE", "1")
+    torch.manual_seed(0)
+    model = ORTModule(_ModeLM())
+    for mode in range(2):
+        model.mode = mode
+        model(_batch(8, 4)).backward()
+    gc.collect()
+    assert len(model._ortrain_graphs) == 1
+    assert len(model.inspector._sources) == 1
+    assert [r.embedding_density for r in model.inspector.input_density.records[::2]] == [0.5] * 2
 
 
 def test_input_names_from_signature_and_nesting() -> None:
