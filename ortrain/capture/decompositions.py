@@ -262,6 +262,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten.roll.default] = math_ops.roll_by_a_symbolic_shift
     table[aten.mv.default] = math_ops.mv
     table[aten.addmv.default] = math_ops.addmv
+    table[aten.addbmm.default] = math_ops.addbmm
     table[aten.kthvalue.default] = math_ops.kthvalue
     table[aten.sort.stable] = math_ops.sort_stable
     table[aten.mode.default] = math_ops.mode

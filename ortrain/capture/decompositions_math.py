@@ -224,6 +224,27 @@ def addmv(
     return product + (input if beta == 1 else input * beta)
 
 
+def addbmm(
+    input: torch.Tensor,
+    batch1: torch.Tensor,
+    batch2: torch.Tensor,
+    *,
+    beta: float = 1,
+    alpha: float = 1,
+) -> torch.Tensor:
+    """onnxscript's ``addbmm`` makes ``alpha`` and ``beta`` ONNX attributes, float32 by the format:
+    a float64 model was scaled by 0.20000000298 for 0.2 (1e-7 relative off eager). As operands
+    of a multiplication they are float64 constants in a float64 graph
+    (:mod:`ortrain.export.double_precision_constants`). And as PyTorch, ``beta=0`` ignores
+    ``input``, NaNs in it included (onnxscript's multiplied them by 0)."""
+    product = torch.bmm(batch1, batch2).sum(0)
+    if alpha != 1:
+        product = product * alpha
+    if beta == 0:
+        return product
+    return product + (input if beta == 1 else input * beta)
+
+
 # The exporter lowers ``fmax``/``fmin`` and ``copysign`` to prims without ONNX translation
 # (``prims.fmax``, ``prims.signbit``), and ``aminmax``, ``cummax``/``cummin``, ``median`` and
 # ``mish_backward`` have none.

@@ -18,8 +18,10 @@ A few translations pass their number as an ONNX attribute, which the format keep
 whatever the tensors' type: ``addcmul``'s and ``addcdiv``'s ``value``, ``hardtanh``'s bounds.
 In such a graph those nodes are first written as the arithmetic PyTorch's CPU kernels do
 (``self + value * t1 * t2``, ``self + value * t1 / t2``, a ``clamp``), whose numbers are operands.
-(Eval-mode batch norm's ``epsilon`` is one too: a float64 one is decomposed with the operators
-captures keep whole, :func:`ortrain.capture.late_decompositions.decomposed_for_export`.)
+(``addbmm``'s ``alpha`` and ``beta`` are decomposed while capturing:
+:func:`ortrain.capture.decompositions_math.addbmm`. Eval-mode batch norm's ``epsilon`` is one
+too: a float64 one is decomposed with the operators captures keep whole,
+:func:`ortrain.capture.late_decompositions.decomposed_for_export`.)
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ FORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "addcmul(x, x, x, value=0.3)": lambda x: torch.addcmul(x, x, x, value=0.3),
     "addcdiv(x, x, x + 1, value=0.3)": lambda x: torch.addcdiv(x, x, x + 1, value=0.3),
     "hardtanh(x, 0.2, 0.8)": lambda x: nn.functional.hardtanh(x, 0.2, 0.8),
+    "addbmm(x, x, x, beta=0.6, alpha=0.2)": lambda x: torch.addbmm(
+        x[:3], x.view(2, 3, 1), x.view(2, 1, 3), beta=0.6, alpha=0.2
+    ).flatten()[:6],
 }
 
 
@@ -60,3 +63,24 @@ def test_float32_forms_keep_float32_constants() -> None:
         got = wrapped(x)
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, eager(x))
+
+
+def test_addbmm_with_beta_0_ignores_nan_in_its_input_as_eager() -> None:
+    """PyTorch's ``beta=0`` ignores ``input``; onnxscript's multiplied it by 0, NaN staying NaN."""
+
+    class _Sum(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batch = nn.Parameter(torch.randn(3, 2, 4))
+
+        def forward(self, input: torch.Tensor) -> torch.Tensor:
+            return torch.addbmm(input, self.batch, self.batch.transpose(1, 2), beta=0, alpha=0.5)
+
+    eager = _Sum()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    input = torch.tensor([[float("nan"), 1.0], [float("inf"), 2.0]])
+    expected, got = eager(input), wrapped(input)
+    torch.testing.assert_close(got, expected)
+    expected.sum().backward()
+    got.sum().backward()
+    torch.testing.assert_close(wrapped.module.batch.grad, eager.batch.grad)
