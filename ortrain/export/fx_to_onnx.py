@@ -68,6 +68,7 @@ from ortrain.export.rounded_number_operands import round_number_operands
 from ortrain.export.size_floor_division import exact_floor_divisions
 from ortrain.export.slice_backward_copies import copy_slice_backwards
 from ortrain.export.spelled_out_math import call_with_value, spell_out_math
+from ortrain.export.zero_dim_reductions import reduce_zero_dim_as_vectors
 
 logger = logging.getLogger("ortrain.export")
 
@@ -544,6 +545,7 @@ def _translate(
     numbers_as_operands(gm)  # float64 graphs: no float32 attributes (double_precision_constants)
     sizes_as_double(gm)  # numbers computed from sizes in float64, as Python does (double_precision_sizes)
     size_numbers_in_float32(gm)  # half precision times a size's number: float32 (half_precision_numbers)
+    reduce_zero_dim_as_vectors(gm)  # ONNX refuses axis 0 of a 0-d tensor (see the module)
     propagate_nan(gm)  # ONNX Runtime's max/min reductions skip NaN (see the module)
     exact_floor_divisions(gm)  # onnxscript's floordiv of sizes truncates (see the module)
     if DIRECT_TRANSLATION:

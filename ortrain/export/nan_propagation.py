@@ -61,6 +61,8 @@ def propagate_nan(gm: torch.fx.GraphModule) -> int:
             continue
         if isinstance(value.numel(), int) and value.numel() == 0:
             continue  # nothing reduced, nothing to propagate
+        if value.dim() == 0:  # ONNX has no axis 0 to reduce the NaN mask over
+            continue  # a 0-d "reduction" is its element, at index 0: a NaN stays NaN
         users = list(node.users)
         with gm.graph.inserting_before(node.next):  # in order, after the node
             b = NodeBuilder(gm.graph, value)
