@@ -3,6 +3,8 @@
 Each entry is here for a measured reason (see DESIGN.md):
 - ``nll_loss_forward``: onnxscript returns a fake ``total_weight`` of 1, so gradients come out
   too large by the number of targets.
+- ``pixel_shuffle`` / ``pixel_unshuffle`` (the other's backward): onnxscript's reshapes with a
+  -1, which ONNX Runtime refuses on an empty tensor; PyTorch's own forms give every size.
 - (``convolution_backward``, training-mode batch norm, ``silu_backward``, and the special
   functions written for ONNX (``hypot``, ``erfinv``, the ``erfc`` family, ``ndtri``, the gamma
   functions, the modified Bessel functions) are decomposed when a region is exported, so that
@@ -210,7 +212,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     # Convolution backward, training-mode batch norm, SiLU's backward and the special functions
     # are decomposed at export instead (ortrain.capture.late_decompositions): PyTorch runs them as
     # its own kernels.
-    table = get_decompositions([aten.nll_loss_forward])
+    # pixel_(un)shuffle: onnxscript reshapes with a -1, which ONNX refuses on an empty tensor
+    table = get_decompositions([aten.nll_loss_forward, aten.pixel_shuffle, aten.pixel_unshuffle])
     nll = aten.nll_loss_forward.default
     table[nll] = losses.with_target_dtype_check(table[nll])
     table.update(indexing.scalar_indexing_table())

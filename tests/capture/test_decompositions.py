@@ -726,3 +726,36 @@ def test_fft_sample_frequencies_match_native_bit_for_bit() -> None:
     for n, d, dtype in itertools.product((1, 2, 5, 8, 9), (1.0, 0.1, 1 / 3), (None, torch.float64)):
         assert torch.equal(math_ops.fftfreq(n, d, dtype=dtype), torch.fft.fftfreq(n, d, dtype=dtype))
         assert torch.equal(math_ops.rfftfreq(n, d, dtype=dtype), torch.fft.rfftfreq(n, d, dtype=dtype))
+
+
+class _ShuffledWeight(torch.nn.Module):
+    def __init__(self, shape: tuple[int, ...], factor: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(shape))
+        self.factor = factor
+
+    def forward(self) -> torch.Tensor:
+        return torch.nn.functional.pixel_shuffle(self.weight, self.factor)
+
+
+@pytest.mark.parametrize("shape", [(1, 0, 1, 1), (2, 0, 3, 3), (3, 2, 4, 3, 3)], ids=str)
+def test_pixel_shuffle_and_its_backward_train_like_eager_on_empty_tensors(
+    shape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backward is a pixel_unshuffle, which onnxscript reshaped with a -1: refused by ONNX
+    Runtime on an empty tensor. (PyTorch's own backward fails on an empty tensor for a factor
+    above 1: the factor is 1 where the tensor is empty.)"""
+    import copy
+
+    from ortrain import ORTModule
+
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")  # ONNX Runtime runs them
+    eager = _ShuffledWeight(shape, 2 if math.prod(shape) else 1)
+    wrapped = ORTModule(copy.deepcopy(eager))
+    expected, got = eager(), wrapped()
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected)
+    scale = torch.arange(float(expected.numel())).view(expected.shape)
+    (expected * scale).sum().backward()
+    (got * scale).sum().backward()
+    torch.testing.assert_close(wrapped.module.weight.grad, eager.weight.grad)
