@@ -31,7 +31,7 @@ from ortrain.capture.data_assignments import data_assignments_as_copies
 from ortrain.capture.decompositions import decomposition_table
 from ortrain.capture.detached_outputs import detached_outputs
 from ortrain.capture.encoder_padding_fast_path import encoder_padding_as_eager
-from ortrain.capture.environment_reads import environment_reads_refused
+from ortrain.capture.environment_reads import environment_reads_recorded
 from ortrain.capture.fake_mode_release import forget_real_tensors, graph_fake_modes
 from ortrain.capture.forward_rewrite import ForwardRewrite, ForwardTrace, rewrite_forward
 from ortrain.capture.function_calls import intercept_functions
@@ -121,6 +121,9 @@ class Capture:
     # Modules the forward called that the model does not hold (capture/module_paths.py), weakly:
     # the wrapper watches them for hooks of the user's added later.
     unheld_modules: tuple[weakref.ref[torch.nn.Module], ...] = ()
+    # The environment variables the model's code read while traced, with the values it got (None:
+    # unset): the graphs hold only while they have these values (capture/environment_reads.py).
+    environment: tuple[tuple[str, str | None], ...] = ()
 
     def input_placeholders(self, inputs: Sequence[torch.Tensor], aliased: bool) -> list[torch.fx.Node] | None:
         """The forward graph's placeholder of each of the call's inputs, in order; None where the
@@ -318,7 +321,7 @@ def capture(
     grad_mode = torch.enable_grad() if training else torch.no_grad()
     with contextlib.ExitStack() as stack:
         stack.enter_context(outside_writes_undone())  # put back last: after the traces' own undoing
-        stack.enter_context(environment_reads_refused())
+        environment = stack.enter_context(environment_reads_recorded())
         stack.enter_context(print_calls_noted())
         stack.enter_context(grad_mode)
         stack.enter_context(tracing_context())
@@ -411,6 +414,8 @@ def capture(
         raise RuntimeError("AOTAutograd produced no forward graph")
     if training and "backward" not in slots:
         logger.debug("no output requires grad: the training capture has no backward graph")
+    # Not stored where the forward read the environment: a loaded capture would not know it.
+    storable = entries and not call_ids and not _calls_python(slots) and not environment
     captured = Capture(
         fn=fn,
         state_names=state_names,
@@ -420,12 +425,13 @@ def capture(
         dynamic_dims=dynamic_dims,
         memory_report=reports[0] if reports else None,
         forward_trace=trace,
-        package_entry=entries[0] if entries and not call_ids and not _calls_python(slots) else None,
+        package_entry=entries[0] if storable else None,
         size_guards=SizeGuards.of(example) if dynamic_dims else SizeGuards(None),
         mutated_inputs=mutated,
         writes_hidden_from_autograd=hidden_writes,
         sized_on_first_use=sized_on_first_use,
         unheld_modules=tuple(weakref.ref(m) for m in unheld_modules.values()),
+        environment=tuple(environment.items()),
     )
     # The python ops' records live as long as the graphs that name them.
     weakref.finalize(captured, release_calls, call_ids)

@@ -11,6 +11,7 @@ import enum
 import json
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -473,6 +474,12 @@ def environment_for_cache_key() -> dict[str, str]:
         for name, value in sorted(os.environ.items())
         if name not in _VOLATILE_VARIABLES and not name.startswith(_VOLATILE_PREFIXES)
     }
+
+
+def model_environment(names: Iterable[str]) -> tuple[tuple[str, str | None], ...]:
+    """The values now (None: unset) of the environment variables a model's forward read: not
+    ortrain's options, but what its graphs are kept under (``GraphKey.environment``)."""
+    return tuple((name, os.environ.get(name)) for name in names)
 
 
 def openmp_wait_policy() -> str:

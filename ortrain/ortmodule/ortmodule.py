@@ -33,7 +33,6 @@ from ortrain.capture.differentiating_hooks import (
     DifferentiatingHookError,
     forward_defines_differentiating_hook,
 )
-from ortrain.capture.environment_reads import EnvironmentReadError
 from ortrain.capture.exact_numbers import exact_plain_form
 from ortrain.capture.forward_mode_ad import carries_tangents
 from ortrain.capture.functorch_transforms import functorch_transform_active
@@ -93,6 +92,7 @@ from ortrain.ortmodule.options import (
     DebugOptions,
     RuntimeOptions,
     environment_for_cache_key,
+    model_environment,
     openmp_wait_policy,
     python_log_level,
     runtime_options,
@@ -141,6 +141,7 @@ _OWN_ATTRIBUTES = frozenset(
         "_ortrain_memory",
         "_ortrain_graphs",
         "_ortrain_reads",
+        "_ortrain_environment",
         "_ortrain_fallback",
         "_ortrain_scalars",
         "_ortrain_graph_breaks",
@@ -273,6 +274,9 @@ class GraphKey(NamedTuple):
     # positions to zeros on the fast path only (capture/encoder_padding_fast_path.py), so a switch
     # between calls needs the other graph (wave 49's review: the padded outputs stayed zeros).
     mha_fastpath: bool = True
+    # The environment variables the model's captures read (``os.getenv("HEAD")``), with their values
+    # now (None: unset): a graph holds the branch its values chose (capture/environment_reads.py).
+    environment: tuple[tuple[str, str | None], ...] = ()
 
     @property
     def inputs_alias(self) -> bool:
@@ -380,6 +384,8 @@ class ORTModule(nn.Module):
         object.__setattr__(self, "_ortrain_memory", memory)
         object.__setattr__(self, "_ortrain_graphs", GraphCache(options.graph_cache_size))
         object.__setattr__(self, "_ortrain_reads", AttributeReads())
+        # The environment variables any capture of the model read (keys of GraphKey.environment).
+        object.__setattr__(self, "_ortrain_environment", {})
         object.__setattr__(self, "_ortrain_fallback", FallbackManager(options.fallback_policy))
         object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
         object.__setattr__(self, "_ortrain_graph_breaks", None)
@@ -499,6 +505,7 @@ class ORTModule(nn.Module):
         for name in (
             "_ortrain_graphs",
             "_ortrain_reads",
+            "_ortrain_environment",
             "_ortrain_scalars",
             "_ortrain_inspector",
             "_ortrain_forward_lock",
@@ -516,6 +523,7 @@ class ORTModule(nn.Module):
         super().__setstate__(state)
         object.__setattr__(self, "_ortrain_graphs", GraphCache(self._ortrain_options.graph_cache_size))
         object.__setattr__(self, "_ortrain_reads", AttributeReads())
+        object.__setattr__(self, "_ortrain_environment", {})
         object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
         object.__setattr__(self, "_ortrain_forward_lock", threading.RLock())
         self._init_inspector(self._ortrain_options)
@@ -772,7 +780,7 @@ class ORTModule(nn.Module):
             if unread:
                 self._ortrain_scalars.refuse(call, why="unread", unread=unread)
                 return self._run_on_ort(args, kwargs)
-            kept_under = self._key_after_capture(key, reads_before)
+            kept_under = self._key_after_capture(key, reads_before, entry.capture)
             if kept_under is not None:
                 cache.add(kept_under, entry, reason)
                 key = kept_under  # the state the capture left: what a recompute compares with
@@ -819,7 +827,7 @@ class ORTModule(nn.Module):
             return unflatten(spec.value_spec, list(outputs[:values]))
         return unflatten(spec, list(outputs))
 
-    def _key_after_capture(self, key: GraphKey, reads_before: int) -> GraphKey | None:
+    def _key_after_capture(self, key: GraphKey, reads_before: int, captured: Capture) -> GraphKey | None:
         """The key to keep a new graph under: the model's state as the capture left it, which
         watches the attributes of held objects the capture read (and only those: see
         :mod:`ortrain.capture.attribute_reads`), with the values the forward set on its own
@@ -827,7 +835,14 @@ class ORTModule(nn.Module):
         ``config.problem_type`` on their first call). Such values are taken as the forward's own
         initialization, as they were before configs were watched; a graph kept under the old values
         would be captured again at the next step. Where the capture changed more than values,
-        ``key``; or None (the graph serves this call only) where ``key`` misses names the capture read."""
+        ``key``; or None (the graph serves this call only) where ``key`` misses names the capture read.
+        The environment variables the capture read join the key, with the values it saw."""
+        if captured.environment:
+            self._ortrain_environment.update(dict.fromkeys(name for name, _ in captured.environment))
+            names = self._ortrain_environment
+            # The values the capture saw; those of the variables it did not read, as they are now.
+            values = dict(model_environment(names)) | dict(key.environment) | dict(captured.environment)
+            key = key._replace(environment=tuple((name, values[name]) for name in names))
         after = read_state(self._ortrain_module, self._ortrain_reads).key
         if after == key.state:
             return key
@@ -859,6 +874,7 @@ class ORTModule(nn.Module):
             aliasing=_input_aliasing(call.inputs, state.tensors),
             inference_mode=torch.is_inference_mode_enabled(),
             mha_fastpath=torch.backends.mha.get_fastpath_enabled(),
+            environment=model_environment(self._ortrain_environment),
         )
         return call, state, key
 
@@ -889,6 +905,8 @@ class ORTModule(nn.Module):
             return "input sizes changed"
         if last.state != key.state:
             return describe_change(self._ortrain_module, last.state, key.state)
+        if last.environment != key.environment:
+            return _environment_change(last.environment, key.environment)
         if last.spec != key.spec:
             return _describe_input_change(last.spec, key.spec)
         if last.inputs != key.inputs:
@@ -1208,11 +1226,6 @@ class ORTModule(nn.Module):
                 "the capture failed inside a control-flow operator (torch.cond, torch.while_loop, ...); "
                 "the model trains through TorchDynamo's graphs, which hand such operators over whole"
             )
-        elif (read := _first(exception_chain(error), EnvironmentReadError)) is not None:
-            logger.info(
-                "%s; the model trains through TorchDynamo's graph breaks, which read it at every step",
-                read,
-            )
         elif (unheld := _first(exception_chain(error), UnheldModuleHooksError)) is not None:
             logger.info(
                 "%s: a captured graph would run them once, on traced values, and never at later "
@@ -1259,6 +1272,17 @@ def _recompute_relevant(state_key: Any) -> Any:
         hooks,
         (),
     )
+
+
+def _environment_change(
+    before: tuple[tuple[str, str | None], ...], after: tuple[tuple[str, str | None], ...]
+) -> str:
+    """Which environment variable the forward reads changed value (None: unset)."""
+    was = dict(before)
+    for name, now in after:
+        if name in was and was[name] != now:
+            return f"the environment variable {name} changed from {was[name]!r} to {now!r}"
+    return "the forward reads other environment variables"
 
 
 def _unheld_modules_hooked(capture: Capture) -> bool:
