@@ -12,7 +12,9 @@ hooks are in no key of the model's: one of the user's, traced, would run once on
 never again, and one added later went unseen (wave 49's review: a forward hook tripling a
 helper's output changed nothing). Such a module with the user's hooks fails the capture with
 :class:`UnheldModuleHooksError` (the model then trains through TorchDynamo's graph breaks, which
-run hooks at every step), and the ones without are listed for the wrapper to watch.
+run hooks at every step), and the ones without are listed for the wrapper to watch: for hooks, and
+(wave 52) for their plain attributes and ``training`` flag, which the graph bakes in like a
+submodule's (``GraphKey.unheld``).
 """
 
 from __future__ import annotations

@@ -743,8 +743,11 @@ def without_config_values(key: tuple[Any, ...]) -> tuple[Any, ...]:
     return stripped, hooks, tuple(cls for cls, _ in classes)
 
 
-def describe_change(root: nn.Module, old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
-    """Say, in the model's own names, the first thing that differs between two state keys."""
+def describe_change(
+    root: nn.Module, old: tuple[Any, ...], new: tuple[Any, ...], root_name: str = "(the model)"
+) -> str:
+    """Say, in the model's own names, the first thing that differs between two state keys
+    (``root`` named ``root_name``)."""
     old_modules, old_hooks, old_classes = old
     new_modules, new_hooks, new_classes = new
     if old_hooks != new_hooks:
@@ -754,7 +757,7 @@ def describe_change(root: nn.Module, old: tuple[Any, ...], new: tuple[Any, ...])
             if before != after:
                 change = _value_change(before, after)
                 return change if change.startswith(("global ", "method ")) else f"class attribute {change}"
-    named = [(name or "(the model)", m) for name, m in root.named_modules(remove_duplicate=False)]
+    named = [(name or root_name, m) for name, m in root.named_modules(remove_duplicate=False)]
     if len(old_modules) != len(new_modules):
         return f"submodules were added or removed ({len(old_modules)} → {len(new_modules)} modules)"
     for (name, module), before, after in zip(named, old_modules, new_modules, strict=True):

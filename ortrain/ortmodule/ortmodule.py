@@ -142,6 +142,7 @@ _OWN_ATTRIBUTES = frozenset(
         "_ortrain_graphs",
         "_ortrain_reads",
         "_ortrain_environment",
+        "_ortrain_unheld",
         "_ortrain_fallback",
         "_ortrain_scalars",
         "_ortrain_graph_breaks",
@@ -277,6 +278,10 @@ class GraphKey(NamedTuple):
     # The environment variables the model's captures read (``os.getenv("HEAD")``), with their values
     # now (None: unset): a graph holds the branch its values chose (capture/environment_reads.py).
     environment: tuple[tuple[str, str | None], ...] = ()
+    # The state (guards.read_state) of each module the captures' forwards called that the model
+    # does not hold (``DROP = nn.Dropout(p)`` at module level, ``self.aux = [Temperature()]``):
+    # its plain attributes and ``training`` are baked into the graph like a submodule's.
+    unheld: tuple[Any, ...] = ()
 
     @property
     def inputs_alias(self) -> bool:
@@ -386,6 +391,9 @@ class ORTModule(nn.Module):
         object.__setattr__(self, "_ortrain_reads", AttributeReads())
         # The environment variables any capture of the model read (keys of GraphKey.environment).
         object.__setattr__(self, "_ortrain_environment", {})
+        # The modules the captures' forwards called that the model does not hold (GraphKey.unheld),
+        # weakly, by id.
+        object.__setattr__(self, "_ortrain_unheld", {})
         object.__setattr__(self, "_ortrain_fallback", FallbackManager(options.fallback_policy))
         object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
         object.__setattr__(self, "_ortrain_graph_breaks", None)
@@ -506,6 +514,7 @@ class ORTModule(nn.Module):
             "_ortrain_graphs",
             "_ortrain_reads",
             "_ortrain_environment",
+            "_ortrain_unheld",
             "_ortrain_scalars",
             "_ortrain_inspector",
             "_ortrain_forward_lock",
@@ -524,6 +533,7 @@ class ORTModule(nn.Module):
         object.__setattr__(self, "_ortrain_graphs", GraphCache(self._ortrain_options.graph_cache_size))
         object.__setattr__(self, "_ortrain_reads", AttributeReads())
         object.__setattr__(self, "_ortrain_environment", {})
+        object.__setattr__(self, "_ortrain_unheld", {})
         object.__setattr__(self, "_ortrain_scalars", ScalarLifter())
         object.__setattr__(self, "_ortrain_forward_lock", threading.RLock())
         self._init_inspector(self._ortrain_options)
@@ -843,6 +853,13 @@ class ORTModule(nn.Module):
             # The values the capture saw; those of the variables it did not read, as they are now.
             values = dict(model_environment(names)) | dict(key.environment) | dict(captured.environment)
             key = key._replace(environment=tuple((name, values[name]) for name in names))
+        for ref in captured.unheld_modules:
+            module = ref()
+            known = self._ortrain_unheld.get(id(module))
+            if module is not None and (known is None or known() is not module):
+                self._ortrain_unheld[id(module)] = ref
+        if self._ortrain_unheld:
+            key = key._replace(unheld=self._unheld_state())
         after = read_state(self._ortrain_module, self._ortrain_reads).key
         if after == key.state:
             return key
@@ -853,6 +870,17 @@ class ORTModule(nn.Module):
             "held objects' attributes it did not read left out)"
         )
         return key._replace(state=after)
+
+    def _unheld_state(self) -> tuple[Any, ...]:
+        """GraphKey.unheld: the state of each module the captures called outside the model, alive."""
+        modules = []
+        for module_id, ref in list(self._ortrain_unheld.items()):
+            module = ref()
+            if module is None:
+                del self._ortrain_unheld[module_id]  # a graph that called it captures again
+            else:
+                modules.append(module)
+        return tuple(read_state(m, self._ortrain_reads).key for m in modules)
 
     def _guard(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -875,6 +903,7 @@ class ORTModule(nn.Module):
             inference_mode=torch.is_inference_mode_enabled(),
             mha_fastpath=torch.backends.mha.get_fastpath_enabled(),
             environment=model_environment(self._ortrain_environment),
+            unheld=self._unheld_state() if self._ortrain_unheld else (),
         )
         return call, state, key
 
@@ -907,6 +936,8 @@ class ORTModule(nn.Module):
             return describe_change(self._ortrain_module, last.state, key.state)
         if last.environment != key.environment:
             return _environment_change(last.environment, key.environment)
+        if last.unheld != key.unheld:
+            return self._unheld_change(last.unheld, key.unheld)
         if last.spec != key.spec:
             return _describe_input_change(last.spec, key.spec)
         if last.inputs != key.inputs:
@@ -929,6 +960,18 @@ class ORTModule(nn.Module):
         if last.mha_fastpath != key.mha_fastpath:
             return "torch.backends.mha's fast path was switched " + ("on" if key.mha_fastpath else "off")
         return "custom autograd support was switched " + ("on" if key.opaque_functions else "off")
+
+    def _unheld_change(self, before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+        """What changed in a module the forward calls that the model does not hold."""
+        was = {state[0][0][0][0]: state for state in before}  # by the module's id: see guards.read_state
+        for state in after:
+            module_id = state[0][0][0][0]
+            ref = self._ortrain_unheld.get(module_id)
+            module = ref() if ref is not None else None
+            if module_id in was and was[module_id] != state and module is not None:
+                change = describe_change(module, was[module_id], state, root_name=type(module).__name__)
+                return f"{change} (a module the forward calls that the model does not hold)"
+        return "the forward calls other modules that the model does not hold"
 
     def _dynamic_dims(
         self, inputs: list[torch.Tensor], entries: list[_CompiledEntry], siblings: list[_CompiledEntry]
