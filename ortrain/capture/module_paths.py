@@ -90,7 +90,10 @@ def annotate_module_paths(root: torch.nn.Module) -> Iterator[dict[int, torch.nn.
                     f"the forward calls a {type(module).__name__} that the model does not hold as a "
                     "submodule, and it has hooks of the user's"
                 )
-            unheld.setdefault(id(module), module)
+            # Not the graph modules the capture's own tracing runs (AOTAutograd's traced forward,
+            # one per capture, kept alive by its graphs): watched, each made the key of the next.
+            if not isinstance(module, torch.fx.GraphModule):
+                unheld.setdefault(id(module), module)
             return
         active.append((id(module), name))
         _set_path(name)
