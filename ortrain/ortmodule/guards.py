@@ -471,7 +471,8 @@ def _global_value(value: Any, walk: _Walk) -> Any:
         # Unlike a module's own table, a global one may mix in other objects (a registry of
         # layers next to the scale it applies): its plain entries are what a graph bakes in.
         entries = value.items()
-        return ("table", tuple((k, exact(v)) for k, v in entries if type(k) in _PLAIN and type(v) in _PLAIN))
+        plain = ((_key_form(k), v) for k, v in entries if type(v) in _PLAIN)
+        return ("table", tuple((form, exact(v)) for form, v in plain if form is not _NOT_PLAIN))
     if is_config_type(kind):
         return ("config", _config_values(value, walk))
     if is_held_object(value):  # ``SCHEDULE = KLSchedule()``
@@ -485,10 +486,38 @@ def _table_values(table: dict[Any, Any] | set[Any]) -> tuple[Any, ...]:
     if len(table) > _SHORT:
         return ()
     if isinstance(table, set):
-        plain = all(type(i) in _PLAIN for i in table)
-        return (("members", tuple(sorted(map(repr, table)))),) if plain else ()
-    values = tuple((k, _plain_or_code(v)) for k, v in table.items())
-    return () if any(v is _NOT_PLAIN or type(k) not in _PLAIN for k, v in values) else values
+        members = frozenset(map(_key_form, table))
+        return () if _NOT_PLAIN in members else (("members", members),)
+    values = tuple((_key_form(k), _plain_or_code(v)) for k, v in table.items())
+    return () if any(v is _NOT_PLAIN or k is _NOT_PLAIN for k, v in values) else values
+
+
+def _key_form(key: Any) -> Any:
+    """A dict key or set member as the guards compare it: a plain value exactly (``1`` is neither
+    ``"1"`` nor ``True``: until wave 52 keys were compared as ``str(key)``), an enum member as
+    itself (one object per member: ``self.w[Task.CLS]``), a tuple of those by its items
+    (``self.scale[("fc", 0)]``); ``_NOT_PLAIN`` for anything else (the container is then watched
+    by identity only). Until wave 52 the last two were not plain, and ``self.w[Task.CLS] = 3.0``
+    between steps kept the old graph, silently."""
+    kind = type(key)
+    if kind in _PLAIN:
+        return exact(key)
+    if isinstance(key, enum.Enum):
+        return ("member", key)  # tagged: an IntEnum member equals its int
+    if kind is tuple and len(key) <= _SHORT:
+        items = tuple(_key_form(item) for item in key)
+        return _NOT_PLAIN if any(item is _NOT_PLAIN for item in items) else ("tuple", items)
+    return _NOT_PLAIN
+
+
+def _show_key(form: Any) -> str:
+    """A :func:`_key_form` as the key it stands for, for messages."""
+    if type(form) is tuple and len(form) == 2 and form[0] == "member":
+        return f"{type(form[1]).__name__}.{form[1].name}"
+    if type(form) is tuple and len(form) == 2 and form[0] == "tuple":
+        items = [_show_key(item) for item in form[1]]
+        return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+    return repr(form)
 
 
 def _plain_or_code(value: Any) -> Any:
@@ -523,14 +552,17 @@ def _container_values(container: Any, walk: _Walk, depth: int) -> tuple[tuple[st
     if entries is None:
         return None
     values: list[tuple[str, Any]] = []
+    by_key = isinstance(container, dict)
     for key, entry in entries:
         walk.entries_left -= 1
-        if type(key) not in _PLAIN or walk.entries_left < 0:
+        # A dict's keys by their forms (a str as itself), a list's positions as strings.
+        name = (key if type(key) is str else _key_form(key)) if by_key else str(key)
+        if name is _NOT_PLAIN or walk.entries_left < 0:
             return None
         form = _entry_form(entry, walk, depth)
         if form is _NOT_PLAIN:
             return None
-        values.append((str(key), form))
+        values.append((name, form))
     return tuple(values)
 
 
@@ -795,7 +827,7 @@ def _object_change(module: str, owner: nn.Module, before: tuple[Any, ...], after
             holder = f"{'an' if kind[0] in 'AEIOUaeiou' else 'a'} {kind}"
         else:
             holder = "a config" if is_config_type(type(held)) else "an object"
-        return f"{name}.{_value_change(was[2], now[2])} ({holder} held by {module!r})"
+        return f"{_joined(name, _value_change(was[2], now[2]))} ({holder} held by {module!r})"
     both = isinstance(was, tuple) and isinstance(now, tuple) and len(was) == len(now) == 2
     if both and (_is_function_entry(was) or _is_function_entry(now)):
         return f"{_value_change((was,), (now,))} (a function held by {module!r})"
@@ -814,7 +846,7 @@ def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, A
     """The first of two (name, value) lists' differences: "scale changed from 1.0 to 3.0"."""
     before_values, after_values = dict(before), dict(after)
     # Replaced code first: the new code may read other values, which is not the news.
-    for name in sorted(set(before_values) | set(after_values)):
+    for name in sorted(set(before_values) | set(after_values), key=_name_order):
         was, now = before_values.get(name), after_values.get(name)
         if was != now and (isinstance(was, _Code) or isinstance(now, _Code)):
             if isinstance(was, _Code) and isinstance(now, _Code) and was.same_function(now):
@@ -823,7 +855,8 @@ def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, A
     found = _first_difference(before_values, after_values)
     if found is None:
         return "a value changed"
-    name, was, now = found
+    key, was, now = found
+    name = key if type(key) is str else f"[{_show_key(key)}]"  # a dict's key (_container_values)
     shown = (*_PLAIN, enum.Enum, torch.dtype)
     if (isinstance(was, shown) or was is ABSENT) and (isinstance(now, shown) or now is ABSENT):
         return f"{name} changed from {was!r} to {now!r}"
@@ -838,15 +871,20 @@ def _value_change(before: tuple[tuple[str, Any], ...], after: tuple[tuple[str, A
         for key in [*before_items, *(k for k in after_items if k not in before_items)]:
             old, new = before_items.get(key, "<unset>"), after_items.get(key, "<unset>")
             if old != new and isinstance(old, _SHOWN) and isinstance(new, _SHOWN):
-                entry = f"[{key!r}]" if was[0] == "table" else f".{key}"
+                entry = f"[{_show_key(key)}]" if was[0] == "table" else f".{key}"
                 return f"{name}{entry} changed from {old!r} to {new!r}"
     if _is_described_object(was) and _is_described_object(now):  # a held object's held object
         if dict(was).get(_IDENTITY) != dict(now).get(_IDENTITY):
             return f"{name} was replaced"
-        return f"{name}.{_value_change(was, now)}"
+        return _joined(name, _value_change(was, now))
     if isinstance(was, tuple) and isinstance(now, tuple):  # a list, an array
         return f"{name} changed from {_show_value(was)} to {_show_value(now)}"
     return f"{name} changed"
+
+
+def _joined(name: str, change: str) -> str:
+    """``name.change``, or ``name[key] ...`` where the change is a dict's other key's."""
+    return f"{name}{change}" if change.startswith("[") else f"{name}.{change}"
 
 
 def _is_described_object(value: Any) -> bool:
@@ -880,9 +918,14 @@ def _show_value(value: Any) -> str:
     return shown if len(shown) <= 80 else f"{shown[:60]}... ({len(value)} entries)"
 
 
+def _name_order(name: Any) -> tuple[int, str]:
+    """Names in sorted order, a dict's other keys (:func:`_key_form`) after them."""
+    return (0, name) if type(name) is str else (1, repr(name))
+
+
 def _first_difference(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, Any, Any] | None:
     """The first name, in sorted order, whose value differs, with both values ("<unset>" where absent)."""
-    for name in sorted(set(before) | set(after)):
+    for name in sorted(set(before) | set(after), key=_name_order):
         was, now = before.get(name, "<unset>"), after.get(name, "<unset>")
         if was != now:
             return name, was, now

@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import collections
 import dataclasses
+import enum
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -286,3 +287,64 @@ def test_a_forward_that_appends_to_a_bounded_deque_trains_in_pytorch(
     with caplog.at_level(logging.WARNING, logger="ortrain"):
         calls_agree(_AppendingNet(2), lambda m: list(m.seen))
     assert "appending to a deque with a maxlen" in caplog.text
+
+
+class _Task(enum.Enum):
+    CLS = 1
+    REG = 2
+
+
+_TASK_WEIGHTS = {_Task.CLS: 1.0}  # module level, read by the forward
+
+
+class _KeyedNet(nn.Module):
+    """Tables keyed by enum members, tuples and ints, and sets of them (wave 52's review: the first
+    two were watched by identity only, and keys were compared as ``str(key)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.by_task = {_Task.CLS: 1.0, _Task.REG: 1.0}
+        self.by_place = {("fc", 0): 1.0}
+        self.by_number: dict[int | str, float] = {1: 2.0}
+        self.active = {_Task.CLS}
+        self.pairs = {(0, 1)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = self.by_task[_Task.CLS] * self.by_place[("fc", 0)] * self.by_number.get(1, 0.5)
+        scale = scale * _TASK_WEIGHTS[_Task.CLS] * (3.0 if _Task.REG in self.active else 1.0)
+        scale = scale * (0.5 if (1, 1) in self.pairs else 1.0)
+        return (self.fc(x) * scale).square().mean()
+
+
+def _renumber(m: _KeyedNet) -> None:
+    del m.by_number[1]
+    m.by_number["1"] = 2.0  # str(key) is the same
+
+
+def _set_global(_: _KeyedNet) -> None:
+    _TASK_WEIGHTS[_Task.CLS] = 3.0
+
+
+_HELD = "held by '(the model)')"
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda m: m.by_task.__setitem__(_Task.CLS, 3.0), "by_task[_Task.CLS] changed from 1.0 to 3.0"),
+        (lambda m: m.by_place.__setitem__(("fc", 0), 3.0), "by_place[('fc', 0)] changed from 1.0 to 3.0"),
+        (_renumber, f"by_number.1 changed from '<unset>' to 2.0 (a dict {_HELD}"),  # the str key "1"
+        (_set_global, "global test_container_guards._TASK_WEIGHTS[_Task.CLS] changed from 1.0 to 3.0"),
+        (lambda m: m.active.add(_Task.REG), f"active.members changed (a set {_HELD}"),
+        (lambda m: m.pairs.add((1, 1)), f"pairs.members changed (a set {_HELD}"),
+    ],
+    ids=["enum key", "tuple key", "int key made str", "global enum key", "enum members", "tuple members"],
+)
+def test_a_table_keyed_by_enum_members_or_tuples_changed_in_place(
+    change: Callable[[Any], None], reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    try:
+        _check(_KeyedNet, change, reason, caplog)
+    finally:
+        _TASK_WEIGHTS[_Task.CLS] = 1.0
