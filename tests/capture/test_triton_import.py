@@ -43,6 +43,17 @@ def test_triton_is_not_imported_without_a_gpu_and_stays_importable() -> None:
     assert found["version"]
 
 
+def test_asking_for_triton_keeps_it() -> None:
+    assert _probe(ORTMODULE_USE_TRITON="1")["loaded"] is True
+
+
 @pytest.mark.parametrize("variable", ["ORTMODULE_USE_TRITON", "TRITON_INTERPRET"])
-def test_asking_for_triton_keeps_it(variable: str) -> None:
-    assert _probe(**{variable: "1"})["loaded"] is True
+def test_either_variable_asks_for_triton(monkeypatch: pytest.MonkeyPatch, variable: str) -> None:
+    """What the fresh interpreter above decides from (one probe is enough for the import itself)."""
+    from ortrain.ortmodule.options import triton_wanted_on_cpu
+
+    monkeypatch.delenv("ORTMODULE_USE_TRITON", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert triton_wanted_on_cpu() is False
+    monkeypatch.setenv(variable, "1")
+    assert triton_wanted_on_cpu() is True

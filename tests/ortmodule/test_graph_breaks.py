@@ -233,24 +233,19 @@ def test_whole_graph_capture_stays_first_choice() -> None:
     assert len(model._ortrain_graphs) == 1
 
 
-def test_backend_name_resolves_after_import() -> None:
-    # A fresh interpreter: only ``from ortrain import ORTModule``, nothing from ortrain.backend.
-    code = (
-        "import torch\nfrom ortrain import ORTModule\nfrom torch._dynamo import lookup_backend\n"
-        "import ortrain.backend as b\nassert lookup_backend('ortrain') is b.ortrain_backend\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
-
-
-@pytest.mark.parametrize("imports", ["", "import ortrain", "from ortrain import ORTModule"])
+@pytest.mark.parametrize("imports", ["", "from ortrain import ORTModule"])
 def test_compile_by_name_trains_whatever_was_imported(imports: str) -> None:
     """``torch.compile(backend="ortrain")`` in a fresh interpreter, with ortrain imported or not:
     TorchDynamo finds the backend through the entry point. It raised "duplicate name: ortrain"
-    when the import it made registered the backend before TorchDynamo's own registration."""
+    when the import it made registered the backend before TorchDynamo's own registration. After
+    only ``from ortrain import ORTModule`` (nothing from ortrain.backend) the name resolves to
+    ortrain's backend itself."""
     code = (
         f"import torch\n{imports}\nlinear = torch.nn.Linear(2, 2)\n"
         "compiled = torch.compile(linear, backend='ortrain')\n"
         "compiled(torch.ones(3, 2)).sum().backward()\nassert linear.weight.grad is not None\n"
+        "from torch._dynamo import lookup_backend\nimport ortrain.backend as b\n"
+        "assert lookup_backend('ortrain') is b.ortrain_backend\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
@@ -295,17 +290,22 @@ def test_a_capture_failing_inside_torch_cond_trains_through_graph_breaks(
     assert wrapped._ortrain_graph_breaks is not None
 
 
-def test_every_instance_of_a_model_class_trains_through_graph_breaks() -> None:
+def test_every_instance_of_a_model_class_trains_through_graph_breaks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Wave 37: TorchDynamo keeps its compiled code on the model class's code objects, for every
     caller alike, and stops compiling a code object after eight entries; each ORTModule compiles
     with a backend of its own, so from the ninth ORTModule of one class on (a hyper-parameter
     search, cross-validation folds) the model ran in eager PyTorch, silently. Each ORTModule's
-    entries are now its own, and are invalidated when it is collected (they held its graphs)."""
+    entries are now its own, and are invalidated when it is collected (they held its graphs).
+    (A limit of two entries here: the third ORTModule is the one past it.)"""
     from torch._dynamo.eval_frame import _get_cache_entries_for_region
 
+    from ortrain.capture import dynamo_backend
+
+    monkeypatch.setattr(dynamo_backend, "RECOMPILE_LIMIT", 2)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     torch._dynamo.reset()
     regions = []
-    for seed in range(10):
+    for seed in range(3):
         torch.manual_seed(seed)
         model = ItemControlFlow()
         eager = copy.deepcopy(model)
