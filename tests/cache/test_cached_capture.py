@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import logging
 import os
+import runpy
 import subprocess
 import sys
 import textwrap
@@ -80,8 +82,25 @@ def test_a_fresh_process_skips_the_capture(tmp_path: Path) -> None:
     kinds = sorted(e.header["kind"] for e in CacheStore(cache).entries())
     assert kinds.count("capture") == 2
 
-    off = _run_child(script, cache, ORTMODULE_CACHE_CAPTURE="0")
-    assert off["stages"] == ["capture"] * 2 and off["losses"] == cold["losses"]
+
+def _run_here(script: Path, capsys: pytest.CaptureFixture[str]) -> dict:
+    """A child's script run in this process (where a fresh interpreter would show nothing more)."""
+    startup_timings.RECORDED.clear()
+    runpy.run_path(str(script), run_name="__main__")
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_capture_caching_switched_off_captures_every_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_CHILD)
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ORTMODULE_CACHE_CAPTURE", "0")
+    for _ in range(2):  # the second run finds nothing stored either
+        off = _run_here(script, capsys)
+        assert off["stages"] == ["capture"] * 2
+    assert not [e for e in CacheStore(tmp_path / "cache").entries() if e.header["kind"] == "capture"]
 
 
 class _Transposes(nn.Module):
@@ -269,17 +288,26 @@ _IMPORTS_IN_FORWARD_CHILD = textwrap.dedent(
 )
 
 
-def test_an_edited_file_the_forward_imports_while_traced_is_captured_again(tmp_path: Path) -> None:
+def test_an_edited_file_the_forward_imports_while_traced_is_captured_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The key hashes the files loaded before the trace; a module a forward imports is loaded by
-    the trace. Until wave 41 an edit to it loaded the old capture (0.5 where eager scaled by 0.9)."""
+    the trace. Until wave 41 an edit to it loaded the old capture (0.5 where eager scaled by 0.9).
+    Run here, the helper unloaded between the runs as a new process would find it."""
     script = tmp_path / "train.py"
     script.write_text(_IMPORTS_IN_FORWARD_CHILD)
     helper = tmp_path / "scaled_by_helper.py"
     helper.write_text("def scale(h):\n    return h * 0.5\n")
-    cold = _run_child(script, tmp_path / "cache")
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # an edit within the second: no stale .pyc
+    monkeypatch.delitem(sys.modules, "scaled_by_helper", raising=False)
+    cold = _run_here(script, capsys)
     assert cold["stages"] == ["capture", "capture (store)"] and cold["got"] == cold["expected"]
     helper.write_text("def scale(h):\n    return h * 0.9\n")
-    edited = _run_child(script, tmp_path / "cache")
+    del sys.modules["scaled_by_helper"]
+    importlib.invalidate_caches()
+    edited = _run_here(script, capsys)
     # The stored entry is found and refused (a fresh process with the same files loads it:
     # test_a_fresh_process_skips_the_capture), and the new one stored.
     assert edited["stages"] == ["capture (cached)", "capture", "capture (store)"]
