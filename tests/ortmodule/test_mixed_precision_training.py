@@ -57,8 +57,17 @@ def _assert_trains_like_eager(model: nn.Module, autocast: torch.dtype | None) ->
             torch.testing.assert_close(q, p, atol=1e-3, rtol=1e-2, msg=name)
 
 
-@pytest.mark.parametrize("autocast", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("norm", ["batch", "instance", "group"])
+# Batch norm (the one whose statistics crossed the cut) under both autocast dtypes; the others
+# under one each, between them both.
+@pytest.mark.parametrize(
+    ("norm", "autocast"),
+    [
+        ("batch", torch.bfloat16),
+        ("batch", torch.float16),
+        ("instance", torch.float16),
+        ("group", torch.bfloat16),
+    ],
+)
 def test_autocast_training_through_a_norm_that_keeps_float32_parameters(
     norm: str, autocast: torch.dtype
 ) -> None:
