@@ -414,8 +414,11 @@ def capture(
         raise RuntimeError("AOTAutograd produced no forward graph")
     if training and "backward" not in slots:
         logger.debug("no output requires grad: the training capture has no backward graph")
-    # Not stored where the forward read the environment: a loaded capture would not know it.
-    storable = entries and not call_ids and not _calls_python(slots) and not environment
+    # Not stored where the forward read the environment or called modules the model does not hold:
+    # the key on disk covers neither, and a loaded capture would not know to watch them.
+    storable = (
+        entries and not call_ids and not _calls_python(slots) and not environment and not unheld_modules
+    )
     captured = Capture(
         fn=fn,
         state_names=state_names,

@@ -312,3 +312,41 @@ def test_an_edited_file_the_forward_imports_while_traced_is_captured_again(
     # test_a_fresh_process_skips_the_capture), and the new one stored.
     assert edited["stages"] == ["capture (cached)", "capture", "capture (store)"]
     assert edited["got"] == pytest.approx(edited["expected"], rel=1e-6) and edited["got"] != cold["got"]
+
+
+class _Temperature(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.t = 2.0
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h / self.t
+
+
+_TEMPERATURE = _Temperature()  # called by the forward, held by no model
+
+
+class _CallsAnUnheldModule(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _TEMPERATURE(self.linear(x)).sum()
+
+
+def test_a_capture_calling_a_module_no_model_holds_is_not_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key on disk covers the model, not a module its forward calls from elsewhere: a stored
+    capture came back with that module's old ``t`` (wave 52's review: -0.99 where eager gave -0.50)."""
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_TEMPERATURE, "t", 2.0)
+    torch.manual_seed(0)
+    model, x = _CallsAnUnheldModule(), torch.randn(2, 4)
+    for t in (2.0, 4.0):
+        _TEMPERATURE.t = t
+        startup_timings.RECORDED.clear()
+        got = ORTModule(copy.deepcopy(model))(x)
+        assert [r.stage for r in startup_timings.RECORDED if r.stage.startswith("capture")] == ["capture"]
+        torch.testing.assert_close(got, model(x))
