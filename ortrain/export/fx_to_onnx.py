@@ -15,7 +15,7 @@ import operator
 import re
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -321,11 +321,17 @@ def _tensor_with_size(candidates: list[Any], size: sympy.Expr) -> tuple[torch.fx
 
 
 def _free_value(used: set[int], lower: int, upper: int | None) -> int:
-    """A value for a size symbol: one of the small primes if its range allows, else the first
-    unused value of its range (a reflect pad of 32 needs a length above 32)."""
-    allowed = [c for c in _HINT_CANDIDATES if c >= lower and (upper is None or c <= upper)]
-    beyond = itertools.count(max(lower, _HINT_CANDIDATES[-1] + 1, 2))
-    return next(c for c in itertools.chain(allowed, beyond) if c not in used)
+    """A value for a size symbol inside its range: one of the small primes if the range allows
+    (a reflect pad of 32 needs a length above 32), else an unused value of the range from its top,
+    else (a range narrower than the symbols sharing it) its lowest value."""
+    lowest = max(lower, 2)
+    inside = [c for c in _HINT_CANDIDATES if c >= lowest and (upper is None or c <= upper)]
+    # Past the primes: large values, which no fixed size of the graph is likely to equal.
+    if upper is None:
+        rest: Iterable[int] = itertools.count(max(lowest, _HINT_CANDIDATES[-1] + 1))
+    else:
+        rest = range(upper, lowest - 1, -1)
+    return next((c for c in itertools.chain(inside, rest) if c not in used), lowest)
 
 
 def _example_inputs(

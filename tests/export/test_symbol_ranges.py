@@ -45,3 +45,12 @@ def test_a_reflect_pad_over_open_lengths_exports_its_backward(
         torch.testing.assert_close(wrapped.module.alpha.grad, eager.alpha.grad, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(wrapped.module.proj.weight.grad, eager.proj.weight.grad)
     assert "failed while attempting to run meta" not in capfd.readouterr().err
+
+
+def test_example_values_stay_inside_bounded_ranges() -> None:
+    from ortrain.export.fx_to_onnx import _free_value
+
+    assert _free_value(set(), 34, None) == 37  # the first small prime the range allows
+    assert _free_value({37}, 34, 40) == 40  # past the primes: from the top of the range
+    assert _free_value(set(), 0, 16) == 16  # a size capped below the primes (a small table)
+    assert _free_value(set(range(2, 11)), 2, 10) == 2  # every value taken: the lowest
