@@ -96,7 +96,7 @@ class MemoryStats:
             device_peak = torch.cuda.max_memory_allocated(device) / _MIB
         entry = MemoryRecord(step, phase, current, peak, device_current, device_peak)
         self._recent.append(entry)
-        while self._recent[0].step <= step - self.window:
+        while self._recent and self._recent[0].step <= step - self.window:
             self._recent.popleft()
         self.peaks.setdefault(phase, PhasePeak(phase)).add(entry)
         if phase == PHASES[-1]:

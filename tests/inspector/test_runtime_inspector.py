@@ -187,3 +187,15 @@ def test_defaults_as_upstream(monkeypatch: pytest.MonkeyPatch) -> None:
     assert options.enable_sparse_optimizer and options.enable_compute_optimizer
     assert not options.enable_embedding_sparse_optimizer
     assert not options.print_input_density and not options.print_memory_stats
+
+
+def test_a_memory_window_of_zero_keeps_no_records_but_every_peak() -> None:
+    """``window = 0`` (keep nothing for plotting): the record of a step was popped, then the empty
+    window indexed (IndexError, and the model went to PyTorch)."""
+    from ortrain.inspector.memory_stats import PHASES, MemoryStats
+
+    stats = MemoryStats(window=0)
+    for step in (1, 2):
+        for phase in PHASES:
+            stats.record(step, phase)
+    assert stats.records == [] and set(stats.peaks) == set(PHASES)
