@@ -43,6 +43,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
@@ -496,17 +497,24 @@ def _key_form(key: Any) -> Any:
     """A dict key or set member as the guards compare it: a plain value exactly (``1`` is neither
     ``"1"`` nor ``True``: until wave 52 keys were compared as ``str(key)``), an enum member as
     itself (one object per member: ``self.w[Task.CLS]``), a tuple of those by its items
-    (``self.scale[("fc", 0)]``); ``_NOT_PLAIN`` for anything else (the container is then watched
+    (``self.scale[("fc", 0)]``), a frozenset of those by its members, bytes and NumPy scalars by
+    type and value; ``_NOT_PLAIN`` for anything else (the container is then watched
     by identity only). Until wave 52 the last two were not plain, and ``self.w[Task.CLS] = 3.0``
     between steps kept the old graph, silently."""
     kind = type(key)
     if kind in _PLAIN:
         return exact(key)
+    if kind is bytes:
+        return ("bytes", key)
     if isinstance(key, enum.Enum):
         return ("member", key)  # tagged: an IntEnum member equals its int
-    if kind is tuple and len(key) <= _SHORT:
+    if isinstance(key, np.generic) and key.ndim == 0:  # ``np.int64(3)``: its type and value
+        return ("numpy", kind, _key_form(key.item()))
+    if kind in (tuple, frozenset) and len(key) <= _SHORT:
         items = tuple(_key_form(item) for item in key)
-        return _NOT_PLAIN if any(item is _NOT_PLAIN for item in items) else ("tuple", items)
+        if any(item is _NOT_PLAIN for item in items):
+            return _NOT_PLAIN
+        return ("tuple", items) if kind is tuple else ("frozenset", frozenset(items))
     return _NOT_PLAIN
 
 
@@ -517,6 +525,11 @@ def _show_key(form: Any) -> str:
     if type(form) is tuple and len(form) == 2 and form[0] == "tuple":
         items = [_show_key(item) for item in form[1]]
         return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+    if type(form) is tuple and len(form) == 2 and form[0] in ("bytes", "frozenset"):
+        shown = sorted(_show_key(item) for item in form[1]) if form[0] == "frozenset" else None
+        return repr(form[1]) if shown is None else f"frozenset({{{', '.join(shown)}}})"
+    if type(form) is tuple and len(form) == 3 and form[0] == "numpy":
+        return f"np.{form[1].__name__}({_show_key(form[2])})"
     return repr(form)
 
 

@@ -752,6 +752,7 @@ class ORTModule(nn.Module):
             logger.info("capturing a graph: %s", reason)
             snapshot = ModuleSnapshot(self._ortrain_module)
             reads_before = self._ortrain_reads.version
+            changes: list[Any] = []  # restore() itself may raise: its error, not an unbound name
             try:
                 try:
                     with self._ortrain_reads.reaching(snapshot.record_reached):

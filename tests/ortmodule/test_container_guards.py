@@ -21,6 +21,7 @@ import torch
 from _parity import calls_agree, capture_reasons_across
 from torch import nn
 
+from ortrain import ORTModule
 from ortrain.errors import ORTModuleTorchModelException
 
 
@@ -309,11 +310,13 @@ class _KeyedNet(nn.Module):
         self.by_number: dict[int | str, float] = {1: 2.0}
         self.active = {_Task.CLS}
         self.pairs = {(0, 1)}
+        self.by_other = {np.int64(3): 1.0, frozenset({1, 2}): 1.0, b"k": 1.0}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scale = self.by_task[_Task.CLS] * self.by_place[("fc", 0)] * self.by_number.get(1, 0.5)
         scale = scale * _TASK_WEIGHTS[_Task.CLS] * (3.0 if _Task.REG in self.active else 1.0)
         scale = scale * (0.5 if (1, 1) in self.pairs else 1.0)
+        scale = scale * self.by_other[np.int64(3)] * self.by_other[frozenset({1, 2})] * self.by_other[b"k"]
         return (self.fc(x) * scale).square().mean()
 
 
@@ -338,8 +341,21 @@ _HELD = "held by '(the model)')"
         (_set_global, "global test_container_guards._TASK_WEIGHTS[_Task.CLS] changed from 1.0 to 3.0"),
         (lambda m: m.active.add(_Task.REG), f"active.members changed (a set {_HELD}"),
         (lambda m: m.pairs.add((1, 1)), f"pairs.members changed (a set {_HELD}"),
+        (lambda m: m.by_other.__setitem__(np.int64(3), 3.0), "by_other[np.int64(3)] changed from 1.0 to 3.0"),
+        (lambda m: m.by_other.__setitem__(frozenset({2, 1}), 3.0), "by_other[frozenset({1, 2})] changed"),
+        (lambda m: m.by_other.__setitem__(b"k", 3.0), "by_other[b'k'] changed from 1.0 to 3.0"),
     ],
-    ids=["enum key", "tuple key", "int key made str", "global enum key", "enum members", "tuple members"],
+    ids=[
+        "enum key",
+        "tuple key",
+        "int key made str",
+        "global enum key",
+        "enum members",
+        "tuple members",
+        "numpy key",
+        "frozenset key",
+        "bytes key",
+    ],
 )
 def test_a_table_keyed_by_enum_members_or_tuples_changed_in_place(
     change: Callable[[Any], None], reason: str, caplog: pytest.LogCaptureFixture
@@ -348,3 +364,28 @@ def test_a_table_keyed_by_enum_members_or_tuples_changed_in_place(
         _check(_KeyedNet, change, reason, caplog)
     finally:
         _TASK_WEIGHTS[_Task.CLS] = 1.0
+
+
+class _RaisingEquality:
+    def __hash__(self) -> int:
+        return 7
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("this key cannot be compared")
+
+
+class _OddlyKeyed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.key = _RaisingEquality()
+        self.scales = {self.key: 2.0}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.scales[self.key]
+
+
+def test_an_error_while_putting_the_model_back_after_a_capture_is_the_one_raised() -> None:
+    """It was hidden behind ``UnboundLocalError: cannot access local variable 'changes'``."""
+    with pytest.raises(RuntimeError, match="this key cannot be compared"):
+        ORTModule(_OddlyKeyed())(torch.randn(2, 4))
