@@ -16,6 +16,8 @@ from typing import Any
 
 from ortrain.capture.plain_values import plain_form
 
+_NAN_HASH = hash("nan")
+
 
 class ExactFloat(float):
     __slots__ = ()
@@ -32,7 +34,10 @@ class ExactFloat(float):
         return not self.__eq__(other)
 
     def __hash__(self) -> int:
-        return hash(repr(float(self)))  # NaN's own hash is its identity's
+        # NaN's own hash is its identity's: every NaN equals every other here, so one hash for all.
+        # (Not through repr: the guards hash keys full of these at every call.)
+        value = float(self)
+        return hash(value) if value == value else _NAN_HASH
 
 
 class ExactBool(int):
