@@ -302,25 +302,26 @@ def test_every_instance_of_a_model_class_trains_through_graph_breaks(monkeypatch
     from ortrain.capture import dynamo_backend
 
     monkeypatch.setattr(dynamo_backend, "RECOMPILE_LIMIT", 2)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     torch._dynamo.reset()
     regions = []
-    for seed in range(3):
-        torch.manual_seed(seed)
-        model = ItemControlFlow()
-        eager = copy.deepcopy(model)
-        wrapped = ORTModule(model)
-        x = torch.randn(4, 8)
-        wrapped(x).sum().backward()
-        eager(x).sum().backward()
-        path = wrapped._ortrain_graph_breaks
-        assert path is not None and path.graph_count >= 2, f"ORTModule {seed} did not train through ortrain"
-        assert_same_state(wrapped, eager)
-        for ours, theirs in zip(wrapped.parameters(), eager.parameters(), strict=True):
-            torch.testing.assert_close(ours.grad, theirs.grad)
-        regions.append(path.compiled.dynamo_ctx._isolate_recompiles_id)
-        del wrapped, model, path
-        gc.collect()
+    # Dynamo's config through its own patch: monkeypatch's undo left it broken for later tests.
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for seed in range(3):
+            torch.manual_seed(seed)
+            model = ItemControlFlow()
+            eager = copy.deepcopy(model)
+            wrapped = ORTModule(model)
+            x = torch.randn(4, 8)
+            wrapped(x).sum().backward()
+            eager(x).sum().backward()
+            path = wrapped._ortrain_graph_breaks
+            assert path is not None and path.graph_count >= 2, f"ORTModule {seed} trained in PyTorch"
+            assert_same_state(wrapped, eager)
+            for ours, theirs in zip(wrapped.parameters(), eager.parameters(), strict=True):
+                torch.testing.assert_close(ours.grad, theirs.grad)
+            regions.append(path.compiled.dynamo_ctx._isolate_recompiles_id)
+            del wrapped, model, path
+            gc.collect()
     for region in regions:
         entries = _get_cache_entries_for_region(ItemControlFlow.forward, region)
         assert entries and all(entry.code is None for entry in entries)
