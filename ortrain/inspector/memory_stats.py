@@ -81,6 +81,7 @@ class MemoryStats:
     def __init__(self, window: int = WINDOW) -> None:
         self.window = window
         self._recent: deque[MemoryRecord] = deque()
+        self._this_step: list[MemoryRecord] = []  # the phases of the step being recorded, logged at its end
         self.peaks: dict[str, PhasePeak] = {}
 
     @property
@@ -99,13 +100,10 @@ class MemoryStats:
         while self._recent and self._recent[0].step <= step - self.window:
             self._recent.popleft()
         self.peaks.setdefault(phase, PhasePeak(phase)).add(entry)
+        self._this_step = [r for r in self._this_step if r.step == step] + [entry]
         if phase == PHASES[-1]:
-            this_step = []
-            for r in reversed(self._recent):
-                if r.step != step:
-                    break
-                this_step.append(r)
-            logger.info("memory at step %d (MiB)\n%s", step, self.table(this_step[::-1]))
+            logger.info("memory at step %d (MiB)\n%s", step, self.table(self._this_step))
+            self._this_step = []
         return entry
 
     def table(self, records: list[MemoryRecord] | None = None) -> str:

@@ -189,13 +189,17 @@ def test_defaults_as_upstream(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not options.print_input_density and not options.print_memory_stats
 
 
-def test_a_memory_window_of_zero_keeps_no_records_but_every_peak() -> None:
+def test_a_memory_window_of_zero_keeps_no_records_but_every_peak(caplog: pytest.LogCaptureFixture) -> None:
     """``window = 0`` (keep nothing for plotting): the record of a step was popped, then the empty
     window indexed (IndexError, and the model went to PyTorch)."""
     from ortrain.inspector.memory_stats import PHASES, MemoryStats
 
     stats = MemoryStats(window=0)
-    for step in (1, 2):
-        for phase in PHASES:
-            stats.record(step, phase)
+    with caplog.at_level(logging.INFO, logger="ortrain.inspector"):
+        for step in (1, 2):
+            for phase in PHASES:
+                stats.record(step, phase)
     assert stats.records == [] and set(stats.peaks) == set(PHASES)
+    # Each step's table still shows its three phases (it read them back from the kept records).
+    tables = [r.getMessage() for r in caplog.records if r.getMessage().startswith("memory at step")]
+    assert len(tables) == 2 and all(all(f"| {phase} |" in t for phase in PHASES) for t in tables)
