@@ -357,7 +357,7 @@ def capture(
                 memory.level > 0 or bool(memory.requests) or logger.isEnabledFor(logging.INFO)
             )
             traced_module, trace = rewrite_forward(
-                module, example, forward_rewrites, module_paths=summary_read
+                module, example, forward_rewrites, module_paths=summary_read, values=inputs
             )
             if traced_module is not module and not inputs:
                 # The rewritten graph needs fake inputs that carry a shape environment (below); a

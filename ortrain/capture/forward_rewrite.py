@@ -33,6 +33,10 @@ logger = logging.getLogger("ortrain.capture")
 # A rewrite edits the graph in place and returns one line per change (empty: nothing changed).
 ForwardRewrite = Callable[[torch.fx.GraphModule], list[str]]
 
+# While the rewrites run, each input placeholder's meta holds the call's real tensor under this
+# key (a rewrite that pays only for some values decides from them: passes/label_density.py).
+INPUT_VALUE = "ortrain_input_value"
+
 
 @dataclass
 class ForwardTrace:
@@ -183,6 +187,7 @@ def rewrite_forward(
     rewrites: Sequence[ForwardRewrite],
     *,
     module_paths: bool = False,
+    values: Sequence[torch.Tensor] = (),
 ) -> tuple[nn.Module, ForwardTrace | None]:
     """Apply ``rewrites`` to the traced forward; the module AOTAutograd should capture, and the trace.
 
@@ -190,6 +195,7 @@ def rewrite_forward(
     ``module_paths``: the joint graph AOTAutograd traces from the rewritten forward names each
     node's submodule, as a capture of the module itself does (the memory optimizer's per-layer
     summary). Measured on the tiny GPT: +0.16 s to a first capture, +0.7 s to a symbolic one.
+    ``values``: the call's real inputs, which the rewrites see as :data:`INPUT_VALUE`.
     """
     inline_before = inline_function_calls()
     trace = trace_forward(flat_module, example, module_paths=module_paths)
@@ -205,8 +211,16 @@ def rewrite_forward(
             "whose own backward a rewritten forward would lose"
         )
         return flat_module, trace
-    for rewrite in rewrites:
-        trace.changes += rewrite(trace.graph_module)
+    placeholders = trace.input_placeholders if len(values) == len(trace.input_placeholders) else []
+    for node, tensor in zip(placeholders, values, strict=False):
+        if not isinstance(tensor, FakeTensor):
+            node.meta[INPUT_VALUE] = tensor
+    try:
+        for rewrite in rewrites:
+            trace.changes += rewrite(trace.graph_module)
+    finally:  # the trace outlives the capture (the inspector reads it): it keeps no batch alive
+        for node in placeholders:
+            node.meta.pop(INPUT_VALUE, None)
     if not trace.changes:
         return flat_module, trace
     trace.graph_module.graph.eliminate_dead_code()

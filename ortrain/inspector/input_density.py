@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ortrain.passes.label_density import source_placeholder
 from ortrain.passes.linear_cross_entropy import linear_cross_entropy
 
 logger = logging.getLogger("ortrain.inspector")
@@ -30,27 +31,6 @@ aten = torch.ops.aten
 
 WINDOW = 1000  # steps kept as records; older steps count in the running figures only
 
-# Ops that move or copy index values without computing new ones (argument 0 is the source).
-_PASS_THROUGH = {
-    aten.view.default,
-    aten.reshape.default,
-    aten._unsafe_view.default,
-    aten.slice.Tensor,
-    aten.select.int,
-    aten.clone.default,
-    aten.contiguous.default,
-    aten._to_copy.default,
-    aten.to.dtype,
-    aten.to.dtype_layout,
-    aten.expand.default,
-    aten.flatten.using_ints,
-    aten.squeeze.dim,
-    aten.unsqueeze.default,
-    aten.constant_pad_nd.default,
-    aten.pad.default,
-    aten.index_select.default,
-    aten.alias.default,
-}
 # loss -> (position of its labels, position of ignore_index, its default)
 _LOSSES: dict[object, tuple[int, int, int]] = {
     aten.cross_entropy_loss.default: (1, 4, -100),
@@ -82,15 +62,8 @@ class DensityRecord:
 
 
 def _source_input(node: object, inputs: dict[torch.fx.Node, int]) -> int | None:
-    seen = 0
-    while isinstance(node, torch.fx.Node) and seen < 64:
-        if node in inputs:
-            return inputs[node]
-        if node.op != "call_function" or node.target not in _PASS_THROUGH or not node.args:
-            return None
-        node = node.args[0]
-        seen += 1
-    return None
+    source = source_placeholder(node)
+    return None if source is None else inputs.get(source)
 
 
 def find_density_sources(

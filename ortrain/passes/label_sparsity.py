@@ -10,7 +10,8 @@ to the sum nor to the count. So the pass inserts, before each such loss,
 The softmax and the loss (forward and backward) then run on the counted rows; the compute
 optimizer moves the gather further up (through the LM head) where nothing else reads the dense
 rows. With no counted row the loss is ``nan`` for ``mean`` (0/0) and 0 for ``sum``, as in eager
-PyTorch, and every gradient is zero.
+PyTorch, and every gradient is zero. A loss whose labels in the captured batch nearly all count
+is left dense (:mod:`ortrain.passes.label_density`).
 
 It runs on the pre-dispatch forward graph (see :mod:`ortrain.capture.forward_rewrite`).
 """
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ortrain.passes.label_density import dense_reason, sparse_enough
 from ortrain.passes.rowwise import op_name, value
 
 logger = logging.getLogger("ortrain.passes")
@@ -98,6 +100,10 @@ def gather_counted_labels(gm: torch.fx.GraphModule) -> list[str]:
             continue
         if loss.reduction not in (_MEAN, _SUM):
             logger.info("label sparsity: %s left dense (reduction='none' returns every row)", loss.node.name)
+            continue
+        sparse, density = sparse_enough(loss.target, loss.ignore_index)
+        if not sparse:
+            logger.info("label sparsity: %s left dense (%s)", loss.node.name, dense_reason(density))
             continue
         with graph.inserting_before(loss.node):
             rows, labels = gather_counted_rows(graph, loss.logits, loss.target, loss.ignore_index)

@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from ortrain.passes.label_density import dense_reason, sparse_enough
 from ortrain.passes.label_sparsity import gather_counted_rows
 from ortrain.passes.rowwise import value
 
@@ -223,7 +224,8 @@ def _linear_through_views(node: Any) -> tuple[torch.fx.Node, list[torch.fx.Node]
 def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, *, sparse: bool, chunked_gathers: bool) -> list[str]:
     """Replace each eligible ``linear`` + ``cross_entropy`` by :func:`linear_cross_entropy`.
 
-    ``sparse``: ignored labels are dropped (label sparsity). ``chunked_gathers``: each chunk gathers
+    ``sparse``: ignored labels are dropped (label sparsity), where the captured batch ignores
+    enough of them (:mod:`ortrain.passes.label_density`). ``chunked_gathers``: each chunk gathers
     its own counted rows (bounded memory) rather than one gather before the head (fewer FLOPs
     upstream, through the compute optimizer).
     """
@@ -266,7 +268,10 @@ def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, *, sparse: bool, chunked
         others = [u for v in (linear, *views) for u in v.users if u not in loss_chain]
         logits_arg = linear if others else None
         target = node.args[1]
-        gather_first = sparse and not others and not chunked_gathers
+        sparse_here, density = sparse_enough(target, ignore_index) if sparse else (False, None)
+        if sparse and not sparse_here:
+            logger.info("label sparsity: %s left dense (%s)", node.name, dense_reason(density))
+        gather_first = sparse_here and not others and not chunked_gathers
         with graph.inserting_before(node):
             if gather_first:  # the gather label sparsity writes, which the compute optimizer can move
                 # A reshape: the head's input may be a transposed view (a sequence-first model).
@@ -274,7 +279,7 @@ def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, *, sparse: bool, chunked
                 # the compute optimizer reads the selected tensor's shape off its meta
                 rows.meta["val"] = value(x).reshape(-1, value(x).shape[-1])
                 x, target = gather_counted_rows(graph, rows, target, ignore_index)
-            chunk_sparse = sparse and not gather_first
+            chunk_sparse = sparse_here and not gather_first
             smoothing = float(label_smoothing)
             arguments = (x, w, b, logits_arg, target, reduction, ignore_index, smoothing, chunk_sparse)
             fused = graph.call_function(linear_cross_entropy, arguments)
