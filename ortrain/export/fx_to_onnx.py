@@ -56,6 +56,7 @@ from ortrain.export.factory_dtypes import spell_out_factory_dtypes
 from ortrain.export.flash_attention_math import NoMathForm
 from ortrain.export.half_precision_numbers import size_numbers_in_float32
 from ortrain.export.index_dtypes import cast_indices_to_int64, int64_advanced_indices
+from ortrain.export.integer_sums import sum_integers_exactly
 from ortrain.export.known_shape_inference import shape_inference_only_where_unknown
 from ortrain.export.nan_propagation import propagate_nan
 from ortrain.export.negative_indices import refuse_negative_indices
@@ -547,6 +548,7 @@ def _translate(
     drop_output_size_hints(gm)  # onnxscript refuses repeat_interleave's output_size (see the module)
     round_number_operands(gm)  # `x_bf16 >= 1000.3` compares with 1000, as PyTorch (see the module)
     spell_out_math(gm)  # the operators whose translations lose PyTorch's answers (see the module)
+    sum_integers_exactly(gm)  # ONNX Runtime's ReduceSum adds integers in double (see the module)
     copy_slice_backwards(gm)  # a slice's backward as a Pad, not a scatter between two transposes
     numbers_as_operands(gm)  # float64 graphs: no float32 attributes (double_precision_constants)
     sizes_as_double(gm)  # numbers computed from sizes in float64, as Python does (double_precision_sizes)
