@@ -278,10 +278,10 @@ class GraphKey(NamedTuple):
     # The environment variables the model's captures read (``os.getenv("HEAD")``), with their values
     # now (None: unset): a graph holds the branch its values chose (capture/environment_reads.py).
     environment: tuple[tuple[str, str | None], ...] = ()
-    # The state (guards.read_state) of each module the captures' forwards called that the model
+    # (id, guards.read_state key) of each module the captures' forwards called that the model
     # does not hold (``DROP = nn.Dropout(p)`` at module level, ``self.aux = [Temperature()]``):
     # its plain attributes and ``training`` are baked into the graph like a submodule's.
-    unheld: tuple[Any, ...] = ()
+    unheld: tuple[tuple[int, Any], ...] = ()
 
     @property
     def inputs_alias(self) -> bool:
@@ -872,16 +872,16 @@ class ORTModule(nn.Module):
         )
         return key._replace(state=after)
 
-    def _unheld_state(self) -> tuple[Any, ...]:
-        """GraphKey.unheld: the state of each module the captures called outside the model, alive."""
-        modules = []
+    def _unheld_state(self) -> tuple[tuple[int, Any], ...]:
+        """GraphKey.unheld: (id, state) of each module the captures called outside the model, alive."""
+        states = []
         for module_id, ref in list(self._ortrain_unheld.items()):
             module = ref()
             if module is None:
                 del self._ortrain_unheld[module_id]  # a graph that called it captures again
             else:
-                modules.append(module)
-        return tuple(read_state(m, self._ortrain_reads).key for m in modules)
+                states.append((module_id, read_state(module, self._ortrain_reads).key))
+        return tuple(states)
 
     def _guard(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -962,11 +962,10 @@ class ORTModule(nn.Module):
             return "torch.backends.mha's fast path was switched " + ("on" if key.mha_fastpath else "off")
         return "custom autograd support was switched " + ("on" if key.opaque_functions else "off")
 
-    def _unheld_change(self, before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+    def _unheld_change(self, before: tuple[tuple[int, Any], ...], after: tuple[tuple[int, Any], ...]) -> str:
         """What changed in a module the forward calls that the model does not hold."""
-        was = {state[0][0][0][0]: state for state in before}  # by the module's id: see guards.read_state
-        for state in after:
-            module_id = state[0][0][0][0]
+        was = dict(before)
+        for module_id, state in after:
             ref = self._ortrain_unheld.get(module_id)
             module = ref() if ref is not None else None
             if module_id in was and was[module_id] != state and module is not None:
