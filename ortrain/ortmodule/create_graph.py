@@ -25,27 +25,43 @@ logger = logging.getLogger("ortrain.ortmodule")
 
 _warned = False
 
-
-def _before_backward(grad_outputs: Any) -> None:
-    global _warned
-    if _warned or not torch.is_grad_enabled():
-        return
-    _warned = True
-    logger.warning(
-        "backward(create_graph=True) through an ORTModule graph that cannot be recomputed in "
-        "PyTorch (the model writes into its input in place, reads a tensor that requires grad and "
-        "is neither its parameter nor an input, calls opaque autograd Functions or reentrant "
-        "checkpoints, or trains through TorchDynamo's graph breaks): its gradients come from the "
-        "captured backward graph and cannot be differentiated again (a second backward raises "
-        "'does not currently support double backward'). For a second-order term, run that "
-        "forward on the plain model, `wrapped.module`."
-    )
+# Why a call has no twice-differentiable node, as the warning names it (until wave 53 the warning
+# listed every reason, the input written in place first, and a model on the graph-break path, say
+# after a backward hook registered once and removed, read as a model writing into its input).
+WRITES_ITS_INPUT = "the model writes into its input in place"
+READS_AN_OUTSIDE_TENSOR = (
+    "its graph reads a tensor that requires grad and is neither its parameter nor an input"
+)
+CALLS_PYTHON = "its graph calls opaque autograd Functions or reentrant checkpoints"
+GRAPH_BREAKS = (
+    "the model trains through TorchDynamo's graph breaks, as it has since the first call that "
+    "needed them: data-dependent Python, or a module hook, even one removed since"
+)
 
 
-def watch_for_create_graph(outputs: Sequence[Any]) -> None:
-    """Hook the captured graph's backward node (once the warning is out, nothing is hooked)."""
+def _before_backward(why: str) -> Any:
+    def hook(grad_outputs: Any) -> None:
+        global _warned
+        if _warned or not torch.is_grad_enabled():
+            return
+        _warned = True
+        logger.warning(
+            "backward(create_graph=True) through an ORTModule graph that cannot be recomputed in "
+            "PyTorch (%s): its gradients come from the captured backward graph and cannot be "
+            "differentiated again (a second backward raises 'does not currently support double "
+            "backward'). For a second-order term, run that forward on the plain model, "
+            "`wrapped.module`.",
+            why,
+        )
+
+    return hook
+
+
+def watch_for_create_graph(outputs: Sequence[Any], why: str) -> None:
+    """Hook the captured graph's backward node (once the warning is out, nothing is hooked);
+    ``why``: the reason the call has no twice-differentiable node, one of the texts above."""
     if not _warned:
-        hook_backward_node(outputs, _before_backward)
+        hook_backward_node(outputs, _before_backward(why))
 
 
 def hook_backward_node(outputs: Sequence[Any], hook: Any) -> None:

@@ -34,7 +34,7 @@ from ortrain.capture.dynamo_backend import (
 )
 from ortrain.capture.dynamo_regions import close_region, open_region
 from ortrain.ortmodule.backward_under_autocast import watch_for_backward_under_autocast
-from ortrain.ortmodule.create_graph import watch_for_create_graph
+from ortrain.ortmodule.create_graph import GRAPH_BREAKS, watch_for_create_graph
 from ortrain.ortmodule.eager_check import run_eagerly_leaving_no_trace
 from ortrain.ortmodule.fallback import ORTModuleFallbackException, ORTModuleTorchModelException
 from ortrain.ortmodule.guards import global_hook_ids
@@ -132,7 +132,7 @@ class GraphBreakPath:
                 _calls_running[0] -= 1
         # AOTAutograd's graphs cannot be differentiated twice: a gradient penalty hears why at its
         # first backward, as on the whole-graph path (wave 42: only torch.compile's own error).
-        watch_for_create_graph(pytree.tree_leaves(outputs))
+        watch_for_create_graph(pytree.tree_leaves(outputs), GRAPH_BREAKS)
         if torch._C._is_any_autocast_enabled():
             watch_for_backward_under_autocast(pytree.tree_leaves(outputs))
         if self.eager_regions and not self.policy & ORTModuleTorchModelException.policy:

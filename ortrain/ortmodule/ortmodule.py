@@ -51,7 +51,12 @@ from ortrain.errors import exception_chain
 from ortrain.inspector.runtime_inspector import RuntimeInspector
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
 from ortrain.ortmodule.backward_under_autocast import watch_for_backward_under_autocast
-from ortrain.ortmodule.create_graph import watch_for_create_graph
+from ortrain.ortmodule.create_graph import (
+    CALLS_PYTHON,
+    READS_AN_OUTSIDE_TENSOR,
+    WRITES_ITS_INPUT,
+    watch_for_create_graph,
+)
 from ortrain.ortmodule.distributed_wrappers import (
     refuse_data_parallel_inside,
     refuse_distributed_submodules,
@@ -819,7 +824,11 @@ class ORTModule(nn.Module):
                 )
             if outputs is None:
                 outputs = entry.capture(state_tensors, call.inputs)
-                watch_for_create_graph(outputs)
+                if entry.capture.mutated_inputs:
+                    why = WRITES_ITS_INPUT
+                else:
+                    why = CALLS_PYTHON if entry.python_ops else READS_AN_OUTSIDE_TENSOR
+                watch_for_create_graph(outputs, why)
             if key.autocast:
                 watch_for_backward_under_autocast(outputs)
         except RECOMPUTATION_STOPS:

@@ -264,6 +264,15 @@ class _TwiceDifferentiable(torch.autograd.Function):
         ctx.inference_inputs = {i: t for i, t in enumerate(user_inputs) if t.is_inference()}
         saved_inputs = [None if i in ctx.inference_inputs else t for i, t in enumerate(user_inputs)]
         ctx.save_for_backward(*wanted, *saved_inputs, *recompute.trained_values)
+        # The recompute's sources (the call's tensors, then the trained parameters) by place, not
+        # by identity: under saved-tensor hooks (``save_on_cpu()``, a non-reentrant checkpoint
+        # around the call) each saved tensor unpacks as an object of its own, so one tensor saved
+        # twice (among ``wanted`` and as an input) comes back as two (wave 53's review: KeyError).
+        first: dict[int, int] = {}
+        for i, t in enumerate((*user_inputs, *recompute.trained_values)):
+            first.setdefault(id(t), i)
+        ctx.sources = [first[id(t)] for t in (*user_inputs, *recompute.trained_values)]
+        ctx.wanted_sources = [first[id(t)] for t in wanted]
         recompute.trained_values = []
         ctx.recompute = recompute
         ctx.counts = (len(wanted), len(user_inputs))
@@ -293,7 +302,9 @@ class _TwiceDifferentiable(torch.autograd.Function):
                 user_inputs[i] = t
             trained = saved[n_wanted + n_inputs :]
             with torch.enable_grad() if batched else contextlib.nullcontext():
-                outputs, wanted = _recomputed(recompute, user_inputs, trained, wanted, len(grads))
+                outputs, wanted = _recomputed(
+                    recompute, user_inputs, trained, ctx.sources, ctx.wanted_sources, len(grads)
+                )
         elif recompute.captured is None:
             raise RuntimeError(
                 "Trying to backward through the graph a second time: an ORTModule call's captured "
@@ -343,13 +354,18 @@ def _recomputed(
     recompute: _Recompute,
     user_inputs: Sequence[torch.Tensor],
     trained: Sequence[torch.Tensor],
-    wanted: Sequence[torch.Tensor],
+    sources: Sequence[int],
+    wanted_sources: Sequence[int],
     count: int,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The forward recomputed in PyTorch on aliases of the call's tensors and parameters (views:
     the graph reaches the tensors through them, and differentiating up to the aliases leaves the
-    tensors' own hooks to run once, at the node's edges), and the aliases of ``wanted``."""
+    tensors' own hooks to run once, at the node's edges), and the aliases of the tensors whose
+    gradients the node returns. ``sources[i]``: the place of the first of ``user_inputs`` then
+    ``trained`` that was the same tensor as the i-th in the forward (one alias for a tensor passed
+    twice); ``wanted_sources``: the place of each tensor whose gradient is returned."""
     recompute.refuse_model_changes()
+    tensors = [*user_inputs, *trained]
     # A parameter frozen since the forward: eager differentiates the graph built while it required
     # grad, which reaches it, and it accumulates there if it requires grad again by the backward
     # (a GAN freezing its discriminator only while the penalty's gradient is taken). The recompute
@@ -361,10 +377,13 @@ def _recomputed(
         # aten.alias, not view_as: its backward passes a sparse gradient (an
         # Embedding(sparse=True) weight's) through, where ViewBackward reshapes it, which sparse
         # tensors refuse.
-        alias_of = {id(t): torch.ops.aten.alias(t) for t in (*user_inputs, *trained) if t.requires_grad}
-        outputs = recompute.eager_outputs(
-            [alias_of.get(id(t), t) for t in user_inputs], [alias_of[id(t)] for t in trained]
-        )
+        aliases = {
+            place: torch.ops.aten.alias(tensors[place])
+            for place in dict.fromkeys(sources)
+            if tensors[place].requires_grad
+        }
+        passed = [aliases.get(place, t) for place, t in zip(sources, tensors, strict=True)]
+        outputs = recompute.eager_outputs(passed[: len(user_inputs)], passed[len(user_inputs) :])
     finally:
         for t in revived:
             t.requires_grad_(False)
@@ -373,7 +392,7 @@ def _recomputed(
             f"backward(create_graph=True) through ORTModule: the forward recomputed in "
             f"PyTorch returned {len(outputs)} tensors, the captured one {count}"
         )
-    return outputs, [alias_of[id(t)] for t in wanted]
+    return outputs, [aliases[place] for place in wanted_sources]
 
 
 def needs_second_order_path() -> bool:
