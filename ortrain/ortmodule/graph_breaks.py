@@ -33,6 +33,7 @@ from ortrain.capture.dynamo_backend import (
     source_line,
 )
 from ortrain.capture.dynamo_regions import close_region, open_region
+from ortrain.capture.outer_checkpoint import recompute_in_full
 from ortrain.ortmodule.backward_under_autocast import watch_for_backward_under_autocast
 from ortrain.ortmodule.create_graph import GRAPH_BREAKS, watch_for_create_graph
 from ortrain.ortmodule.eager_check import run_eagerly_leaving_no_trace
@@ -100,6 +101,15 @@ class GraphBreakPath:
             logger.info("the global module hooks changed: TorchDynamo traces the model again")
             self._close()
             self._compile()
+        if not recompute_in_full():
+            # A checkpoint's recompute that stops early skips what runs after the graphs' saves
+            # (their buffer writes, Dynamo's replayed side effects): see capture/outer_checkpoint.py.
+            raise RuntimeError(
+                "a non-reentrant torch.utils.checkpoint around an ORTModule whose model trains "
+                "through TorchDynamo's graph breaks must recompute without early stop, which "
+                "ortrain could not switch off in this PyTorch: pass early_stop=False to "
+                "checkpoint(...), or use use_reentrant=True"
+            )
         watched = recompile_limit_watched(self._limit_reached)
         reported = graph_breaks_reported(self._report)
         with reported, hooks_guarded(), watched, distribution_checks_off(), module_ints_symbolic():

@@ -292,3 +292,36 @@ def test_model_changes_with_dropout_train_like_eager(monkeypatch: pytest.MonkeyP
     eager = copy.deepcopy(base)
     wrapped = ORTModule(copy.deepcopy(base))
     torch.testing.assert_close(run(wrapped, wrapped.module), run(eager, eager), rtol=1e-5, atol=1e-6)
+
+
+class _NormalizedHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.out = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.bn(self.fc(x))))
+
+
+def test_a_checkpoint_around_a_model_on_graph_breaks_repeats_the_forwards_side_effects() -> None:
+    """A module hook sends the model through TorchDynamo's graph breaks. The checkpoint's recompute
+    stopped inside the first graph's autograd Function, as soon as the last saved tensor was back:
+    the graph's BatchNorm statistics write and Dynamo's replay of the hook's append came after
+    it, so the statistics were updated once where eager updates them twice (wave 53's review)."""
+    torch.manual_seed(0)
+    eager = _NormalizedHead()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    results = []
+    for model, bn in ((eager, eager.bn), (wrapped, wrapped.module.bn)):
+        calls: list[bool] = []
+        bn.register_forward_hook(lambda module, args, out, calls=calls: calls.append(out.requires_grad))
+        for step in range(2):
+            x = (torch.randn(8, 4, generator=torch.Generator().manual_seed(step))).requires_grad_(True)
+            checkpoint(model, x, use_reentrant=False).pow(2).sum().backward()
+        results.append((bn.num_batches_tracked.clone(), bn.running_mean.clone(), len(calls), x.grad))
+        results[-1] += tuple(p.grad for p in model.parameters())
+    assert wrapped._ortrain_graph_breaks is not None
+    assert results[1][2] == results[0][2] == 4  # the hook ran in each forward and each recompute
+    torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6)
