@@ -51,6 +51,20 @@ class ORTModuleIOError(ORTModuleFallbackException):
     policy = FallbackPolicy.FALLBACK_UNSUPPORTED_DATA
 
 
+class GeneratorInputError(ORTModuleIOError):
+    """A call passes a ``torch.Generator`` (``forward(x, generator=g)``): that call runs in PyTorch,
+    and the model keeps its graphs for the calls without one. ``where``: the input, in words."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(
+            f"ORTModule cannot pass {where} (a torch.Generator) to a captured graph; hold the "
+            "generator on the model (an attribute the forward reads), or let "
+            "ORTMODULE_FALLBACK_POLICY include FALLBACK_UNSUPPORTED_DATA, under which the calls "
+            "that pass one run in PyTorch"
+        )
+        self.where = where
+
+
 class ORTModuleTorchModelException(ORTModuleFallbackException):
     policy = FallbackPolicy.FALLBACK_UNSUPPORTED_TORCH_MODEL
 

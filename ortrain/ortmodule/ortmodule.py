@@ -47,7 +47,7 @@ from ortrain.capture.module_paths import UnheldModuleHooksError
 from ortrain.capture.parametrization_cache import parametrizations_cached
 from ortrain.capture.plain_values import NOT_PLAIN, python_attributes
 from ortrain.capture.tracing_context import capturing
-from ortrain.errors import exception_chain
+from ortrain.errors import GeneratorInputError, exception_chain
 from ortrain.inspector.runtime_inspector import RuntimeInspector
 from ortrain.ortmodule._custom_autograd_function import custom_autograd_enabled
 from ortrain.ortmodule.backward_under_autocast import watch_for_backward_under_autocast
@@ -723,6 +723,11 @@ class ORTModule(nn.Module):
         if not fallback.policy & error.policy:
             self._raise_if_user_error(args, kwargs)  # leaves no trace
             raise error
+        if isinstance(error, GeneratorInputError):
+            # This call's alone: the calls without a generator stay on the graphs (until wave 53
+            # one call with a generator sent the model to PyTorch for good).
+            _warn_once_generator_input(error.where)
+            return self._ortrain_module(*args, **kwargs)
         outputs = self._ortrain_module(*args, **kwargs)  # raises PyTorch's error, nothing switched
         fallback.handle(error)
         self._invalidate()  # PyTorch trains this model from now on: free the sessions
@@ -1397,6 +1402,15 @@ def _warn_once_under_transforms() -> None:
     logger.warning(
         "ORTModule runs the model in PyTorch under torch.func transforms (vmap, grad, jacrev, ...): "
         "their wrapped tensors cannot enter a captured graph; calls outside them run on the graphs"
+    )
+
+
+@functools.cache
+def _warn_once_generator_input(where: str) -> None:
+    logger.warning(
+        "ORTModule runs the calls that pass a torch.Generator (%s) in PyTorch, which draws from it "
+        "as eager does: a captured graph cannot take one; calls without one run on the graphs",
+        where,
     )
 
 

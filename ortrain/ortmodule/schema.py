@@ -30,6 +30,7 @@ from ortrain.capture.plain_values import NAMESPACES, is_other_number, python_att
 from ortrain.capture.pytree_nodes import NodeContext, flatten_registered, unflatten_registered
 from ortrain.capture.subclass_views import made_as
 from ortrain.capture.tensor_subclasses import keeps_its_class, overridden_protocols
+from ortrain.errors import GeneratorInputError
 from ortrain.ortmodule.fallback import ORTModuleIOError
 
 _CONSTANT_TYPES = (type(None), bool, int, float, str, torch.dtype, torch.device, enum.Enum)
@@ -297,6 +298,10 @@ def _flatten(value: Any, tensors: list[torch.Tensor], where: tuple[str, str]) ->
         names = tuple(vars(value))
         children = tuple(_flatten(vars(value)[n], tensors, _child(where, n)) for n in names)
         return ("object", type(value), names, children)
+    if isinstance(value, torch.Generator) and where[0] == "input":
+        # A diffusion model's ``forward(x, generator=g)``: a graph cannot draw from a generator it
+        # is handed. Until wave 53 such a call sent the model to PyTorch for good (ortmodule.py).
+        raise GeneratorInputError(_describe(where))
     raise ORTModuleIOError(
         f"ORTModule cannot pass {_describe(where)} (a {type(value).__qualname__}) to or from the model; "
         "use tensors, numbers, strings, None, or tuples, lists, dicts, dataclasses and objects of them"
