@@ -50,6 +50,7 @@ from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import UnsupportedFunctionError
 from ortrain.capture.saved_output_copies import SavedOutputs
 from ortrain.capture.tracing_context import tracing_context
+from ortrain.capture.unused_tangents import UnreachedGradients, leave_unused_tangents_none
 from ortrain.errors import exception_chain
 
 logger = logging.getLogger("ortrain.capture")
@@ -113,6 +114,8 @@ def aot_backend(
             # made by PyTorch, the others in their traced layout.
             views = input_view_chains(plain.graph) if tag == "forward" else {}
             layouts = traced_layouts(plain.graph) if tag == "forward" else {}
+            # The gradients that only an unused output's (None) gradient reaches are None, as eager.
+            unreached = UnreachedGradients(plain) if tag == "backward" else None
             with COMPILE_LOCK:
                 runner = _in_fresh_thread(lambda: compile_graph(plain, tag, number))
 
@@ -120,8 +123,11 @@ def aot_backend(
                 if tag == "backward" and any_batched(args):
                     raise RuntimeError(_BATCHED_GRADIENTS)
                 for position, dtype in scalars:
-                    if args[position].dtype != dtype:
+                    if args[position] is not None and args[position].dtype != dtype:
                         args[position] = args[position].to(dtype)
+                if unreached is not None and any(a is None for a in args):
+                    missing = unreached.missing(args)
+                    return unreached.set_none(runner(args), missing)
                 if not views and not layouts and not detached and saved_outputs is None:
                     return runner(args)
                 inputs = list(args)  # the runner may empty the boxed list
@@ -145,7 +151,19 @@ def aot_backend(
     # autocast, where PyTorch recommends calling it.
     settings = torch._functorch.config.patch(backward_pass_autocast="off")
     with COMPILE_LOCK, tracing_context(), dynamo_graph_overrides(), settings:
-        return backend(gm, example_inputs)
+        compiled = backend(gm, example_inputs)
+
+    @functools.wraps(compiled)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        # As the whole-graph capture: no zeros gradient for an output the loss does not use
+        # (capture/unused_tangents.py). Fed through that output's backward, zeros met its
+        # derivative, and an infinite one (log of an underflowed probability) made every
+        # gradient NaN, where eager never runs that backward.
+        outputs = compiled(*args, **kwargs)
+        leave_unused_tangents_none(outputs)
+        return outputs
+
+    return call
 
 
 def _in_fresh_thread(build: Callable[[], GraphRunner]) -> GraphRunner:

@@ -6,10 +6,15 @@ fills each undefined gradient of a Function's outputs with zeros): (batch x seq)
 that the backward graph then adds to the logits' real gradient, and that eager PyTorch never
 makes. After each forward the Function's node is told not to materialize them, so the backward
 graph gets ``None`` for such a tangent; the plan runner (:mod:`ortrain.runtime.graph_executor`)
-then runs the region that reads it as a variant that computes nothing the missing gradient makes
-zero (:func:`without_inputs`), with zeros made only where something else reads them. Where no
-variant can be built it feeds zeros of this call's size: a symbolic (dynamic) size takes its value
-from the graph's other inputs.
+then runs the region that reads it (or the whole graph) as a variant that computes nothing the
+missing gradient makes zero (:func:`without_inputs`), with zeros made only where something else
+reads them. Where no variant can be built it feeds zeros of this call's size: a symbolic (dynamic)
+size takes its value from the graph's other inputs.
+
+Not computing is also what keeps the gradients right, not only lean: eager never runs the unused
+output's backward, while a zero fed through it meets that output's local derivative, and where the
+derivative is infinite (the log of a probability that underflowed to 0, sqrt/rsqrt/1/x of 0, an
+exp that overflowed) 0 * inf = NaN reached every parameter upstream (wave 53's review).
 """
 
 from __future__ import annotations
@@ -74,6 +79,27 @@ _ZERO_IN_ZERO_OUT: dict[Any, tuple[int, ...]] = {
 }
 
 
+# Ops whose value does not depend on their tensor arguments' values, only on their sizes: a zero
+# argument neither makes them zero nor carries a gradient through them.
+_VALUE_FREE = frozenset(
+    {
+        aten.zeros_like.default,
+        aten.ones_like.default,
+        aten.empty_like.default,
+        aten.full_like.default,
+        aten.new_zeros.default,
+        aten.new_ones.default,
+        aten.new_empty.default,
+        aten.new_full.default,
+        aten.new_empty_strided.default,
+        aten.sym_size.int,
+        aten.sym_stride.int,
+        aten.sym_numel.default,
+        aten.sym_storage_offset.default,
+    }
+)
+
+
 def is_tangent(placeholder: torch.fx.Node) -> bool:
     """AOTAutograd names the backward graph's inputs for output gradients ``tangents_<n>``."""
     return placeholder.op == "placeholder" and placeholder.name.startswith("tangents")
@@ -126,11 +152,33 @@ def zeros_like_value(value: torch.Tensor, symbols: dict[sympy.Symbol, int] | Non
     return torch.zeros(sizes, dtype=value.dtype, device=value.device)
 
 
-def without_inputs(region: torch.fx.GraphModule, positions: set[int]) -> torch.fx.GraphModule | None:
+def carried_outputs(region: torch.fx.GraphModule, carriers: set[int]) -> set[int]:
+    """Positions of ``region``'s outputs that depend on its placeholders at ``carriers`` (values
+    that may hold an output gradient), other than through their sizes alone."""
+    placeholders = [n for n in region.graph.nodes if n.op == "placeholder"]
+    carrying = {placeholders[p] for p in carriers}
+    for node in region.graph.nodes:
+        if node.op == "call_function" and node.target not in _VALUE_FREE:
+            if any(a in carrying for a in node.all_input_nodes):
+                carrying.add(node)
+    returned = region.graph.output_node().args[0]
+    returned = returned if isinstance(returned, (tuple, list)) else (returned,)
+    return {i for i, r in enumerate(returned) if r in carrying}
+
+
+def without_inputs(
+    region: torch.fx.GraphModule, positions: set[int], carriers: set[int] | None = None
+) -> torch.fx.GraphModule | None:
     """``region`` without its placeholders at ``positions`` (zero): what they make zero is not
     computed and additions of zeros are dropped; None when one of them must exist (something that
     is not zero reads it) and its size is not fixed. Outputs that come out zero are removed; their
     positions are in ``meta["zero_outputs"]``.
+
+    ``carriers``: the other placeholders that may hold an output gradient (None: all of them). A
+    backward graph is linear in its output gradients, so a value computed from the missing ones and
+    from no gradient that is there is a contribution of the missing ones alone: zero, whatever the
+    operator (eager never computes it). Computing it from zeros instead gave 0 * inf = NaN where the
+    unused output's derivative is infinite.
 
     A zero value is made (as a zeros constant) only where something that is not itself zero reads
     it. Values of a data-dependent size (the rows a sparsity pass gathered) cannot be made that
@@ -141,7 +189,8 @@ def without_inputs(region: torch.fx.GraphModule, positions: set[int]) -> torch.f
     graph.output(mapping)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     zeros = {placeholders[p] for p in positions}
-    equal_to = _zero_propagation(graph, zeros)
+    others = set(range(len(placeholders))) - set(positions) if carriers is None else carriers - set(positions)
+    equal_to = _zero_propagation(graph, zeros, {placeholders[p] for p in others})
     # Zeros that something other than a zero or a dropped addition reads must exist.
     needed: set[torch.fx.Node] = set()
     # A zero output leaves as None, and whoever reads it may have to make it: not one of a
@@ -186,15 +235,27 @@ def without_inputs(region: torch.fx.GraphModule, positions: set[int]) -> torch.f
     return made
 
 
-def _zero_propagation(graph: torch.fx.Graph, zeros: set[torch.fx.Node]) -> dict[torch.fx.Node, torch.fx.Node]:
-    """Add to ``zeros`` every node that is zero because of them; returns the additions of a zero
-    to another value of the same size and dtype, each with the value it equals."""
+def _zero_propagation(
+    graph: torch.fx.Graph, zeros: set[torch.fx.Node], carriers: set[torch.fx.Node]
+) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Add to ``zeros`` every node that is zero because of them: one that ``_ZERO_IN_ZERO_OUT``
+    makes zero, or a tensor computed from zeros and from no value that may hold a gradient (not
+    one of ``carriers`` nor computed from one). Returns the additions of a zero to another value of
+    the same size and dtype, each with the value it equals."""
     equal_to: dict[torch.fx.Node, torch.fx.Node] = {}
+    carrying = set(carriers)
     for node in graph.nodes:
-        if node.op != "call_function":
+        if node.op != "call_function" or node.target in _VALUE_FREE:
             continue
-        if _zero_when_zero(node, zeros):
+        inputs = node.all_input_nodes
+        carried = any(a in carrying for a in inputs)
+        if carried:
+            carrying.add(node)
+        if _zero_when_zero(node, zeros) or (
+            not carried and any(a in zeros for a in inputs) and _tensors(node.meta.get("val"))
+        ):
             zeros.add(node)
+            carrying.discard(node)
         elif node.target in _ADDS and not node.kwargs:
             a, b = (equal_to.get(x, x) for x in node.args)
             kept = b if a in zeros else a if b in zeros else None
@@ -204,6 +265,13 @@ def _zero_propagation(graph: torch.fx.Graph, zeros: set[torch.fx.Node]) -> dict[
                 else:
                     equal_to[node] = kept
     return equal_to
+
+
+def _tensors(value: Any) -> bool:
+    """A tensor, or the tuple of tensors of an operator with several outputs."""
+    if isinstance(value, (tuple, list)):
+        return bool(value) and all(v is None or isinstance(v, torch.Tensor) for v in value)
+    return isinstance(value, torch.Tensor)
 
 
 def _data_dependent(value: Any) -> bool:

@@ -31,6 +31,7 @@ from torch.fx.node import map_aggregate
 
 from ortrain.capture.compile_lock import COMPILE_LOCK
 from ortrain.capture.unused_tangents import (
+    carried_outputs,
     has_size_symbols,
     is_tangent,
     size_symbols,
@@ -370,6 +371,12 @@ class PlanRunner:
         self._zero_slots: set[int] = set()
         # (step, positions of its None tangents) -> the step's runner without them (None: zeros fed)
         self._variants: dict[tuple[int, frozenset[int]], Runner | None] = {}
+        # Slots that may hold an output gradient: the tangents and what regions compute from them.
+        self._gradients = set(self._tangents)
+        for step in plan.steps:
+            carriers = {p for p, s in enumerate(step.inputs) if s in self._gradients}
+            if carriers:
+                self._gradients.update(step.outputs[p] for p in carried_outputs(step.region, carriers))
 
     def __call__(self, args: list[Any]) -> list[Any]:
         plan = self.plan
@@ -415,8 +422,9 @@ class PlanRunner:
         self, index: int, runner: Runner, values: list[Any], symbols: dict[sympy.Symbol, int]
     ) -> tuple[Runner, list[Any]]:
         """Step ``index`` where some output gradients are None (see ortrain.capture.unused_tangents):
-        a region of a cut graph runs as a variant that makes its zeros inside (built once, a region's
-        export); a graph run whole, or a variant that cannot be built, gets zeros fed."""
+        it runs as a variant that computes nothing of theirs and makes the zeros it still needs
+        inside (built once: a region's export, or the whole graph's); a variant that cannot be
+        built gets zeros fed."""
         step = self.plan.steps[index]
         missing = frozenset(
             p
@@ -431,7 +439,10 @@ class PlanRunner:
             return runner, values
         key = (index, missing)
         if key not in self._variants:
-            self._variants[key] = None if self.plan.whole else self._build_variant(step, missing)
+            # Also for a graph run whole: zeros fed through the unused output's backward meet its
+            # derivative, and where that is infinite 0 * inf = NaN reached every gradient.
+            carriers = {p for p, s in enumerate(step.inputs) if p not in missing and s in self._gradients}
+            self._variants[key] = self._build_variant(step, missing, carriers, whole=self.plan.whole)
         variant = self._variants[key]
         if variant is not None:
             return variant, [v for p, v in enumerate(values) if p not in missing]
@@ -441,18 +452,30 @@ class PlanRunner:
         ]
 
     @staticmethod
-    def _build_variant(step: Step, missing: frozenset[int]) -> Runner | None:
-        region = without_inputs(step.region, set(missing))
+    def _build_variant(
+        step: Step, missing: frozenset[int], carriers: set[int], *, whole: bool
+    ) -> Runner | None:
+        region = without_inputs(step.region, set(missing), carriers)
         if region is None:
+            logger.debug(
+                "region %s: zeros fed for its unused gradients (a size only this call knows)", step.name
+            )
             return None
+        what = f"region {step.name} without unused gradients"
         try:
             # An export, like a capture's: one at a time, and the user's generator untouched.
             with COMPILE_LOCK, torch.random.fork_rng(devices=[]):
-                runner = step.executor.build(
-                    region, what=f"region {step.name} without unused gradients", whole=False
-                )
-        except Exception as error:  # feeding zeros computes the same
-            logger.debug("region %s: no variant without unused gradients (%s)", step.name, error)
-            return None
+                runner = step.executor.build(region, what=what, whole=whole)
+        except Exception as error:
+            # PyTorch runs the variant rather than zeros being fed: they may meet an infinite
+            # derivative, which the variant does not compute.
+            logger.debug(
+                "region %s: no %s variant without unused gradients (%s)", step.name, step.executor.name, error
+            )
+            try:
+                runner = TorchExecutor().build(region, what=what, whole=whole)
+            except Exception as torch_error:
+                logger.debug("region %s: zeros fed for its unused gradients (%s)", step.name, torch_error)
+                return None
         zero_outputs = region.meta.get("zero_outputs", frozenset())
         return _ZeroOutputs(runner, zero_outputs, len(step.outputs)) if zero_outputs else runner

@@ -96,17 +96,17 @@ def test_several_missing_gradients_that_must_exist_become_zeros() -> None:
     index.meta["val"] = torch.empty(4, dtype=torch.long)
     scattered = graph.call_function(aten.index_copy.default, (x, 0, index, first))
     scattered.meta["val"] = torch.empty(4, 3)
-    summed = graph.call_function(aten.add.Tensor, (second, 1.0))
-    summed.meta["val"] = torch.empty(4, 3)
-    graph.output((scattered, summed))
+    joined = graph.call_function(aten.cat.default, ([second, x],))
+    joined.meta["val"] = torch.empty(8, 3)
+    graph.output((scattered, joined))
     for positions in ({2, 3}, {3, 2}):
         region = without_inputs(torch.fx.GraphModule(torch.nn.Module(), graph), positions)
         assert region is not None
         x_value = torch.randn(4, 3)
-        scattered_value, summed_value = region(x_value, torch.tensor([2, 0, 3, 1]))
+        scattered_value, joined_value = region(x_value, torch.tensor([2, 0, 3, 1]))
         want = torch.zeros(4, 3)  # every row scattered from the zero gradient
         torch.testing.assert_close(scattered_value, want)
-        torch.testing.assert_close(summed_value, torch.ones(4, 3))
+        torch.testing.assert_close(joined_value, torch.cat([torch.zeros(4, 3), x_value]))
 
 
 def _kept_rows_gradient(tangent: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,3 +124,30 @@ def test_a_zero_of_a_data_dependent_size_does_not_leave_as_none() -> None:
     assert region is not None and region.meta["zero_outputs"] == frozenset({1})
     (rows_grad,) = region(keep)
     torch.testing.assert_close(rows_grad, torch.zeros(4, 5))
+
+
+def _logit_backward(
+    used: torch.Tensor, missing: torch.Tensor, p: torch.Tensor, outside: torch.Tensor
+) -> tuple[torch.Tensor]:
+    """The probabilities' gradient from the loss and from ``logit(p)`` (an output only logged):
+    logit's derivative 1 / (p (1 - p)) is infinite where a probability underflowed to 0."""
+    masked = torch.where(outside, torch.full_like(missing, float("nan")), missing)
+    return (used + masked / (p * (1 - p)),)
+
+
+def test_a_missing_gradient_meets_no_infinite_derivative() -> None:
+    """What only the missing gradient reaches is zero whatever the operator (a ``where`` here), not
+    computed from zeros: eager never runs the unused output's backward, and 0 / 0 is NaN."""
+    p = torch.tensor([0.0, 0.25, 0.5])
+    used, outside = torch.tensor([1.0, 2.0, 3.0]), torch.zeros(3, dtype=torch.bool)
+    graph = make_fx(_logit_backward)(used, torch.zeros(3), p, outside)
+    region = without_inputs(graph, {1}, carriers={0})
+    assert region is not None
+    assert not any(n.target in (aten.where.self, aten.div.Tensor) for n in region.graph.nodes)
+    (gradient,) = region(used, p, outside)
+    torch.testing.assert_close(gradient, used)
+    # Not told which inputs hold gradients, it takes every one for a gradient: the ``where`` then
+    # mixes the missing gradient with the mask, its zeros are made and divided by 0.
+    conservative = without_inputs(graph, {1})
+    assert conservative is not None
+    assert torch.isnan(conservative(used, p, outside)[0][0])
