@@ -43,6 +43,11 @@ rounded once, as correctly rounded as PyTorch's kernels for float32 and half inp
 finite 13.8); PyTorch's clamp keeps NaN. Written as PyTorch's kernel computes it, in the tensor's
 own dtype (wave 37).
 
+``signbit``: onnxscript writes ``x < 0``, False at -0.0 where PyTorch reads the sign bit (True): a
+mask of negative values flipped for the zeros a ``neg`` or a product made negative. ``x < 0`` or a
+zero whose reciprocal is ``-inf``, in float32 for half precision. (A NaN's sign bit stays unread:
+no ONNX operator of a float reads it; PyTorch's True for ``-nan`` is False here.)
+
 (wave 35; ``tests/export/test_spelled_out_math.py`` compares each with PyTorch on signed zeros,
 infinities, NaN, subnormals and magnitudes from 1e-20 to 1e9.)
 """
@@ -72,7 +77,13 @@ def _exact_form(node: torch.fx.Node) -> torch.fx.Node | None:
     if node.target in _FLOOR_MODE and node.kwargs.get("rounding_mode") != "floor":
         return None
     value = node.meta.get("val")
-    if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
+    # A test of a float (signbit) returns booleans: the operand's dtype is the one that matters.
+    tested = (
+        node.args[0].meta.get("val")
+        if node.target in _TESTS and isinstance(node.args[0], torch.fx.Node)
+        else value
+    )
+    if not isinstance(tested, torch.Tensor) or not tested.dtype.is_floating_point:
         return None
     if node.target in _IN_FLOAT64 and value.dtype == torch.float64:
         return None  # nothing wider to compute in
@@ -311,6 +322,12 @@ def _sign(b: NodeBuilder, x_arg: Any) -> torch.fx.Node:
     return b.call(aten.sub.Tensor, above, below)
 
 
+def _signbit(b: NodeBuilder, x: torch.fx.Node) -> torch.fx.Node:
+    if x.meta["val"].dtype in _HALF:  # the sign of a zero survives the cast
+        x = b.call(aten._to_copy.default, x, dtype=torch.float32)
+    return b.negative(x)
+
+
 def _logit(b: NodeBuilder, x_arg: Any, eps: float | None = None) -> torch.fx.Node:
     # PyTorch's kernel: x clamped to [eps, 1 - eps] keeping NaN, then log(x / (1 - x)), each
     # operation in the tensor's own dtype (half precision included); onnxscript's clamp is a Where
@@ -328,6 +345,7 @@ def _logit(b: NodeBuilder, x_arg: Any, eps: float | None = None) -> torch.fx.Nod
 
 _FORMS: dict[Any, Callable[..., torch.fx.Node]] = {
     aten.sign.default: _sign,
+    aten.signbit.default: _signbit,
     aten.sgn.default: _sign,
     aten.logit.default: _logit,
     aten.log2.default: lambda b, x: _log_base(b, x, base=2.0),
@@ -348,3 +366,5 @@ _FORMS: dict[Any, Callable[..., torch.fx.Node]] = {
 }
 _FLOOR_MODE = frozenset({aten.div.Tensor_mode, aten.div.Scalar_mode})
 _IN_FLOAT64 = frozenset({aten.log2.default, aten.log10.default})
+# Operators that test a float and return booleans.
+_TESTS = frozenset({aten.signbit.default})

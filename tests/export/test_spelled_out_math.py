@@ -41,6 +41,8 @@ _FORMS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "sign": lambda y, x: torch.sign(y),
     "logit": lambda y, x: torch.logit(y),
     "logit with eps": lambda y, x: torch.logit(y, eps=1e-6),
+    # wave 53: onnxscript's signbit is x < 0, False at -0.0
+    "signbit": lambda y, x: torch.signbit(y).float(),
 }
 
 
@@ -165,3 +167,32 @@ def test_a_hand_written_log_sigmoid_stays_finite_in_onnx_runtime() -> None:
     expected.backward()
     got.backward()
     torch.testing.assert_close(wrapped.module.items.weight.grad, model.items.weight.grad)
+
+
+class _SignGate(torch.nn.Module):
+    """A mask of the negative weights (-0.0 among them) gates both a value and a gradient."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([-0.0, 0.0, -1.0, 1.0, -1e-30], dtype=dtype))
+
+    def forward(self) -> torch.Tensor:
+        negative = torch.signbit(self.w)
+        return torch.where(negative, 10.0, 20.0) + self.w * negative
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_signbit_of_a_negative_zero_is_true_in_onnx_runtime(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Wave 53: -0.0 was not negative, so its value was 20 and its gradient 0 (eager: 10 and 1)."""
+    from ortrain import ORTModule
+
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")  # ONNX Runtime's answer
+
+    model, wrapped = _SignGate(dtype), ORTModule(_SignGate(dtype))
+    expected, got = model(), wrapped()
+    torch.testing.assert_close(got, expected)
+    expected.sum().backward()
+    got.sum().backward()
+    torch.testing.assert_close(wrapped.module.w.grad, model.w.grad)
