@@ -141,8 +141,9 @@ def polygamma(n: int, x: torch.Tensor) -> torch.Tensor:
     reflected = (-1.0) ** (n + 1) * ((-1.0) ** n * math.pi * _cot_derivative(n, x) - upper)
     value = torch.where(x >= 0.5, upper, reflected)
     pole = (x <= 0) & (x == torch.floor(x))
-    if n == 0:  # PyTorch: -inf at 0, NaN at the negative integers
-        return torch.where(pole, torch.where(x == 0, -math.inf, math.nan), value)
+    if n == 0:  # PyTorch: copysign(inf, -x) at ±0 (+inf at -0.0), NaN at the negative integers
+        at_zero = torch.where(1.0 / x < 0, math.inf, -math.inf)  # 1 / -0.0 is -inf
+        return torch.where(pole, torch.where(x == 0, at_zero, math.nan), value)
     return torch.where(pole, (-1.0) ** (n + 1) * math.inf, value)  # PyTorch: ±inf by n's parity
 
 
@@ -151,12 +152,13 @@ def digamma(x: torch.Tensor) -> torch.Tensor:
 
 
 def mvlgamma(x: torch.Tensor, p: int) -> torch.Tensor:
-    """Multivariate log-gamma. PyTorch raises when an element is not above (p - 1)/2, a check on
-    values that a graph cannot make: those elements are NaN here instead."""
+    """Multivariate log-gamma: the sum of log-gammas, for every element, as PyTorch's kernel (which
+    no longer checks that elements are above (p - 1)/2: mvlgamma(0.5, p=2) is inf, of 0.4 is
+    3.738; this decomposition made them NaN until wave 53)."""
     value = torch.full_like(x, p * (p - 1) / 4 * math.log(math.pi))
     for j in range(p):
         value = value + lgamma(x - j / 2)
-    return torch.where(x > (p - 1) / 2, value, torch.full_like(x, math.nan))
+    return value
 
 
 # ndtri: the inverse of the standard normal CDF. The exporter lowers it to ``prims.ndtri``, which
