@@ -47,7 +47,7 @@ class OrtrainBackend:
     """A TorchDynamo backend that trains each graph on ONNX Runtime through ortrain's pipeline."""
 
     def __init__(self, debug_options: DebugOptions | None = None, options: RuntimeOptions | None = None):
-        self.debug_options = debug_options or DebugOptions()
+        self.debug_options = (debug_options or DebugOptions()).with_environment()
         self.options = options
         self.graphs_compiled = 0  # Dynamo graphs handed to this backend
         self._memory_warned: set[str] = set()  # the memory optimizer's warnings, once per backend

@@ -6,6 +6,7 @@ whole configuration surface is visible here and can be documented from one file.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import enum
 import json
@@ -83,13 +84,16 @@ class DebugOptions:
     """What upstream's ``DebugOptions`` offers: saving the ONNX graphs and the log level.
 
     ``ORTMODULE_LOG_LEVEL`` overrides ``log_level``; ``ORTMODULE_SAVE_ONNX_PATH`` says where the
-    graphs go (the working directory by default).
+    graphs go (the working directory by default). Both are read when the ``ORTModule`` is created
+    (:meth:`with_environment`), as every other variable is: until wave 53 they were read here,
+    and options made before the variables were set (in a config module) ignored them.
     """
 
     save_onnx: bool = False
     log_level: LogLevel = LogLevel.WARNING
     onnx_prefix: str = ""
-    save_path: Path = field(init=False)
+    # Set by with_environment(): None on the options as made.
+    save_path: Path | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if not isinstance(self.log_level, LogLevel):
@@ -105,19 +109,29 @@ class DebugOptions:
                 f"onnx_prefix={self.onnx_prefix!r} names a folder; set ORTMODULE_SAVE_ONNX_PATH to "
                 "the folder and onnx_prefix to a file name prefix"
             )
+        if self.save_onnx and not self.onnx_prefix:
+            self.onnx_prefix = "ortmodule"
+
+    def with_environment(self) -> DebugOptions:
+        """A copy with ``ORTMODULE_LOG_LEVEL`` and ``ORTMODULE_SAVE_ONNX_PATH`` as they are now:
+        what an ``ORTModule`` (or the ``ortrain`` backend) uses, read when it is created. Options
+        already read are kept: the graph-break path of an ``ORTModule`` made later passes its
+        wrapper's on, which must not read the variables again."""
+        if self.save_path is not None:
+            return self
+        resolved = copy.copy(self)
         env_level = os.environ.get("ORTMODULE_LOG_LEVEL")
         if env_level:
-            self.log_level = parse_log_level(env_level)
-        self.save_path = Path(os.environ.get("ORTMODULE_SAVE_ONNX_PATH") or os.getcwd())
-        if self.save_onnx and self.save_path.exists() and not self.save_path.is_dir():
+            resolved.log_level = parse_log_level(env_level)
+        resolved.save_path = Path(os.environ.get("ORTMODULE_SAVE_ONNX_PATH") or os.getcwd())
+        if resolved.save_onnx and resolved.save_path.exists() and not resolved.save_path.is_dir():
             # Found here, not at the first graph saved: there it surfaced as a bare FileExistsError
             # from deep inside the capture.
             raise ValueError(
-                f"ORTMODULE_SAVE_ONNX_PATH={str(self.save_path)!r} is a file; name a directory "
+                f"ORTMODULE_SAVE_ONNX_PATH={str(resolved.save_path)!r} is a file; name a directory "
                 "(created if missing) for the ONNX graphs that save_onnx=True writes"
             )
-        if self.save_onnx and not self.onnx_prefix:
-            self.onnx_prefix = "ortmodule"
+        return resolved
 
 
 @dataclass(frozen=True)

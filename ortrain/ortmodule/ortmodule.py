@@ -384,7 +384,7 @@ class ORTModule(nn.Module):
                 f"{type(debug_options).__name__}: ORTModule(model, DebugOptions(save_onnx=True))"
             )
         super().__init__()
-        debug = debug_options or DebugOptions()
+        debug = (debug_options or DebugOptions()).with_environment()
         options = runtime_options()
         object.__setattr__(self, "_ortrain_module", module)
         object.__setattr__(self, "_ortrain_debug", debug)

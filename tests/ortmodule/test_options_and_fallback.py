@@ -88,12 +88,30 @@ def test_debug_options_are_checked_when_made(make, error, message) -> None:
 
 def test_log_level_from_environment_overrides_debug_options(monkeypatch) -> None:
     monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
-    assert DebugOptions(log_level=LogLevel.ERROR).log_level is LogLevel.INFO
     ORTModule(nn.Linear(2, 2), DebugOptions(log_level=LogLevel.ERROR))
     assert logging.getLogger("ortrain").level == logging.INFO
     monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "LOUD")
     with pytest.raises(ValueError, match="VERBOSE, DEVINFO, INFO, WARNING, ERROR, FATAL"):
-        DebugOptions()
+        ORTModule(nn.Linear(2, 2))
+
+
+def test_debug_variables_are_read_when_the_ortmodule_is_made(tmp_path, monkeypatch) -> None:
+    """Until wave 53 ``DebugOptions`` read them when it was made: options made first (in a config
+    module) wrote their graphs to the working directory and kept their own log level."""
+    monkeypatch.delenv("ORTMODULE_LOG_LEVEL", raising=False)
+    monkeypatch.delenv("ORTMODULE_SAVE_ONNX_PATH", raising=False)
+    monkeypatch.chdir(tmp_path)
+    options = DebugOptions(save_onnx=True, log_level=LogLevel.WARNING)
+    target = tmp_path / "graphs"
+    monkeypatch.setenv("ORTMODULE_SAVE_ONNX_PATH", str(target))
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "ERROR")
+    model = ORTModule(nn.Linear(3, 3), options)
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")  # after it is made: not read again
+    model(torch.randn(2, 3)).sum().backward()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graphs"]
+    assert "ortmodule_forward_exported_training.onnx" in {p.name for p in target.iterdir()}
+    assert logging.getLogger("ortrain").level == logging.ERROR
+    assert options.log_level is LogLevel.WARNING and options.save_path is None  # the user's, unchanged
 
 
 def test_opset_version_from_environment(tmp_path, monkeypatch) -> None:
