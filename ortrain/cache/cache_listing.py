@@ -26,7 +26,8 @@ def _age(seconds: float) -> str:
 
 def list_cache(directory: Path) -> list[str]:
     entries = list(CacheStore(directory).entries()) if directory.is_dir() else []
-    lines = [f"{directory}: {len(entries)} entries, {_size(sum(e.size for e in entries))}"]
+    count = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}"
+    lines = [f"{directory}: {count}, {_size(sum(e.size for e in entries))}"]
     if entries:
         lines.append(f"{'key':<14} {'graph':<14} {'nodes':>6} {'size':>10} {'age':>7}  versions")
     now = time.time()
@@ -55,4 +56,4 @@ def clear_cache(directory: Path) -> list[str]:
         size += tuning.stat().st_size
         tuning.unlink()
         count += 1
-    return [f"{directory}: removed {count} files, {_size(size)}"]
+    return [f"{directory}: removed {count} file{'' if count == 1 else 's'}, {_size(size)}"]

@@ -139,6 +139,11 @@ def test_cli_lists_and_clears(
     assert main(["cache", "clear", "--dir", str(tmp_path)]) == 0
     assert "removed 3 files" in capsys.readouterr().out
     assert not list(tmp_path.iterdir())
+    store.save("export", KEY, b"x", {"what": "forward"})
+    assert main(["cache", "list", "--dir", str(tmp_path)]) == 0
+    assert ": 1 entry, " in capsys.readouterr().out  # "1 entries" until wave 53
+    assert main(["cache", "clear", "--dir", str(tmp_path)]) == 0
+    assert ": removed 1 file, " in capsys.readouterr().out  # "1 files" until wave 53
     monkeypatch.delenv("ORTMODULE_CACHE_DIR")
     assert main(["cache", "list"]) == 2
     assert "ORTMODULE_CACHE_DIR" in capsys.readouterr().err
