@@ -75,17 +75,32 @@ def extra_checks() -> list[Check]:
     return checks
 
 
-def variables_check() -> Check:
+def variables_checks() -> list[Check]:
     """The ``ORTMODULE_*`` variables as an ``ORTModule`` reads them: a bad value is a finding here,
-    not a traceback (as it was until wave 42)."""
-    from ortrain.ortmodule.options import KNOWN_VARIABLES, ortmodule_variables_set, runtime_options
+    not a traceback (as it was until wave 42), and so is each variable ortrain does not read (a
+    typo). Every finding is listed: until wave 53 a bad value hid the typos, and a typo alone
+    showed under "none set (defaults)"."""
+    from ortrain.ortmodule.options import (
+        KNOWN_VARIABLES,
+        DebugOptions,
+        ortmodule_variables_set,
+        runtime_options,
+        unknown_variable_messages,
+    )
 
+    bad_value = None
     try:
         runtime_options()
+        DebugOptions().with_environment()  # ORTMODULE_LOG_LEVEL
     except ValueError as error:
-        return Check("variables", False, str(error))
+        bad_value = Check("variables", False, str(error))
+    unread = [Check(name, False, message) for name, message in unknown_variable_messages().items()]
+    checks = ([bad_value] if bad_value else []) + unread
     names = [n for n in ortmodule_variables_set() if n in KNOWN_VARIABLES]
-    return Check("variables", True, f"set: {', '.join(names)}" if names else "none set (defaults)")
+    if bad_value is None and (names or not unread):  # no "none set" beside a typo's finding
+        detail = f"set: {', '.join(names)}" if names else "none set (defaults)"
+        checks.append(Check("variables", True, detail))
+    return checks
 
 
 def cache_check() -> Check | None:
@@ -144,7 +159,8 @@ def training_check(steps: int = 4) -> Check:
 
 
 def run_doctor(report: Callable[[str], None]) -> bool:
-    """Print the checks; True when the providers, the training check (and so ortrain) work."""
+    """Print the checks; True when the providers, the training check (and so ortrain) work and
+    every ``ORTMODULE_*`` variable set is one ortrain reads, with a value it accepts."""
     import onnx
     import onnxruntime
     import onnxscript
@@ -167,14 +183,16 @@ def run_doctor(report: Callable[[str], None]) -> bool:
     report("optional extras:")
     for check in extra_checks():
         report(f"  {'ok ' if check.ok else '-  '} {check.name}: {check.detail}")
-    variables = variables_check()
-    report(f"ORTMODULE_* variables:\n  {'ok ' if variables.ok else 'NO '} {variables.detail}")
-    if not variables.ok:  # every ORTModule would raise the same error: nothing to train
-        return False
-    from ortrain.ortmodule.options import unknown_variable_messages
+    report("ORTMODULE_* variables:")
+    variables = variables_checks()
+    for check in variables:
+        report(f"  {'ok ' if check.ok else 'NO '} {check.detail}")
+    if any(c.name == "variables" and not c.ok for c in variables):
+        return False  # a bad value: every ORTModule would raise the same error, nothing to train
+    # Said above: the training check's ORTModule must not warn about them again on stderr.
+    from ortrain.ortmodule.inactive_options import mark_announced
 
-    for message in unknown_variable_messages().values():  # a finding: ORTModule ignores them
-        report(f"  NO  {message}")
+    mark_announced(c.name for c in variables if not c.ok)
     cache = cache_check()
     if cache is not None:  # a finding, not a failure: training runs uncached
         report(f"capture cache:\n  {'ok ' if cache.ok else 'NO '} {cache.detail}")
@@ -184,4 +202,5 @@ def run_doctor(report: Callable[[str], None]) -> bool:
 
     report(f"freed memory reuse (ORTMODULE_REUSE_FREED_MEMORY): {freed_memory_reuse.describe()}")
     cpu_ok = any(c.ok and c.name == "CPUExecutionProvider" for c in providers)
-    return cpu_ok and training.ok
+    # A variable ortrain ignores is a setting that does not act: the exit status says so too.
+    return cpu_ok and training.ok and all(c.ok for c in variables)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ortrain.demo import DemoSettings, load_corpus, run_demo
 
 
@@ -49,6 +51,34 @@ def test_a_bad_variable_is_a_finding_of_doctor_and_no_obstacle_to_the_cache_comm
     out = capsys.readouterr().out
     assert "NO  ORTMODULE_MEMORY_OPT_LEVEL='5' is not a level" in out
     assert "training:" not in out
+
+
+def test_doctor_lists_every_variable_finding_once_and_fails_on_them(monkeypatch, capsys, caplog) -> None:
+    """Until wave 53 a typo alone printed "ok  none set (defaults)" above its own finding, said it
+    again on standard error (the training check's ORTModule) and exited 0; a bad value beside a
+    typo hid the typo."""
+    import logging
+
+    from ortrain.cli import main
+    from ortrain.ortmodule import inactive_options
+
+    monkeypatch.setattr(inactive_options, "_announced", set())
+    for name in [n for n in os.environ if n.startswith("ORTMODULE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("ORTMODULE_ENABLE_TUNNING", "1")
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    variables = out[out.index("ORTMODULE_* variables:") : out.index("training:")].splitlines()[1:]
+    assert len(variables) == 1 and variables[0].startswith("  NO  ORTMODULE_ENABLE_TUNNING is set, but")
+    assert "ok  tiny MLP" in out  # still trained: ORTModule ignores the variable
+    assert not [r for r in caplog.records if "ORTMODULE_ENABLE_TUNNING is set" in r.getMessage()]
+    monkeypatch.setenv("ORTMODULE_ENABLE_COMPUTE_OPTIMIZER", "maybe")
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "  NO  ORTMODULE_ENABLE_COMPUTE_OPTIMIZER='maybe' is not a switch; use 1 or 0\n" in out
+    assert "  NO  ORTMODULE_ENABLE_TUNNING is set, but" in out
+    assert "training:" not in out and "ok  set:" not in out
 
 
 def test_python_dash_m_ortrain_is_the_command() -> None:

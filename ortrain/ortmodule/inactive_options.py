@@ -9,6 +9,7 @@ nothing here, rather than ignoring it silently.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import torch
 
@@ -48,3 +49,9 @@ def announce_inactive_options(options: RuntimeOptions) -> None:
         if name not in _announced:
             _announced.add(name)
             logger.warning(message)
+
+
+def mark_announced(names: Iterable[str]) -> None:
+    """Take these variables as said already (``ortrain doctor`` lists them as findings): until
+    wave 53 its training check's ``ORTModule`` repeated each one on standard error."""
+    _announced.update(names)
