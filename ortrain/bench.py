@@ -172,14 +172,42 @@ def build_model(name: str, sizes: ModelSizes = FULL) -> tuple[nn.Module, Batch]:
     if ":" not in name:
         known = ", ".join(BUILTIN_MODELS)
         raise ValueError(f"unknown model {name!r}: use one of {known}, or module:factory")
-    module_name, factory_name = name.split(":", 1)
-    factory = getattr(_import_as_children_do(module_name), factory_name)
-    model, batch = factory()
+    model, batch = model_factory(name)()
     if not isinstance(model, nn.Module) or not isinstance(batch, (tuple, list, dict)):
         raise TypeError(
             f"{name} must return (nn.Module, tuple or dict of inputs), got {type(model).__name__}"
         )
     return model, tuple(batch) if isinstance(batch, list) else batch
+
+
+class ModelFactoryError(LookupError):
+    """A ``module:factory`` model whose module does not import or has no such factory."""
+
+
+def model_factory(name: str) -> Callable[[], Any]:
+    """The factory a ``module:factory`` name names. A module that does not import, or has no such
+    factory, is a :class:`ModelFactoryError` saying so in one line (until wave 53 a child's
+    traceback, after the models before it had run)."""
+    module_name, _, factory_name = name.partition(":")
+    if not module_name or not factory_name:
+        raise ModelFactoryError(f"{name}: name a module and its factory, module:factory")
+    try:
+        module = _import_as_children_do(module_name)
+    except ModuleNotFoundError as error:
+        missing = error.name or module_name
+        itself = missing == module_name or module_name.startswith(f"{missing}.")
+        why = "" if itself else f" (it imports {missing!r}, which is not installed)"
+        raise ModelFactoryError(
+            f"{name}: cannot import module {module_name!r}{why}; it must be importable from the "
+            f"working directory ({os.getcwd()}) or be installed"
+        ) from None
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise ModelFactoryError(
+            f"{name}: module {module_name!r} ({getattr(module, '__file__', None) or 'no file'}) has no "
+            f"factory {factory_name!r}; name a function of it that returns (model, batch)"
+        )
+    return factory
 
 
 def _import_as_children_do(module_name: str) -> Any:

@@ -24,6 +24,12 @@ def _bench(args: argparse.Namespace) -> int:
         known = ", ".join(bench.BUILTIN_MODELS)
         print(f"unknown model(s) {', '.join(unknown)}: use {known}, or module:factory", file=sys.stderr)
         return 2
+    for name in (m for m in models if m not in bench.BUILTIN_MODELS):
+        try:  # here, before any model runs, not as a child's traceback
+            bench.model_factory(name)
+        except bench.ModelFactoryError as error:
+            print(error, file=sys.stderr)
+            return 2
     steps = args.steps if args.steps is not None else (3 if args.quick else 20)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
     env = bench.environment()
@@ -80,7 +86,19 @@ def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="ortrain", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="train a small GPT on text shipped with ortrain")
-    demo.add_argument("--steps", type=int, default=300)
+    demo.add_argument(
+        "--steps",
+        type=int,
+        default=300,
+        help="training steps, with a progress bar (default 300; at least 20: the loss is compared "
+        "between the first and the last 10)",
+    )
+    demo.add_argument(
+        "--timing-steps",
+        type=int,
+        default=30,
+        help="steps of ortrain and of eager PyTorch timed after the training, alternated (default 30)",
+    )
     bench = commands.add_parser(
         "bench",
         help="eager vs torch.compile vs ortrain: step time and peak memory, each in its own process",
@@ -89,7 +107,8 @@ def _main(argv: list[str] | None) -> int:
         "--models",
         help="comma-separated: mlp, gpt, gpt-softmax, gpt-dropout (dropout 0.1), sft (half the labels -100), "
         "lstm, cnn, or "
-        "module:factory returning (model, batch) where model(*batch) returns the loss "
+        "module:factory returning (model, batch) where model(*batch), or model(**batch) for a dict "
+        "batch, returns the loss (importable from the working directory) "
         "(default: mlp,gpt,sft; mlp with --quick)",
     )
     bench.add_argument("--steps", type=int, help="timed steps after the first (default 20; 3 with --quick)")
@@ -105,10 +124,18 @@ def _main(argv: list[str] | None) -> int:
     cache.add_argument("action", choices=("list", "clear"))
     cache.add_argument("--dir", help="the cache directory (default: ORTMODULE_CACHE_DIR)")
     args = parser.parse_args(argv)
-    for name in ("steps", "repeats"):
+    for name in ("steps", "repeats", "timing_steps"):
         value = getattr(args, name, None)
         if value is not None and value < 1:  # a statistics traceback until wave 41
-            parser.error(f"--{name} must be at least 1")
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.command == "demo":
+        from ortrain.demo import LOSS_WINDOW, MIN_STEPS
+
+        if args.steps < MIN_STEPS:  # exited 1 without a word until wave 53
+            parser.error(
+                f"--steps must be at least {MIN_STEPS}: the demo compares the mean loss of the first "
+                f"{LOSS_WINDOW} steps with that of the last {LOSS_WINDOW}"
+            )
     if args.command == "bench" and args.models is not None and not args.models.strip(","):
         parser.error("--models is empty: name at least one model")
     if args.command == "cache":
@@ -119,8 +146,15 @@ def _main(argv: list[str] | None) -> int:
         return _bench(args)
     from ortrain.demo import DemoSettings, run_demo
 
-    result = run_demo(DemoSettings(steps=args.steps), report=print)
-    return 0 if result.last_loss < result.first_loss else 1
+    result = run_demo(DemoSettings(steps=args.steps, timing_steps=args.timing_steps), report=print)
+    if result.last_loss < result.first_loss:
+        return 0
+    print(
+        f"the loss did not go down ({result.first_loss:.3f} -> {result.last_loss:.3f}): ortrain did "
+        "not train the model; `ortrain doctor` checks the setup",
+        file=sys.stderr,
+    )
+    return 1
 
 
 if __name__ == "__main__":

@@ -19,6 +19,12 @@ from tqdm import tqdm
 from ortrain.models.tiny_gpt import GPTConfig, TinyGPT
 from ortrain.ortmodule import ORTModule
 
+# The loss is reported as the mean of the first and of the last this many steps.
+LOSS_WINDOW = 10
+# Fewer steps and the two windows overlap: a shorter run could not show the loss going down
+# (until wave 53 `ortrain demo --steps 5` exited 1 without a word).
+MIN_STEPS = 2 * LOSS_WINDOW
+
 
 @dataclass(frozen=True)
 class DemoSettings:
@@ -33,6 +39,15 @@ class DemoSettings:
     lr: float = 3e-3
     timing_steps: int = 30
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < MIN_STEPS:
+            raise ValueError(
+                f"the demo trains at least {MIN_STEPS} steps (the loss is compared between the first "
+                f"and the last {LOSS_WINDOW}), not {self.steps}"
+            )
+        if self.timing_steps < 1:
+            raise ValueError(f"the demo times at least 1 step, not {self.timing_steps}")
 
 
 @dataclass(frozen=True)
@@ -113,11 +128,11 @@ def run_demo(settings: DemoSettings, report: Callable[[str], None]) -> DemoResul
             if step == 0:
                 capture_seconds = time.perf_counter() - start
             losses.append(loss.item())
-            if step % 10 == 0:
-                bar.set_postfix(loss=f"{loss.item():.3f}")
-    first = statistics.mean(losses[:10])
-    last = statistics.mean(losses[-10:])
-    report(f"loss {first:.3f} -> {last:.3f} (mean of the first and last 10 steps)")
+            # Every step (until wave 53 every tenth); shown at the bar's own refresh rate.
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    first = statistics.mean(losses[:LOSS_WINDOW])
+    last = statistics.mean(losses[-LOSS_WINDOW:])
+    report(f"loss {first:.3f} -> {last:.3f} (mean of the first and last {LOSS_WINDOW} steps)")
     # With automatic op tuning the first steps run in PyTorch and ONNX Runtime's placement is built
     # on the fourth (ortrain.runtime.placement_tuning); with tuning off the first step builds it.
     report(f"first step (capture; ONNX Runtime's build unless op tuning defers it): {capture_seconds:.1f} s")

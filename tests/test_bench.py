@@ -83,7 +83,7 @@ def test_a_model_in_a_package_of_the_working_directory_is_found_by_the_parent_to
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     model, batch = bench.build_model("my_benchmarks.models:build")
     assert isinstance(model, torch.nn.Linear) and batch[0].shape == (8, 4)
-    with pytest.raises(ModuleNotFoundError, match="no_such_package"):
+    with pytest.raises(bench.ModelFactoryError, match=r"cannot import module 'no_such_package\.models'"):
         bench.build_model("no_such_package.models:build")
 
 

@@ -38,6 +38,48 @@ def test_the_command_refuses_what_it_cannot_run(tmp_path, capsys) -> None:
         assert "must be at least 1" in capsys.readouterr().err
 
 
+def test_a_model_factory_that_cannot_be_found_is_one_line_before_anything_runs(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """Until wave 53 a child's traceback (ModuleNotFoundError, AttributeError), exit 1."""
+    from ortrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_models.py").write_text("def build():\n    pass\n")
+    assert main(["bench", "--quick", "--models", "nosuchmod:build,mlp"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "nosuchmod:build: cannot import module 'nosuchmod'; it must be importable from the working "
+        f"directory ({tmp_path}) or be installed\n"
+    )
+    assert main(["bench", "--quick", "--models", "my_models:nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("my_models:nosuch: module 'my_models' (") and err.count("\n") == 1
+    assert err.endswith("has no factory 'nosuch'; name a function of it that returns (model, batch)\n")
+
+
+def test_demo_steps_too_few_to_compare_the_loss_are_refused_and_the_help_says_why(capsys) -> None:
+    """Until wave 53 ``--steps`` under 20 exited 1 without a word (the first and last 10 steps'
+    windows overlap), and the help said neither its default nor its minimum."""
+    import pytest
+
+    from ortrain.cli import main
+
+    for command, says in (
+        ("demo", ["default 300", "at least 20", "default 30)"]),
+        ("bench", ["model(**batch) for a dict batch"]),
+    ):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert all(s in text for s in says), text
+    with pytest.raises(SystemExit) as exit_info:  # after the help: without it, the demo ran
+        main(["demo", "--steps", "5"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--steps must be at least 20: the demo compares the mean loss of the first 10 steps" in err
+
+
 def test_a_bad_variable_is_a_finding_of_doctor_and_no_obstacle_to_the_cache_command(
     tmp_path, monkeypatch, capsys
 ) -> None:
