@@ -32,7 +32,7 @@ def _forwarded(name: str, *, writes: bool) -> Callable[..., Any]:
     def method(self: Any, *args: Any) -> Any:
         result = getattr(self._ortrain_module, name)(*args)
         if writes:
-            self._invalidate()
+            self._invalidate(f"{name}() was called through the ORTModule")
         return result
 
     method.__name__ = method.__qualname__ = name

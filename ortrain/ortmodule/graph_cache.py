@@ -38,6 +38,8 @@ class GraphCache(Generic[Entry]):
         self._warned_eviction = False
         self._streak: tuple[str, int] = ("", 0)  # the kind of change behind the last captures in a row
         self.last_key: Hashable | None = None
+        # Why the graphs were dropped (clear()): the reason the next capture gives, not "first call".
+        self.cleared_because: str | None = None
 
     def lookup(self, key: Hashable, fits: Callable[[Entry], bool]) -> Entry | None:
         group = self._groups.get(key)
@@ -97,7 +99,9 @@ class GraphCache(Generic[Entry]):
                 changes,
             )
 
-    def clear(self) -> None:
+    def clear(self, why: str | None = None) -> None:
+        if self._groups or self.last_key is not None:  # before any graph, it is still the first call
+            self.cleared_because = why
         self._streak = ("", 0)
         self._groups.clear()
         self.last_key = None

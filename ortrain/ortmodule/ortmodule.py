@@ -487,15 +487,17 @@ class ORTModule(nn.Module):
         # value set again dropped every graph; until wave 46 a GAN's `model.phase = "d"/"g"` and
         # pruning's mask applied to the root's weight at every step captured at every step).
         if not keyed:
-            self._invalidate()
+            self._invalidate(f"attribute {name!r} was set through the ORTModule")
 
     def __delattr__(self, name: str) -> None:
         refuse_root_parametrization(self._ortrain_module, name, sys._getframe(1))
         delattr(self._ortrain_module, name)
-        self._invalidate()
+        self._invalidate(f"attribute {name!r} was deleted through the ORTModule")
 
-    def _invalidate(self) -> None:
-        self._ortrain_graphs.clear()
+    def _invalidate(self, why: str) -> None:
+        """Drop every graph; ``why`` is the reason the next capture logs (until wave 53 it said
+        "first call" after a change made through the wrapper)."""
+        self._ortrain_graphs.clear(why)
         self._ortrain_fallback.graphs_in_pytorch.clear()  # the changed model may capture
 
     def reset_graphs(self) -> None:
@@ -504,7 +506,7 @@ class ORTModule(nn.Module):
         Changes ortrain sees by itself (parameters, submodules, modes, plain attributes, dtypes) do
         not need this; state kept in other objects (a Hugging Face ``config``) does.
         """
-        self._invalidate()
+        self._invalidate("reset_graphs() was called")
 
     # Copies and pickles carry the model and the options, not the graphs: ONNX Runtime sessions
     # cannot be copied, and a copy has parameters of its own to capture with.
@@ -547,15 +549,15 @@ class ORTModule(nn.Module):
     # to the model's forward and to its state_dict.
     def register_buffer(self, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
         self._ortrain_module.register_buffer(name, tensor, persistent)
-        self._invalidate()
+        self._invalidate(f"buffer {name!r} was registered through the ORTModule")
 
     def register_parameter(self, name: str, param: nn.Parameter | None) -> None:
         self._ortrain_module.register_parameter(name, param)
-        self._invalidate()
+        self._invalidate(f"parameter {name!r} was registered through the ORTModule")
 
     def add_module(self, name: str, module: nn.Module | None) -> None:
         self._ortrain_module.add_module(name, module)
-        self._invalidate()
+        self._invalidate(f"submodule {name!r} was added through the ORTModule")
 
     register_module = add_module
 
@@ -704,7 +706,7 @@ class ORTModule(nn.Module):
             if isinstance(error, ORTModuleIOError | ORTModuleDeviceException):
                 return self._refused_inputs(error, args, kwargs)
             fallback.handle(error)
-            self._invalidate()  # PyTorch trains this model from now on: free the sessions
+            self._invalidate("the model fell back to PyTorch")  # from now on: free the sessions
             return self._ortrain_module(*args, **kwargs)
 
     def _refused_inputs(
@@ -730,7 +732,7 @@ class ORTModule(nn.Module):
             return self._ortrain_module(*args, **kwargs)
         outputs = self._ortrain_module(*args, **kwargs)  # raises PyTorch's error, nothing switched
         fallback.handle(error)
-        self._invalidate()  # PyTorch trains this model from now on: free the sessions
+        self._invalidate("the model fell back to PyTorch")  # from now on: free the sessions
         return outputs
 
     def _run_on_ort(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -759,14 +761,13 @@ class ORTModule(nn.Module):
             if self._hooks_need_graph_breaks():
                 return self._run_on_ort(args, kwargs)
             reason = self._why_no_graph_fits(key)
-            logger.info("capturing a graph: %s", reason)
             snapshot = ModuleSnapshot(self._ortrain_module)
             reads_before = self._ortrain_reads.version
             changes: list[Any] = []  # restore() itself may raise: its error, not an unbound name
             try:
                 try:
                     with self._ortrain_reads.reaching(snapshot.record_reached):
-                        entry = self._compile(key, call.inputs, cache.group(key), state)
+                        entry = self._compile(key, call.inputs, cache.group(key), state, reason)
                 finally:
                     changes = snapshot.restore()  # tracing must not leave fake values behind
             except _SizedOnFirstUse as sized:
@@ -938,7 +939,7 @@ class ORTModule(nn.Module):
         cache: GraphCache[_CompiledEntry] = self._ortrain_graphs
         last = cache.last_key
         if last is None:
-            return "first call"
+            return cache.cleared_because or "first call"
         assert isinstance(last, GraphKey)
         if last == key:
             if any(entry.alias_layouts is not None for entry in cache.group(key)):
@@ -1025,7 +1026,12 @@ class ORTModule(nn.Module):
         return self._ortrain_graphs.groups_where(sibling)
 
     def _compile(
-        self, key: GraphKey, inputs: list[torch.Tensor], entries: list[_CompiledEntry], state: ModelState
+        self,
+        key: GraphKey,
+        inputs: list[torch.Tensor],
+        entries: list[_CompiledEntry],
+        state: ModelState,
+        reason: str,
     ) -> _CompiledEntry:
         # Capture patches process-wide state and torch.export is not thread-safe: one at a time.
         # Tracing may draw random numbers; the user's generator must not see it. No full garbage
@@ -1040,10 +1046,15 @@ class ORTModule(nn.Module):
             compile_garbage_collected(),
             graph_modules_compiled_on_first_call(),
         ):
-            return self._compile_locked(key, inputs, entries, state)
+            return self._compile_locked(key, inputs, entries, state, reason)
 
     def _compile_locked(
-        self, key: GraphKey, inputs: list[torch.Tensor], entries: list[_CompiledEntry], state: ModelState
+        self,
+        key: GraphKey,
+        inputs: list[torch.Tensor],
+        entries: list[_CompiledEntry],
+        state: ModelState,
+        reason: str,
     ) -> _CompiledEntry:
         # Gradients follow grad mode, not train()/eval(), as in eager PyTorch: a model in eval()
         # (frozen BatchNorm and dropout while fine-tuning, a saliency map of its input) still
@@ -1052,13 +1063,7 @@ class ORTModule(nn.Module):
         refuse_distributed_submodules(self._ortrain_module)
         flat_module = _FlatCall(self._ortrain_module, key.spec)
         dynamic = self._dynamic_dims(inputs, entries, self._siblings(key))
-        logger.info(
-            "capturing %s graphs for %d inputs%s",
-            "training" if training else "inference",
-            len(inputs),
-            f" with dynamic sizes {dynamic}" if dynamic else "",
-        )
-        captured, output_spec = self._capture_or_load(flat_module, key, inputs, training, dynamic)
+        captured, output_spec = self._capture_or_load(flat_module, key, inputs, training, dynamic, reason)
         saver = None
         debug: DebugOptions = self._ortrain_debug
         if debug.save_onnx:
@@ -1107,15 +1112,26 @@ class ORTModule(nn.Module):
         inputs: list[torch.Tensor],
         training: bool,
         dynamic: dict[int, tuple[int, ...]],
+        reason: str,
     ) -> tuple[Capture, Spec]:
-        """The capture and its output spec: loaded from ``ORTMODULE_CACHE_DIR``, or traced (and stored)."""
+        """The capture and its output spec: loaded from ``ORTMODULE_CACHE_DIR``, or traced (and stored).
+
+        The INFO lines say which, with ``reason`` (why no graph of this wrapper fitted): until wave
+        53 a capture loaded from the cache was logged as "capturing a graph" and "capturing
+        training graphs", and nothing said it had been loaded."""
+        what = f"{'training' if training else 'inference'} graphs for {len(inputs)} input"
+        what += ("" if len(inputs) == 1 else "s") + (f" with dynamic sizes {dynamic}" if dynamic else "")
         cache_dir = self._ortrain_options.cache_dir
         capture_key = self._capture_key(key, inputs, dynamic)
+        if capture_key is not None and cache_dir is not None:
+            loaded = load_capture(cache_dir, capture_key, training=training, dynamic_dims=dynamic)
+            if loaded is not None:
+                logger.info("loaded %s from the cache (ORTMODULE_CACHE_DIR), not captured: %s", what, reason)
+                return loaded
+        logger.info("capturing a graph: %s", reason)
+        logger.info("capturing %s", what)
         if capture_key is None or cache_dir is None:
             return self._capture(flat_module, key, inputs, training, dynamic, package=False)
-        loaded = load_capture(cache_dir, capture_key, training=training, dynamic_dims=dynamic)
-        if loaded is not None:
-            return loaded
         captured, output_spec = self._capture(flat_module, key, inputs, training, dynamic, package=True)
         save_capture(cache_dir, capture_key, captured, output_spec, model=type(self._ortrain_module).__name__)
         return captured, output_spec

@@ -126,6 +126,26 @@ def test_a_stored_capture_hands_its_outputs_over_in_eagers_layout(
     assert strides == [(1, 8), (1, 8)]  # eager's transposed view
 
 
+def test_a_capture_loaded_from_the_cache_is_logged_as_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Until wave 53 a warm run logged "capturing a graph: first call" and "capturing training
+    graphs", and nothing said the capture had been loaded."""
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    model, x = nn.Linear(4, 4), torch.randn(2, 4)
+    logged = []
+    for _ in range(2):  # cold, then warm
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="ortrain.ortmodule"):
+            ORTModule(copy.deepcopy(model))(x).sum().backward()
+        logged.append([m for r in caplog.records if "graph" in (m := r.getMessage()) and "captur" in m])
+    assert logged == [
+        ["capturing a graph: first call", "capturing training graphs for 1 input"],
+        ["loaded training graphs for 1 input from the cache (ORTMODULE_CACHE_DIR), not captured: first call"],
+    ]
+
+
 class _Square(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):  # type: ignore[no-untyped-def]

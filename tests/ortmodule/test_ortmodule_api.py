@@ -736,3 +736,25 @@ def test_the_same_value_set_again_through_the_wrapper_keeps_the_graphs() -> None
         runners |= {id(runner) for _, runner in wrapped.graph_runners()}
     assert len(runners) == 4  # a forward and a backward per value: each captured once
     assert ort_graph_count(wrapped) == 2
+
+
+def test_a_capture_after_a_change_through_the_wrapper_names_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Until wave 53 it said "first call": the change had dropped every graph, and with them the
+    graph used last that the reason is found against."""
+    wrapped = ORTModule(_Tempered())
+    x = torch.randn(3, 4)
+    wrapped.scale = 1.5  # before any graph: still the first call
+    with caplog.at_level(logging.INFO, logger="ortrain.ortmodule"):
+        wrapped(x).backward()
+        wrapped.momentum = 0.9  # a new attribute: every graph dropped
+        wrapped(x).backward()
+        wrapped.register_buffer("offset", torch.zeros(4))
+        wrapped(x).backward()
+    reasons = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capturing a graph:")]
+    assert reasons == [
+        "capturing a graph: first call",
+        "capturing a graph: attribute 'momentum' was set through the ORTModule",
+        "capturing a graph: buffer 'offset' was registered through the ORTModule",
+    ]
