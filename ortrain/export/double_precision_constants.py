@@ -42,12 +42,54 @@ _install_lock = threading.Lock()
 
 
 def all_floats_double(gm: torch.fx.GraphModule) -> bool:
-    dtypes = {
-        value.dtype
-        for node in gm.graph.nodes
-        if isinstance(value := node.meta.get("val"), torch.Tensor) and value.is_floating_point()
-    }
+    """Whether ``gm``'s floating tensors are all float64, but for index arithmetic
+    (:func:`_index_arithmetic`)."""
+    index_arithmetic = _index_arithmetic(gm.graph)
+    dtypes = {n.meta["val"].dtype for n in gm.graph.nodes if _floating(n) and n not in index_arithmetic}
     return dtypes == {torch.float64}
+
+
+def _index_arithmetic(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The non-float64 floating nodes computed from sizes and numbers alone, whose every use ends
+    in casts to integer tensors: the source indices that PyTorch's decompositions compute in float32
+    whatever the model's dtype (upsample-nearest's ``(arange(n, dtype=float32) + offset) *
+    scale``, cast to int64; at an open size ``scale`` is double_precision_sizes' float64 number
+    cast to float32). No tensor of the model meets them, and the translations tie a number to its
+    tensor operand's type, so their numbers stay float32 in a graph translated with DOUBLE ones;
+    counting them made a float64 model with ``F.interpolate(mode="nearest")`` round every Python
+    float to float32 (3e-8 off, wave 54). A float32 value computed from the model's floating
+    tensors (``x.float()``), or reaching a floating or boolean result, still counts."""
+    sized: set[torch.fx.Node] = set()  # computed from sizes, integers and numbers alone
+    for node in graph.nodes:
+        if node.op == "call_function" and all(n in sized or not _real(n) for n in node.all_input_nodes):
+            sized.add(node)
+    to_integers: set[torch.fx.Node] = set()  # ... and used only on the way to integer tensors
+    for node in reversed(graph.nodes):
+        if node in sized and all(u in to_integers or _cast_to_integers(u) for u in node.users):
+            to_integers.add(node)
+    return {n for n in to_integers if _floating(n) and n.meta["val"].dtype != torch.float64}
+
+
+def _floating(node: torch.fx.Node) -> bool:
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and value.is_floating_point()
+
+
+def _real(node: torch.fx.Node) -> bool:
+    """A floating tensor or a real number (``x.item()``, ``sym_float(n)``)."""
+    return _floating(node) or isinstance(node.meta.get("val"), (float, torch.SymFloat))
+
+
+# Casts: an integer result of another operator (``bucketize(x, boundaries)``) may have met a
+# tensor of the model.
+_CASTS = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+
+
+def _cast_to_integers(node: torch.fx.Node) -> bool:
+    value = node.meta.get("val")
+    if node.target not in _CASTS or not isinstance(value, torch.Tensor) or value.dtype == torch.bool:
+        return False
+    return not value.is_floating_point() and not value.is_complex()
 
 
 def _install() -> None:

@@ -9,8 +9,11 @@ from collections.abc import Callable
 import pytest
 import torch
 from torch import nn
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from ortrain import ORTModule
+from ortrain.export.double_precision_constants import all_floats_double
 
 FORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "x * 0.1": lambda x: x * 0.1,
@@ -84,3 +87,63 @@ def test_addbmm_with_beta_0_ignores_nan_in_its_input_as_eager() -> None:
     expected.sum().backward()
     got.sum().backward()
     torch.testing.assert_close(wrapped.module.batch.grad, eager.batch.grad)
+
+
+class _Nearest(nn.Module):
+    """Python floats after a nearest upsampling, whose decomposition computes its source indices
+    in float32 whatever the model's dtype."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.scale = nn.Parameter(torch.linspace(0.9, 1.1, 4, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = nn.functional.interpolate(x * self.scale[:, None], scale_factor=0.6, mode=self.mode)
+        return h + 0.1, h.norm(p=3, dim=-1)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+def test_float64_model_with_nearest_upsampling_keeps_double_constants(mode: str) -> None:
+    """Until wave 54 upsample-nearest's float32 index arithmetic made the graph count as mixed:
+    ``0.1`` and the norm's ``1/3`` became float32 constants (3e-8 off in value and gradient).
+    The second length is open: there the index scale comes from double_precision_sizes."""
+    eager = _Nearest(mode)
+    wrapped = ORTModule(copy.deepcopy(eager))
+    for length in (17, 13):
+        x = torch.linspace(-1.0, 1.3, 2 * 4 * length, dtype=torch.float64).reshape(2, 4, length)
+        expected, got = eager(x), wrapped(x)
+        for e, g in zip(expected, got, strict=True):
+            torch.testing.assert_close(g, e, rtol=1e-12, atol=0.0)
+        sum(e.sum() for e in expected).backward()
+        sum(g.sum() for g in got).backward()
+        torch.testing.assert_close(wrapped.module.scale.grad, eager.scale.grad, rtol=1e-12, atol=0.0)
+
+
+def _traced(f: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]) -> torch.fx.GraphModule:
+    x = torch.randn(2, 4, 3, dtype=torch.float64)
+    return make_fx(f, decomposition_table=core_aten_decompositions(), tracing_mode="fake")(x)
+
+
+def test_only_index_arithmetic_of_float32_is_left_out_of_the_float64_judgement() -> None:
+    """Float32 values that the model's tensors flow into, or that reach a floating result,
+    still make the graph mixed: there a DOUBLE constant could meet a float32 tensor."""
+
+    def nearest(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (nn.functional.interpolate(x, size=5, mode="nearest") + 0.1,)
+
+    def nearest_and_float32_output(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (*nearest(x), x.float() * 0.1)
+
+    def float32_index_from_the_model(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        index = (x[0, 0].float() * 2.5).abs().long().clamp(max=2)
+        return (x[..., index] + 0.1,)
+
+    def float32_boundaries_met_by_the_model(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        boundaries = torch.linspace(-1.0, 1.0, 4, dtype=torch.float32)  # integers out, not by a cast
+        return (x[..., torch.bucketize(x[0, 0], boundaries).clamp(max=2)] + 0.1,)
+
+    assert all_floats_double(_traced(nearest))
+    assert not all_floats_double(_traced(float32_boundaries_met_by_the_model))
+    assert not all_floats_double(_traced(nearest_and_float32_output))
+    assert not all_floats_double(_traced(float32_index_from_the_model))
