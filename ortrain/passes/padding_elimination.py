@@ -9,7 +9,10 @@ gathered into one ``[tokens, features]`` tensor:
 and every token-wise op downstream (linear, layer norm, activations, residual adds, dropout) runs
 on those rows. Where the layout matters (attention, a reduction over the sequence, a graph
 output) the rows are scattered back into a zero-padded ``[batch, seq, C]`` tensor; a linear that
-reads such a tensor (the attention output projection) gathers the real tokens again.
+reads such a tensor (the attention output projection) gathers the real tokens again, where data
+flow shows its rows are still this stream's tokens in (batch, seq) order (``token_layout.py``; a
+shape alone cannot tell a seq-first layout or another padded stream apart). Nothing to move:
+the pass declines, saying so at INFO.
 
 Exact for every position that is not a pad, hence for the loss and all gradients, as long as
 the model ignores pad positions (an attention mask hides pad keys, the loss ignores pad labels):
