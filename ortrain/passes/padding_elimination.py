@@ -9,7 +9,10 @@ gathered into one ``[tokens, features]`` tensor:
 and every token-wise op downstream (linear, layer norm, activations, residual adds, dropout) runs
 on those rows. Where the layout matters (attention, a reduction over the sequence, a graph
 output) the rows are scattered back into a zero-padded ``[batch, seq, C]`` tensor; a linear that
-reads such a tensor (the attention output projection) gathers the real tokens again.
+reads such a tensor (the attention output projection) gathers the real tokens again, where data
+flow shows its rows are still this stream's tokens in (batch, seq) order (``token_layout.py``; a
+shape alone cannot tell a seq-first layout or another padded stream apart). Nothing to move:
+the pass declines, saying so at INFO.
 
 Exact for every position that is not a pad, hence for the loss and all gradients, as long as
 the model ignores pad positions (an attention mask hides pad keys, the loss ignores pad labels):
@@ -26,8 +29,10 @@ kept, so it runs as in the dense model). Both cost only the rows they keep.
 
 from __future__ import annotations
 
+import copy
 import logging
 import operator
+import warnings
 from typing import Any
 
 import sympy
@@ -35,6 +40,7 @@ import torch
 from torch.fx.node import map_arg
 
 from ortrain.passes.rowwise import LAST_DIM_ARG, expr, is_full_slice, is_leading_reshape, row_arguments, value
+from ortrain.passes.token_layout import Tags, leading_is_rows, of_rows, propagate
 
 logger = logging.getLogger("ortrain.passes")
 
@@ -67,7 +73,13 @@ class _Eliminator:
         self.flat_rows = self.rows[0] * self.rows[1]
         self.sparse: dict[torch.fx.Node, torch.fx.Node] = {}
         self.repadded: dict[torch.fx.Node, torch.fx.Node] = {}
-        self.after_repad: set[torch.fx.Node] = set()
+        # Every dense value computed from a re-padded one, with which of its dims are this
+        # stream's batch and sequence (token_layout.py): only those rows may be gathered again.
+        self.layout: dict[torch.fx.Node, Tags] = {}
+        self.vals: dict[torch.fx.Node, torch.Tensor] = {}  # the re-padded nodes' values
+        # Values computed from another padded stream (a decoder's ids looked up in the same or
+        # another table): their pads lie elsewhere, so their rows are never this stream's.
+        self.foreign: set[torch.fx.Node] = set()
         self.index: torch.fx.Node | None = None
         self.read_positions: list[int] = []  # sequence positions a select reads after re-padding
 
@@ -139,14 +151,58 @@ class _Eliminator:
             zeros = self.graph.call_function(aten.new_zeros.default, (rows, sizes))
             filled = self.graph.call_function(aten.index_copy.default, (zeros, 0, self.index, rows))
             shape = [self.size_node(s) for s in val.shape]
-            self.repadded[node] = self.graph.call_function(aten.view.default, (filled, shape))
+            dense = self.graph.call_function(aten.view.default, (filled, shape))
+            self.repadded[node] = dense
+            self.vals[dense] = val
+            self.layout[dense] = of_rows(val)
         return self.repadded[node]
+
+    def _val(self, node: Any) -> Any:
+        if node in self.vals:
+            return self.vals[node]
+        return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+    def in_rows(self, node: torch.fx.Node) -> bool:
+        """A dense value whose rows are this stream's tokens in (b, t) order, learnt from data flow."""
+        tags = self.layout.get(node)
+        val = value(node)
+        return tags is not None and val is not None and self.has_rows(val) and leading_is_rows(tags)
+
+    def fits(self, node: torch.fx.Node) -> bool:
+        """A dense operand of a row-wise op on this stream's rows that may be gathered at its index:
+        one this stream does not reach (a bias, position embeddings), or one that it reaches whose
+        row dims (or the dims it broadcasts along, size 1) are the stream's own."""
+        if node in self.foreign:
+            return False
+        tags = self.layout.get(node)
+        val = value(node)
+        if tags is None or val is None or val.dim() <= 1:
+            return True
+        if self.has_rows(val):
+            return leading_is_rows(tags)
+        return val.dim() == 3 and all(
+            tag == want or expr(size) == 1
+            for tag, want, size in zip(tags[:2], ("b", "t"), val.shape[:2], strict=True)
+        )
+
+    def _mark_foreign(self, order: list[torch.fx.Node]) -> None:
+        for node in order:
+            other_stream = (
+                node.op == "call_function"
+                and node.target is aten.embedding.default
+                and node is not self.embedding
+                and _padding_idx(node) >= 0
+                and node.args[1] is not self.ids
+            )
+            if other_stream or any(i in self.foreign for i in node.all_input_nodes):
+                self.foreign.add(node)
 
     # ---- the walk --------------------------------------------------------------------------
     def run(self) -> int:
         graph = self.graph
         order = list(graph.nodes)
         following = order[order.index(self.embedding) + 1]
+        self._mark_foreign(order)
         with graph.inserting_before(following):
             positions = graph.call_function(aten.nonzero.default, (self.ids,))  # its mask comes last
             self.index = graph.call_function(aten.view.default, (positions, [-1]))
@@ -230,10 +286,13 @@ class _Eliminator:
         if positions is None:
             return False
         row_args = [node.args[p] for p in positions if p < len(node.args)]
-        reads_sparse = any(a in self.sparse for a in row_args if isinstance(a, torch.fx.Node))
-        heavy_after_repad = node.target in _HEAVY and any(a in self.after_repad for a in row_args)
+        row_args = [a for a in row_args if isinstance(a, torch.fx.Node)]
+        reads_sparse = any(a in self.sparse for a in row_args)
+        heavy_after_repad = node.target in _HEAVY and any(self.in_rows(a) for a in row_args)
         if not (reads_sparse or heavy_after_repad):
             return False
+        if not all(a in self.sparse or self.fits(a) for a in row_args):
+            return False  # rows that are not this stream's (b, t) tokens: the op stays dense
         args = list(node.args)
         for p in positions:
             arg = args[p] if p < len(args) else None
@@ -262,14 +321,15 @@ class _Eliminator:
             if arg in self.sparse:
                 reads_repadded = True
                 return self.repad(arg)
-            if arg in self.after_repad:
+            if arg in self.layout:
                 reads_repadded = True
             return arg
 
         node.args = map_arg(node.args, convert)
         node.kwargs = map_arg(node.kwargs, convert)
-        if reads_repadded:
-            self.after_repad.add(node)
+        if reads_repadded and node.op != "output":
+            tags = propagate(node, self.layout.get, self._val, self.rows)
+            self.layout[node] = tuple(None for _ in tags) if node in self.foreign else tags
 
 
 def eliminate_padding(gm: torch.fx.GraphModule) -> list[str]:
@@ -278,9 +338,9 @@ def eliminate_padding(gm: torch.fx.GraphModule) -> list[str]:
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not aten.embedding.default:
             continue
-        padding_idx = node.args[2] if len(node.args) > 2 else node.kwargs.get("padding_idx", -1)
+        padding_idx = _padding_idx(node)
         ids, ids_val, out = node.args[1], value(node.args[1]), value(node)
-        if not isinstance(padding_idx, int) or padding_idx < 0 or ids_val is None or out is None:
+        if padding_idx < 0 or ids_val is None or out is None:
             continue
         if ids_val.dim() != 2 or out.dim() != 3:
             logger.info("padding elimination: %s skipped (indices are not [batch, seq])", node.name)
@@ -294,6 +354,13 @@ def eliminate_padding(gm: torch.fx.GraphModule) -> list[str]:
             gm.graph = snapshot
             logger.info("padding elimination skipped: size %s has no source among the indices' sizes", error)
             return []
+        if moved == 0:
+            gm.graph = snapshot
+            logger.info(
+                "padding elimination: %s skipped (no token-wise op reads its rows in (batch, seq) order)",
+                node.name,
+            )
+            return []
         graph.eliminate_dead_code()
         change = f"padding elimination: {moved} token-wise ops after {node.name} run on real tokens only"
         if eliminator.read_positions:
@@ -304,8 +371,18 @@ def eliminate_padding(gm: torch.fx.GraphModule) -> list[str]:
     return []
 
 
+def _padding_idx(embedding: torch.fx.Node) -> int:
+    """An ``aten.embedding``'s padding_idx, -1 where it has none."""
+    padding_idx = embedding.args[2] if len(embedding.args) > 2 else embedding.kwargs.get("padding_idx", -1)
+    return padding_idx if isinstance(padding_idx, int) else -1
+
+
 def _copy_graph(gm: torch.fx.GraphModule) -> torch.fx.Graph:
-    copy = torch.fx.Graph()
-    output = copy.graph_copy(gm.graph, {})
-    copy.output(output)
-    return copy
+    # deepcopy keeps the graph's code generator (a traced forward takes its flat inputs through
+    # it): a bare graph_copy lost it, and a graph put back failed the capture with "forward()
+    # missing N required positional arguments".
+    # Copying the code generator's input spec trips torch's own LeafSpec deprecation warning
+    # (torch 2.10+), which says nothing to the user.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        return copy.deepcopy(gm.graph)
