@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ortrain.capture.module_paths import layer_of, module_path
@@ -265,6 +266,47 @@ def _recomputable(node: torch.fx.Node) -> bool:
     return not _has_data_dependent_size(node)
 
 
+def written_inputs(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The inputs (buffers, parameters, user inputs) whose data the forward writes, and their views.
+
+    The functional joint graph reads their old values and returns the new ones; AOTAutograd copies
+    those into the inputs after the forward runs (or the graph writes them itself, ``copy_``). A
+    value rebuilt in the backward from such an input, or stashed as a view of it, would read the
+    new value: an EMA buffer updated then read, spectral norm's ``_u``/``_v`` (wave 54: levels 1
+    and 2 failed every backward with "modified by an inplace operation"; where a write escapes the
+    version counter the gradient would be silently wrong). Plans stop at the first reader that makes
+    a new tensor: it is stashed, holding the old values.
+    """
+    placeholders = {n.meta.get("desc"): n for n in graph.find_nodes(op="placeholder") if "desc" in n.meta}
+    descs = graph.output_node().meta.get("desc") or ()
+    written = {
+        placeholders[d.mutated_input]
+        for d in descs
+        if isinstance(d, InputMutationAOTOutput) and d.mutated_input in placeholders
+    }
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None:
+            continue
+        for argument, value in zip(schema.arguments, node.args, strict=False):
+            writes = argument.alias_info is not None and argument.alias_info.is_write
+            if writes and isinstance(value, torch.fx.Node) and value.op == "placeholder":
+                written.add(value)
+    for node in graph.nodes:  # views of them share their storage (graph order: sources first)
+        if node.op == "call_function" and node.args and node.args[0] in written and _is_view(node):
+            written.add(node)
+    return written
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    if node.target is operator.getitem or node.target in RELAYOUTS:
+        return True
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and any(
+        r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+    )
+
+
 def _has_data_dependent_size(node: torch.fx.Node) -> bool:
     value = _tensor(node)
     if value is None:
@@ -379,7 +421,10 @@ def _restore_dropout_outputs(graph: torch.fx.Graph, exposed: list[_MaskedDropout
 
 # ---- finding plans ------------------------------------------------------------------------------
 def _grow(
-    root: torch.fx.Node, stashed: set[torch.fx.Node], order: dict[torch.fx.Node, int]
+    root: torch.fx.Node,
+    stashed: set[torch.fx.Node],
+    order: dict[torch.fx.Node, int],
+    written: set[torch.fx.Node],
 ) -> tuple[list[torch.fx.Node], list[torch.fx.Node]] | None:
     """The nodes that rebuild ``root`` from stashed values, and the new values that must be stashed."""
     members: set[torch.fx.Node] = set()
@@ -391,7 +436,9 @@ def _grow(
             continue
         if node is not root and (node.op != "call_function" or node in stashed or _is_size(node)):
             continue  # a parameter, an input, saved anyway, or a size (sizes always cross as ints)
-        if not _recomputable(node):
+        # A reader of an input the forward writes reads its old value: in the backward it would
+        # read the new one (see written_inputs), so it stays saved.
+        if not _recomputable(node) or node in written or any(i in written for i in node.all_input_nodes):
             if node is root:
                 return None
             boundary.add(node)
@@ -450,6 +497,7 @@ def find_plans(graph: torch.fx.Graph) -> tuple[list[Plan], list[torch.fx.Node]]:
     plans: dict[tuple[str, int, str], Plan] = {}
     seen_roots: set[torch.fx.Node] = set()
     order = {n: i for i, n in enumerate(graph.nodes)}
+    written = written_inputs(graph)
     for value in stashed:
         # A stashed getitem stands for its multi-output op: the op is the root, its stashed
         # outputs are what recomputing it frees (LayerNorm's output, mean and rstd together).
@@ -461,7 +509,7 @@ def find_plans(graph: torch.fx.Graph) -> tuple[list[Plan], list[torch.fx.Node]]:
         outputs = [u for u in root.users if u in stashed_set] if root is not value else [value]
         if all(_tensor(o) is None or _tensor(o).dim() == 0 for o in outputs):  # type: ignore[union-attr]
             continue  # scalars: nothing worth freeing
-        grown = _grow(root, stashed_set - set(outputs), order)
+        grown = _grow(root, stashed_set - set(outputs), order, written)
         if grown is None:
             continue
         members, boundary = grown
