@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 
@@ -473,3 +474,46 @@ def test_a_buffer_written_then_read_in_the_forward_trains_as_eager(
     assert_same_state(wrapped, eager, atol=1e-6)  # the buffers too
     (report,) = memory_reports(wrapped)
     assert report.applied_bytes > 0  # the plans that do not read the buffer still apply
+
+
+class _Bf16Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln, self.up, self.down = nn.LayerNorm(32), nn.Linear(32, 64), nn.Linear(64, 32)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(self.drop(torch.nn.functional.gelu(self.up(self.ln(x)))))
+
+
+def _bf16_step(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    for _ in range(2):  # the second call runs the captured graphs
+        model.zero_grad()
+        torch.manual_seed(7)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        out.float().sum().backward()
+    return out.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def test_a_dropout_rebuilt_from_its_mask_is_the_kernels_output_in_bfloat16(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The dropout kernel scales by 1 / (1 - p) rounded to bfloat16; the rebuilt output multiplied by
+    the float and was one bfloat16 unit off the forward's (wave 54: level 1 moved output and grads)."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_ONNX_MODEL")  # bf16 Gemm
+    x = torch.randn(16, 32)
+    torch.manual_seed(0)
+    eager = _Bf16Block()
+    results = {}
+    for level in (0, 1):
+        monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", str(level))
+        wrapped = ORTModule(copy.deepcopy(eager))
+        results[level] = _bf16_step(wrapped, x)
+        if level:
+            (report,) = memory_reports(wrapped)
+            assert report.plan("Gelu+DropoutFromMask+").applied == 1
+    out_eager, _ = _bf16_step(eager, x)
+    assert torch.equal(results[1][0], out_eager)
+    assert torch.equal(results[1][0], results[0][0])
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-5)
