@@ -517,3 +517,32 @@ def test_a_dropout_rebuilt_from_its_mask_is_the_kernels_output_in_bfloat16(
     assert torch.equal(results[1][0], out_eager)
     assert torch.equal(results[1][0], results[0][0])
     torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-5)
+
+
+class _Convolutions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1, bias=False)  # (2, 8, 6, 6): 2 * 576 * 4 * 9 FLOPs
+        self.grouped = nn.Conv2d(8, 8, 3, padding=1, groups=2, bias=False)  # 2 * 576 * 4 * 9
+        self.up = nn.ConvTranspose2d(8, 6, 2, stride=2, bias=False)  # from (2, 8, 6, 6): 2 * 576 * 6 * 4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.grouped(torch.tanh(self.conv(x)).exp())
+        return self.up(h.sin()).cos().sum()
+
+
+def test_convolutions_are_counted_and_planned_as_matmuls() -> None:
+    """A convolution was counted at 1 FLOP an output element and recomputed at level 1, which is
+    documented as plans without a linear layer's matmul (wave 54: 0.5 MFLOP for a 302 MFLOP one)."""
+    torch.manual_seed(0)
+    captured = capture(
+        _Convolutions(), [torch.randn(2, 4, 6, 6)], training=True, memory=MemoryOptimizerConfig(1)
+    )
+    report = _report(captured)
+    flops = {p.pattern: (p.flops_per_occurrence, p.level, p.applied) for p in report.plans}
+    conv = 2 * 576 * 4 * 9
+    assert flops["Convolution+Tanh+"] == (conv + 4 * 576, 2, 0)  # tanh: 4 FLOPs an element
+    assert flops["Convolution+"] == (conv, 2, 0)  # the grouped one: 4 input channels a group
+    assert flops["Convolution+#2"] == (2 * 576 * 6 * 4, 2, 0)  # the transposed one
+    assert flops["Exp+"] == flops["Sin+"] == (576, 1, 1)  # level 1 still applies the cheap ones
+    assert "| Convolution+ " in format_summary(report)
