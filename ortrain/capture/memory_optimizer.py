@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ortrain.capture.module_paths import layer_of, module_path
@@ -52,6 +53,8 @@ OFF = 0
 ALL = -1
 
 _MATMULS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default})
+# A convolution is a matmul over patches: its FLOPs scale with the kernel, like a linear layer's.
+_CONVOLUTIONS = frozenset({aten.convolution.default, aten._convolution.default})
 _SOFTMAXES = frozenset({aten._softmax.default, aten._safe_softmax.default})
 # Ops that create a tensor from nothing but scalars: constants, cost nothing to rebuild.
 _FACTORIES = frozenset(
@@ -265,6 +268,47 @@ def _recomputable(node: torch.fx.Node) -> bool:
     return not _has_data_dependent_size(node)
 
 
+def written_inputs(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The inputs (buffers, parameters, user inputs) whose data the forward writes, and their views.
+
+    The functional joint graph reads their old values and returns the new ones; AOTAutograd copies
+    those into the inputs after the forward runs (or the graph writes them itself, ``copy_``). A
+    value rebuilt in the backward from such an input, or stashed as a view of it, would read the
+    new value: an EMA buffer updated then read, spectral norm's ``_u``/``_v`` (wave 54: levels 1
+    and 2 failed every backward with "modified by an inplace operation"; where a write escapes the
+    version counter the gradient would be silently wrong). Plans stop at the first reader that makes
+    a new tensor: it is stashed, holding the old values.
+    """
+    placeholders = {n.meta.get("desc"): n for n in graph.find_nodes(op="placeholder") if "desc" in n.meta}
+    descs = graph.output_node().meta.get("desc") or ()
+    written = {
+        placeholders[d.mutated_input]
+        for d in descs
+        if isinstance(d, InputMutationAOTOutput) and d.mutated_input in placeholders
+    }
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None:
+            continue
+        for argument, value in zip(schema.arguments, node.args, strict=False):
+            writes = argument.alias_info is not None and argument.alias_info.is_write
+            if writes and isinstance(value, torch.fx.Node) and value.op == "placeholder":
+                written.add(value)
+    for node in graph.nodes:  # views of them share their storage (graph order: sources first)
+        if node.op == "call_function" and node.args and node.args[0] in written and _is_view(node):
+            written.add(node)
+    return written
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    if node.target is operator.getitem or node.target in RELAYOUTS:
+        return True
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and any(
+        r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+    )
+
+
 def _has_data_dependent_size(node: torch.fx.Node) -> bool:
     value = _tensor(node)
     if value is None:
@@ -291,6 +335,8 @@ def _flops(node: torch.fx.Node) -> int:
         if a is None:
             return 0
         return 2 * _numel(node) * _hint(a.shape[-1])
+    if node.target in _CONVOLUTIONS:
+        return _convolution_flops(node)
     if _is_multi_output(node):
         # Costed by what reads its results, else by its first tensor argument (not the first
         # argument: auto_functionalized's is the operator it wraps; wave 43, a custom op writing
@@ -298,6 +344,22 @@ def _flops(node: torch.fx.Node) -> int:
         tensors = [a for a in node.all_input_nodes if _tensor(a) is not None]
         return sum(_flops(u) for u in node.users) or (8 * _numel(tensors[0]) if tensors else 0)
     return _FLOPS_PER_ELEMENT.get(_op_name(node), 1) * _numel(node)
+
+
+def _convolution_flops(node: torch.fx.Node) -> int:
+    """2 x (output elements) x (input channels a group) x (kernel elements): a multiply and an add each.
+
+    Counted at 1 FLOP an output element before wave 54, a 302 MFLOP convolution showed as 0.5.
+    A transposed convolution's weight is (in, out / groups, *kernel): each input element is spread
+    over out / groups x kernel outputs, so it is counted from the input's side.
+    """
+    source, weight = node.args[0], node.args[1]
+    transposed = node.args[6] if len(node.args) > 6 else node.kwargs.get("transposed", False)
+    kernel = _tensor(weight)  # type: ignore[arg-type]
+    if kernel is None:
+        return 0
+    per_element = math.prod(_hint(s) for s in kernel.shape[1:])
+    return 2 * _numel(source if transposed else node) * per_element  # type: ignore[arg-type]
 
 
 def stashed_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
@@ -333,10 +395,11 @@ class _MaskedDropout:
 
 
 def _expose_dropout_outputs(graph: torch.fx.Graph) -> list[_MaskedDropout]:
-    """Give each forward dropout a recomputable twin of its output: ``input * mask * (1 / (1 - p))``.
+    """Give each forward dropout a recomputable twin of its output: ``input * mask * scale``.
 
     The twin reads the mask the dropout drew, so rebuilding it in the backward graph reproduces the
-    forward's values exactly; only the random draw itself is never recomputed.
+    forward's values exactly (the scale as the kernel rounds it: :func:`_kernel_scale`); only the
+    random draw itself is never recomputed.
     """
     exposed = []
     for node in list(graph.nodes):
@@ -348,7 +411,9 @@ def _expose_dropout_outputs(graph: torch.fx.Graph) -> list[_MaskedDropout]:
             continue
         output, mask = outputs[0], outputs[1]
         assert isinstance(source, torch.fx.Node)
-        scale = 1.0 / (1.0 - p)
+        scale = _kernel_scale(source, p)
+        if scale is None:
+            continue
         after = max((output, mask), key=lambda n: list(graph.nodes).index(n))
         with graph.inserting_after(after):
             masked = graph.call_function(aten.mul.Tensor, (source, mask))
@@ -367,6 +432,24 @@ def _expose_dropout_outputs(graph: torch.fx.Graph) -> list[_MaskedDropout]:
     return exposed
 
 
+def _kernel_scale(source: torch.fx.Node, p: float) -> float | None:
+    """The scale the dropout kernel multiplies by, as a Python float; None where it is not known.
+
+    PyTorch's CPU kernel (``input.mul(mask).mul_(scale)``) multiplies by ``1 / (1 - p)`` rounded to
+    the input's dtype: multiplying a bfloat16 activation by the float ``1 / (1 - p)`` rounds once
+    from float32 and differed from it by one bfloat16 unit (wave 54: level 1 changed the output and
+    the gradients under bfloat16 autocast). Rounded first, the product is the kernel's bit for bit
+    (checked on every bfloat16 and float16 value for 105 rates). CUDA's fused kernel multiplies by
+    the float32 scale instead: a half-precision dropout there is left stashed (not checked on one).
+    """
+    value = _tensor(source)
+    if value is None or not value.dtype.is_floating_point:
+        return None
+    if value.element_size() < 4 and value.device.type != "cpu":
+        return None
+    return torch.tensor(1.0 / (1.0 - p), dtype=value.dtype).item()
+
+
 def _restore_dropout_outputs(graph: torch.fx.Graph, exposed: list[_MaskedDropout]) -> None:
     """Undo :func:`_expose_dropout_outputs` where no plan recomputes the twin (Dropout's output is free)."""
     for item in exposed:
@@ -379,7 +462,10 @@ def _restore_dropout_outputs(graph: torch.fx.Graph, exposed: list[_MaskedDropout
 
 # ---- finding plans ------------------------------------------------------------------------------
 def _grow(
-    root: torch.fx.Node, stashed: set[torch.fx.Node], order: dict[torch.fx.Node, int]
+    root: torch.fx.Node,
+    stashed: set[torch.fx.Node],
+    order: dict[torch.fx.Node, int],
+    written: set[torch.fx.Node],
 ) -> tuple[list[torch.fx.Node], list[torch.fx.Node]] | None:
     """The nodes that rebuild ``root`` from stashed values, and the new values that must be stashed."""
     members: set[torch.fx.Node] = set()
@@ -391,7 +477,9 @@ def _grow(
             continue
         if node is not root and (node.op != "call_function" or node in stashed or _is_size(node)):
             continue  # a parameter, an input, saved anyway, or a size (sizes always cross as ints)
-        if not _recomputable(node):
+        # A reader of an input the forward writes reads its old value: in the backward it would
+        # read the new one (see written_inputs), so it stays saved.
+        if not _recomputable(node) or node in written or any(i in written for i in node.all_input_nodes):
             if node is root:
                 return None
             boundary.add(node)
@@ -431,12 +519,14 @@ def _level(nodes: Sequence[torch.fx.Node], kind: int) -> int:
 
     Level 2 adds compromise plans, the remaining batched matmuls and subgraphs that recompute a
     linear layer's matmul (``mm``, ``addmm``: a weight times the activations, the bulk of a
-    transformer's FLOPs).
+    transformer's FLOPs) or a convolution (the bulk of a CNN's).
     """
     if kind == COMPROMISE:
         return 2
     if any(n.target in _MATMULS and n.target is not aten.bmm.default for n in nodes):
         return 2
+    if any(n.target in _CONVOLUTIONS for n in nodes):
+        return 2  # a convolution layer's work, as a linear layer's matmul (wave 54: was level 1)
     softmax = any(n.target in _SOFTMAXES for n in nodes)
     if any(n.target is aten.bmm.default for n in nodes) and not softmax:
         return 2
@@ -450,6 +540,7 @@ def find_plans(graph: torch.fx.Graph) -> tuple[list[Plan], list[torch.fx.Node]]:
     plans: dict[tuple[str, int, str], Plan] = {}
     seen_roots: set[torch.fx.Node] = set()
     order = {n: i for i, n in enumerate(graph.nodes)}
+    written = written_inputs(graph)
     for value in stashed:
         # A stashed getitem stands for its multi-output op: the op is the root, its stashed
         # outputs are what recomputing it frees (LayerNorm's output, mean and rstd together).
@@ -461,7 +552,7 @@ def find_plans(graph: torch.fx.Graph) -> tuple[list[Plan], list[torch.fx.Node]]:
         outputs = [u for u in root.users if u in stashed_set] if root is not value else [value]
         if all(_tensor(o) is None or _tensor(o).dim() == 0 for o in outputs):  # type: ignore[union-attr]
             continue  # scalars: nothing worth freeing
-        grown = _grow(root, stashed_set - set(outputs), order)
+        grown = _grow(root, stashed_set - set(outputs), order, written)
         if grown is None:
             continue
         members, boundary = grown

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 
@@ -429,3 +430,119 @@ def test_sizes_without_a_value_are_estimated_within_their_bounds() -> None:
     torch._check(bounded <= 12)
     assert _hint(bounded) == 12
     assert _hint(7) == 7
+
+
+class _RunningRms(nn.Module):
+    """Divides by a running mean square it first updates in place (an EMA buffer written, then read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(8, 16), nn.Linear(16, 1)
+        self.register_buffer("ema", torch.ones(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.l1(x))
+        with torch.no_grad():
+            self.ema.mul_(0.9).add_(0.1 * h.pow(2).mean(0))
+        return self.l2(h / (self.ema + 1e-3).sqrt())
+
+
+def _spectral_norm_mlp() -> nn.Module:
+    # Its power iteration writes the buffers _u and _v in place, then reads them (and views of them).
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    return nn.Sequential(spectral_norm(nn.Linear(8, 32)), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+
+
+@pytest.mark.parametrize(
+    ("make", "level"),
+    [(_RunningRms, 1), (_RunningRms, 2), (_spectral_norm_mlp, 2)],
+    ids=["ema-1", "ema-2", "sn-2"],
+)
+def test_a_buffer_written_then_read_in_the_forward_trains_as_eager(
+    monkeypatch: pytest.MonkeyPatch, make: type[nn.Module], level: int
+) -> None:
+    """A recompute in the backward read the buffer's new value (the forward read the old one): every
+    backward failed with "modified by an inplace operation" at levels 1 and 2 until wave 54."""
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", str(level))
+    torch.manual_seed(0)
+    batches = [torch.randn(12, 8) for _ in range(3)]
+    losses_ort, losses_eager, eager, wrapped = train_side_by_side(
+        make(), batches, lambda m, b: m(b).pow(2).mean()
+    )
+    torch.testing.assert_close(losses_ort, losses_eager, rtol=1e-5, atol=1e-6)
+    assert_same_state(wrapped, eager, atol=1e-6)  # the buffers too
+    (report,) = memory_reports(wrapped)
+    assert report.applied_bytes > 0  # the plans that do not read the buffer still apply
+
+
+class _Bf16Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln, self.up, self.down = nn.LayerNorm(32), nn.Linear(32, 64), nn.Linear(64, 32)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(self.drop(torch.nn.functional.gelu(self.up(self.ln(x)))))
+
+
+def _bf16_step(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    for _ in range(2):  # the second call runs the captured graphs
+        model.zero_grad()
+        torch.manual_seed(7)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        out.float().sum().backward()
+    return out.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def test_a_dropout_rebuilt_from_its_mask_is_the_kernels_output_in_bfloat16(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The dropout kernel scales by 1 / (1 - p) rounded to bfloat16; the rebuilt output multiplied by
+    the float and was one bfloat16 unit off the forward's (wave 54: level 1 moved output and grads)."""
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_ONNX_MODEL")  # bf16 Gemm
+    x = torch.randn(16, 32)
+    torch.manual_seed(0)
+    eager = _Bf16Block()
+    results = {}
+    for level in (0, 1):
+        monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", str(level))
+        wrapped = ORTModule(copy.deepcopy(eager))
+        results[level] = _bf16_step(wrapped, x)
+        if level:
+            (report,) = memory_reports(wrapped)
+            assert report.plan("Gelu+DropoutFromMask+").applied == 1
+    out_eager, _ = _bf16_step(eager, x)
+    assert torch.equal(results[1][0], out_eager)
+    assert torch.equal(results[1][0], results[0][0])
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-5)
+
+
+class _Convolutions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1, bias=False)  # (2, 8, 6, 6): 2 * 576 * 4 * 9 FLOPs
+        self.grouped = nn.Conv2d(8, 8, 3, padding=1, groups=2, bias=False)  # 2 * 576 * 4 * 9
+        self.up = nn.ConvTranspose2d(8, 6, 2, stride=2, bias=False)  # from (2, 8, 6, 6): 2 * 576 * 6 * 4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.grouped(torch.tanh(self.conv(x)).exp())
+        return self.up(h.sin()).cos().sum()
+
+
+def test_convolutions_are_counted_and_planned_as_matmuls() -> None:
+    """A convolution was counted at 1 FLOP an output element and recomputed at level 1, which is
+    documented as plans without a linear layer's matmul (wave 54: 0.5 MFLOP for a 302 MFLOP one)."""
+    torch.manual_seed(0)
+    captured = capture(
+        _Convolutions(), [torch.randn(2, 4, 6, 6)], training=True, memory=MemoryOptimizerConfig(1)
+    )
+    report = _report(captured)
+    flops = {p.pattern: (p.flops_per_occurrence, p.level, p.applied) for p in report.plans}
+    conv = 2 * 576 * 4 * 9
+    assert flops["Convolution+Tanh+"] == (conv + 4 * 576, 2, 0)  # tanh: 4 FLOPs an element
+    assert flops["Convolution+"] == (conv, 2, 0)  # the grouped one: 4 input channels a group
+    assert flops["Convolution+#2"] == (2 * 576 * 6 * 4, 2, 0)  # the transposed one
+    assert flops["Exp+"] == flops["Sin+"] == (576, 1, 1)  # level 1 still applies the cheap ones
+    assert "| Convolution+ " in format_summary(report)
