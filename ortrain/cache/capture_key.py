@@ -56,7 +56,7 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 import ortrain
-from ortrain.cache.graph_key import tensor_digest, versions
+from ortrain.cache.graph_key import ortrain_code_hash, tensor_digest, versions
 from ortrain.cache.torch_namespaces import REMOVED, original_place, replaced_entries
 from ortrain.capture.global_reads import (
     INSTALLED_ROOTS,
@@ -546,16 +546,6 @@ def installed_distributions() -> tuple[str, ...]:
                 name = f"{name} {version}"
             found.add(f"{entry}: {name}")
     return tuple(sorted(found))
-
-
-@functools.cache
-def ortrain_code_hash() -> str:
-    digest = hashlib.sha256()
-    root = Path(ortrain.__file__).parent
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
 
 
 def patched_torch_functions() -> dict[str, Any]:
