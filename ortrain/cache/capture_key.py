@@ -56,7 +56,8 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 import ortrain
-from ortrain.cache.graph_key import tensor_digest, versions
+from ortrain.cache.graph_key import ortrain_code_hash, tensor_digest, versions
+from ortrain.cache.torch_namespaces import REMOVED, original_place, replaced_entries
 from ortrain.capture.global_reads import (
     INSTALLED_ROOTS,
     CodeRead,
@@ -86,6 +87,13 @@ _VOLATILE_ATTRIBUTES = frozenset({"_original_object_hash"})
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__) - {"training"}
 _DEPTH = 6  # config objects nest; deeper than this is not described (and makes the key unusable)
 _CALLABLES = (types.FunctionType, types.MethodType, types.BuiltinFunctionType)
+_BUILTINS = (
+    types.BuiltinFunctionType,
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.MethodWrapperType,
+    types.ClassMethodDescriptorType,
+)
 
 
 class Undescribable(ValueError):
@@ -222,14 +230,33 @@ def _describe_code(function: Any) -> Any:
     if code is None:  # None, a builtin, or a callable object (described by its class)
         if target is None:
             return None
-        kind = target if isinstance(target, type | types.BuiltinFunctionType) else type(target)
-        return f"{kind.__module__}.{kind.__qualname__}"
+        if isinstance(target, _BUILTINS):
+            described = _builtin_name(target)
+        else:
+            kind = target if isinstance(target, type) else type(target)
+            described = f"{kind.__module__}.{kind.__qualname__}"
+        if len(chain) == 1:
+            return described
+        # ``functools.wraps(torch.relu)(lambda x: ...)``: the wrappers' code is what runs.
+        return {
+            "wraps": described,
+            "values": [_values_of(f) for f in chain[:-1]],
+            "wrappers": [_code_digest(f.__code__) for f in chain[:-1] if hasattr(f, "__code__")],
+        }
     return {
         "function": f"{target.__module__}.{target.__qualname__}",
         "code": _code_digest(code),
         "values": [_values_of(f) for f in chain],
         "wrappers": [_code_digest(f.__code__) for f in chain[:-1] if hasattr(f, "__code__")],
     }
+
+
+def _builtin_name(value: Any) -> str:
+    """C code by its qualified name; a method descriptor (``TensorBase.abs``) names its class's
+    module, not its own."""
+    owner = getattr(value, "__objclass__", None)
+    module = getattr(value, "__module__", None) or getattr(owner, "__module__", "")
+    return f"{module}.{value.__qualname__}"
 
 
 def _is_code(value: Any) -> bool:
@@ -521,36 +548,25 @@ def installed_distributions() -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-@functools.cache
-def ortrain_code_hash() -> str:
-    digest = hashlib.sha256()
-    root = Path(ortrain.__file__).parent
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-# Where a script may patch PyTorch before building its model (``F.gelu = ...``, ``torch.tanh =
-# ...``, ``torch.Tensor.tanh = ...``).
-_TORCH_NAMESPACES = ("torch", "torch.nn.functional", "torch.special", "torch.linalg", "torch.fft")
-
-
 def patched_torch_functions() -> dict[str, Any]:
-    """The Python functions from outside PyTorch found in its namespaces, by name, code and values:
-    a patch applied at start-up (depending on a configuration file, say) changes what a graph
-    computes, and until wave 42 a later process without it loaded the capture made with it."""
+    """The entries of PyTorch's namespaces that the script replaced (``torch_namespaces``), each
+    by what it holds: a patch applied at start-up (depending on a configuration file, say) changes
+    what a graph computes, and until wave 42 a later process without it loaded the capture made
+    with it (until wave 54 where the patch was a partial, a PyTorch builtin, a callable object or a
+    dunder)."""
     found: dict[str, Any] = {}
-    spaces = [(name, vars(sys.modules[name])) for name in _TORCH_NAMESPACES if name in sys.modules]
-    spaces.append(("torch.Tensor", vars(torch.Tensor)))
-    for space, namespace in spaces:
-        for name, value in namespace.items():
-            function = getattr(value, "__func__", value)
-            module = getattr(function, "__module__", None) or ""
-            if name.startswith("_") or module.startswith("torch"):  # PyTorch's own, or typing's
-                continue
-            if isinstance(function, types.FunctionType):
-                found[f"{space}.{name}"] = _describe_code(function)
+    for label, value in replaced_entries().items():
+        place = original_place(value)
+        if value is REMOVED:
+            found[label] = "removed"
+        elif place is not None:  # ``torch.relu = torch.sigmoid``: by where PyTorch keeps it
+            found[label] = ["pytorch's", place]
+        elif isinstance(getattr(value, "__func__", value), types.FunctionType):
+            found[label] = _describe_code(value)
+        elif isinstance(value, _BUILTINS):
+            found[label] = ["builtin", _builtin_name(value)]
+        else:  # a partial, a callable object, a value
+            found[label] = describe(value)
     return found
 
 

@@ -7,7 +7,7 @@ tensor the graph holds as an attribute. Model code, config, parameter shapes and
 signature, requires-grad pattern, training/eval mode and every option that changes the captured
 graph (memory optimizer, checkpointing, custom Functions) change one of these. Beside the graph:
 the opset, the versions of Python, torch, onnx, onnxscript, onnxruntime and ortrain, and a hash of
-the source of ortrain's export code, so that a changed exporter never reads an old entry.
+ortrain's whole source, so that a changed exporter never reads an old entry.
 """
 
 from __future__ import annotations
@@ -24,28 +24,6 @@ import torch
 
 import ortrain
 
-# ortrain's own code that turns an FX graph into an ExportedGraph, and the entry format.
-_EXPORT_SOURCES = (
-    "export/fx_to_onnx.py",
-    "export/exported_graph_io.py",
-    "export/onnx_translations.py",
-    "export/index_dtypes.py",
-    "export/exporter_decompositions.py",
-    "export/direct_translation.py",
-    "export/rewrite_rules_by_root.py",
-    "export/exact_constant_patterns.py",
-    "export/lazy_op_registry.py",
-    "export/recorded_type_promotion.py",
-    "export/factory_dtypes.py",
-    "export/negative_indices.py",
-    "export/spelled_out_math.py",
-    "export/op_signatures.py",
-    "capture/view_ops.py",
-    "capture/fake_tracing.py",
-    "cache/graph_key.py",
-    "cache/store.py",
-)
-
 
 @functools.cache
 def versions() -> dict[str, str]:
@@ -59,13 +37,22 @@ def versions() -> dict[str, str]:
 
 
 @functools.cache
-def export_code_hash() -> str:
+def ortrain_code_hash() -> str:
+    """SHA-256 of every Python file of ortrain, with its path. An export runs code from most of
+    ortrain (export/, capture/, passes/, runtime/, errors, the cache's entry format); until wave
+    54 the export key hashed a list of 18 of those files, and an entry written by an exporter
+    whose fix lay in another (export/nan_propagation.py) was read by the fixed one. Read once
+    per process (~450 files, ~50 ms on the 2-core machine; the capture key reads it too)."""
     digest = hashlib.sha256()
     root = Path(ortrain.__file__).parent
-    for relative in _EXPORT_SOURCES:
-        digest.update(relative.encode())
-        digest.update((root / relative).read_bytes())
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+# What the export and translations entries are keyed with: all of ortrain's code, as captures are.
+export_code_hash = ortrain_code_hash
 
 
 def _describe(value: Any, *, hints: bool) -> Any:

@@ -11,7 +11,9 @@ Writes go to a temporary file in the same directory, are fsynced, then renamed o
 leaves only a ``.tmp-`` file that no reader opens, and two processes writing the same entry both
 write complete files, the last rename winning. A payload whose size or checksum does not match
 the header is logged at WARNING, deleted and reported as a miss, never returned. A directory that
-cannot be created or written gives one WARNING and the run goes on uncached.
+cannot be created or written gives one WARNING and the process goes on without it: every store of
+that directory, made before or after, neither loads nor saves (until wave 54 a failed capture
+write warned "running uncached" while the export entries went on being written and read).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ logger = logging.getLogger("ortrain.cache")
 MAGIC = b"ORTRAIN-CACHE 1\n"
 SUFFIX = ".ortc"
 TEMP_PREFIX = ".tmp-"
-_warned_unwritable: set[str] = set()
+# Directories this process found unusable (a full disk, no permission): warned about once, then
+# left alone by every store.
+_unusable_roots: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -50,16 +54,20 @@ class CorruptEntry(ValueError):
 class CacheStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self.usable = True
+        if not self.usable:
+            return
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             self._disable(error)
 
+    @property
+    def usable(self) -> bool:
+        return str(self.root) not in _unusable_roots
+
     def _disable(self, error: OSError) -> None:
-        self.usable = False
-        if str(self.root) not in _warned_unwritable:
-            _warned_unwritable.add(str(self.root))
+        if self.usable:
+            _unusable_roots.add(str(self.root))
             logger.warning(
                 "ORTMODULE_CACHE_DIR=%s cannot be used (%s: %s); running uncached",
                 self.root,

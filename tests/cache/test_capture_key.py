@@ -598,6 +598,57 @@ def test_a_pytorch_function_patched_by_the_script_misses(monkeypatch: pytest.Mon
     assert _key(_Block()) == reference
 
 
+class _Leaky:
+    def __call__(self, x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+        return torch.nn.functional.leaky_relu(x, 0.3)
+
+
+_MUL = torch.Tensor.__mul__
+
+
+@pytest.mark.parametrize(
+    ("space", "name", "value"),
+    [
+        (torch.nn.functional, "relu", functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.3)),
+        (torch, "relu", torch.sigmoid),  # a PyTorch builtin under another name
+        (torch.nn.functional, "gelu", torch.nn.functional.silu),
+        (torch.nn.functional, "relu", _Leaky()),  # a callable object
+        (torch.Tensor, "__mul__", lambda a, b: _MUL(_MUL(a, b), 2.0)),  # a dunder
+        (torch.Tensor, "__pos__", torch.Tensor.neg),  # a dunder PyTorch defines, replaced
+    ],
+    ids=["partial", "builtin", "gelu-is-silu", "callable-object", "dunder", "own-dunder"],
+)
+def test_any_replaced_pytorch_function_misses(
+    monkeypatch: pytest.MonkeyPatch, space: Any, name: str, value: Any
+) -> None:
+    """Until wave 54 only a plain Python function under a public name was keyed: each of these
+    patches (read from a configuration file, say) loaded the unpatched run's capture and trained
+    it, with the wrong loss and gradients."""
+    reference = _key(_Block())
+    with monkeypatch.context() as patch:
+        patch.setattr(space, name, value)
+        patched = _key(_Block())
+        assert patched is not None and patched != reference
+    assert _key(_Block()) == reference
+
+
+def test_replaced_pytorch_functions_are_told_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = set()
+    for slope in (0.1, 0.3):
+        with monkeypatch.context() as patch:
+            patch.setattr(
+                torch.nn.functional,
+                "relu",
+                functools.partial(torch.nn.functional.leaky_relu, negative_slope=slope),
+            )
+            keys.add(_key(_Block()))
+    for builtin in (torch.sigmoid, torch.tanh):
+        with monkeypatch.context() as patch:
+            patch.setattr(torch, "relu", builtin)
+            keys.add(_key(_Block()))
+    assert None not in keys and len(keys) == 4
+
+
 def _model_holding_a_scaler(default: float) -> nn.Module:
     class Scaler:
         def apply(self, h: torch.Tensor, s: float = default) -> torch.Tensor:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
+import ortrain
 from ortrain.cache import graph_key
 from ortrain.cache.graph_key import export_key
 from ortrain.capture.aot_capture import capture
@@ -94,3 +98,31 @@ def test_a_zero_dim_constant_is_hashed() -> None:
     bytes raised, which crashed op tuning's first race ("self.dim() cannot be 0")."""
     assert graph_key.tensor_digest(torch.tensor(2.0)) != graph_key.tensor_digest(torch.tensor(3.0))
     assert graph_key.tensor_digest(torch.tensor(2.0)) == graph_key.tensor_digest(torch.tensor([2.0]))
+
+
+@pytest.mark.parametrize(
+    "edited",
+    [
+        "export/nan_propagation.py",
+        "export/integer_sums.py",
+        "capture/decompositions.py",
+        "passes/erf_gelu.py",
+    ],
+)
+def test_every_module_the_export_runs_is_in_its_code_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edited: str
+) -> None:
+    """Until wave 54 the hash read 18 named files: an entry exported before the NaN fix in
+    export/nan_propagation.py was read by the fixed exporter, and its output differed from eager's."""
+    copy = tmp_path / "ortrain"
+    shutil.copytree(Path(ortrain.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(ortrain, "__file__", str(copy / "__init__.py"))
+    try:
+        graph_key.export_code_hash.cache_clear()
+        before = graph_key.export_code_hash()
+        with (copy / edited).open("a") as file:
+            file.write("\n# a fix\n")
+        graph_key.export_code_hash.cache_clear()
+        assert graph_key.export_code_hash() != before
+    finally:
+        graph_key.export_code_hash.cache_clear()

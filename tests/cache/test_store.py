@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ortrain.cache import store as store_module
 from ortrain.cache.store import CacheStore
 
 KEY = "0" * 64
@@ -147,3 +148,25 @@ def test_cli_lists_and_clears(
     monkeypatch.delenv("ORTMODULE_CACHE_DIR")
     assert main(["cache", "list"]) == 2
     assert "ORTMODULE_CACHE_DIR" in capsys.readouterr().err
+
+
+def test_a_failed_write_leaves_the_directory_alone_for_the_whole_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Until wave 54 a full disk failed the capture's write with "running uncached", and the
+    export entries were still written (and read) by the other stores of the directory."""
+    older = CacheStore(tmp_path)
+    assert older.save("export", KEY, b"x", {})
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    with caplog.at_level(logging.WARNING, logger="ortrain.cache"):
+        with monkeypatch.context() as patch:
+            patch.setattr(store_module.tempfile, "mkstemp", full_disk)
+            assert not CacheStore(tmp_path).save("capture", KEY, b"y", {})
+        for store in (older, CacheStore(tmp_path)):
+            assert not store.save("translations", KEY, b"z", {})
+            assert store.load("export", KEY) is None
+    assert len(caplog.records) == 1 and "No space left on device); running uncached" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"export-{KEY}.ortc"]
