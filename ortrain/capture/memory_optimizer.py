@@ -27,6 +27,7 @@ output as ``input * mask * scale`` (what the dropout kernel computes) instead of
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import operator
@@ -603,6 +604,15 @@ def _unique_names(plans: list[Plan]) -> list[Plan]:
 
 
 # ---- choosing and applying ------------------------------------------------------------------
+def _with_closest(pattern: str, found: Iterable[str]) -> str:
+    """``pattern``, followed by the found pattern it was most likely meant to be: names are
+    typed by hand from the summary, where ``Gelu`` for ``Gelu+`` or a case slip matched nothing."""
+    by_folded = {name.lower(): name for name in found}
+    folded = pattern.lower().rstrip("+") + "+"
+    matches = [folded] if folded in by_folded else difflib.get_close_matches(folded, by_folded, n=1)
+    return f"{pattern} (did you mean {by_folded[matches[0]]}?)" if matches else pattern
+
+
 def plan_recompute(graph: torch.fx.Graph, config: MemoryOptimizerConfig) -> MemoryReport:
     """Find plans, choose them by level and config, and tag the chosen subgraphs for recompute."""
     exposed = _expose_dropout_outputs(graph)
@@ -642,7 +652,7 @@ def plan_recompute(graph: torch.fx.Graph, config: MemoryOptimizerConfig) -> Memo
         logger.warning(
             "memory optimizer: no subgraph matches %s in this model; the patterns found are listed "
             "in the memory optimizer summary (ORTMODULE_LOG_LEVEL=INFO)",
-            ", ".join(unwarned),
+            ", ".join(_with_closest(pattern, by_name) for pattern in unwarned),
         )
     for plan in plans:
         if plan.requested is None:

@@ -546,3 +546,21 @@ def test_convolutions_are_counted_and_planned_as_matmuls() -> None:
     assert flops["Convolution+#2"] == (2 * 576 * 6 * 4, 2, 0)  # the transposed one
     assert flops["Exp+"] == flops["Sin+"] == (576, 1, 1)  # level 1 still applies the cheap ones
     assert "| Convolution+ " in format_summary(report)
+
+
+def test_a_mistyped_pattern_is_warned_about_with_the_closest_found(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Gelu`` (no ``+``) and ``layernormalization+`` matched nothing and the warning left the user to
+    find the spelling in the summary (wave 54's review)."""
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_CONFIG", "Gelu:1:-1,layernormalization+:1:-1,Bogus+:1:-1")
+    torch.manual_seed(0)
+    wrapped = ORTModule(nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 1)))
+    with caplog.at_level(logging.WARNING, logger="ortrain"):
+        wrapped(torch.randn(2, 8)).sum().backward()
+    warnings = [r.getMessage() for r in caplog.records if "no subgraph matches" in r.getMessage()]
+    assert warnings == [
+        "memory optimizer: no subgraph matches Gelu (did you mean Gelu+?), layernormalization+ (did you "
+        "mean LayerNormalization+?), Bogus+ in this model; the patterns found are listed in the memory "
+        "optimizer summary (ORTMODULE_LOG_LEVEL=INFO)"
+    ]
