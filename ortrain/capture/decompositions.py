@@ -14,7 +14,8 @@ Each entry is here for a measured reason (see DESIGN.md):
   (``decompositions_losses``), 0-d
   scatters and gathers
   (``decompositions_indexing``), view-scatters such as the backward of ``diagonal``
-  (``decompositions_view_scatter``): each module says why.
+  (``decompositions_view_scatter``), dropout's gradient on CPU (``decompositions_dropout``):
+  each module says why.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 from torch._decomp import get_decompositions
 
+from ortrain.capture import decompositions_dropout as dropout
 from ortrain.capture import decompositions_embedding as embedding
 from ortrain.capture import decompositions_gathers as gathers
 from ortrain.capture import decompositions_indexing as indexing
@@ -309,6 +311,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table[aten._embedding_bag_per_sample_weights_backward.default] = (
         embedding.embedding_bag_per_sample_weights_backward
     )
+    table[aten.native_dropout_backward.default] = dropout.native_dropout_backward
     table[getattr(aten.random, "from")] = random_from_to  # `from` is a keyword
     table.update(view_scatter.view_scatter_table())
     table.update(break_decompositions())

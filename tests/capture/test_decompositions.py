@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from torch.nn import functional as F
 
 from ortrain.capture import decompositions_bessel as bessel
 from ortrain.capture import decompositions_embedding as embedding
@@ -762,3 +763,26 @@ def test_pixel_shuffle_and_its_backward_train_like_eager_on_empty_tensors(
     (expected * scale).sum().backward()
     (got * scale).sum().backward()
     torch.testing.assert_close(wrapped.module.weight.grad, eager.weight.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_dropout_backward_is_eagers_cpu_gradient(dtype: torch.dtype) -> None:
+    """``native_dropout_backward`` multiplies by the unrounded ``1 / (1 - p)``; eager's CPU
+    dropout's gradient is ``grad * noise``, the noise rounded to the dtype (wave 54: one bfloat16
+    unit off under autocast). Every rate in steps of 0.005, and gradients that are inf, NaN, -0."""
+    from ortrain.capture.decompositions_dropout import native_dropout_backward
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(512, generator=gen, dtype=torch.float64).to(dtype)
+    grad = torch.randn(512, generator=gen, dtype=torch.float64).to(dtype)
+    grad[:3] = torch.tensor([math.inf, math.nan, -0.0], dtype=dtype)
+    for p in [i / 200 for i in range(1, 200)] + [1 / 3, 0.123]:
+        torch.manual_seed(1)
+        leaf = x.clone().requires_grad_()
+        F.dropout(leaf, p, training=True).backward(grad)
+        torch.manual_seed(1)
+        _, mask = aten.native_dropout(x, p, True)
+        got = native_dropout_backward(grad, mask, 1.0 / (1.0 - p))
+        assert leaf.grad is not None
+        torch.testing.assert_close(got, leaf.grad, rtol=0, atol=0, equal_nan=True, msg=f"p={p}")
+        assert torch.equal(got.signbit(), leaf.grad.signbit()), p
