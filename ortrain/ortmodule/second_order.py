@@ -358,25 +358,29 @@ class _TwiceDifferentiable(torch.autograd.Function):
 # error alone named neither ortrain nor a way out; torch.compile refuses it the same way).
 _ONE_GRAPH = "ortrain: the wrapped model's forward is one captured graph, which saved the tensors it read. "
 _PARAMETER_WRITTEN = (
-    "Its weight {names} was changed in place between two backward passes through the same forward "
-    "(an optimizer.step() between them), which the graph refuses even where this backward does not "
-    "read the weight: step the optimizers after the last backward, or backward the sum of the "
-    "losses once"
+    "Its {weights} changed in place after this forward and before this backward (an "
+    "optimizer.step() between two backward passes through the same forward, say), which the graph "
+    "refuses even where this backward does not read the weight: step the optimizers after the last "
+    "backward, or backward the sum of the losses once"
 )
 # Wave 54's review: the note blamed an optimizer step for a buffer. (BatchNorm's running
 # statistics, which eager's kernel writes without moving their counters, no longer move them here
 # either: ortrain.capture.running_statistics.)
 _BUFFER_WRITTEN = (
-    "Its buffer {names} was written in place after this forward and before this backward (by a "
-    "later call of the model that updates it, or by code outside the model); eager refuses that "
-    "too where its backward reads the buffer, the graph even where this backward does not: run "
-    "this backward before the buffer is written, or have the forward read a copy of it "
-    "(`self.buffer.clone()`)"
+    "Its {buffers} written in place after this forward and before this backward (by a later call "
+    "of the model that updates it, or by code outside the model); eager refuses such a write where "
+    "its backward reads the buffer, the graph even where this backward does not: run this backward "
+    "before the buffer is written, or have the forward read a copy of it (`self.buffer.clone()`)"
 )
 _INPUT_WRITTEN = (
     "A tensor it read (one of the call's inputs) was changed in place after this forward and before "
     "this backward: run the backward first, or pass the call a copy (`x.clone()`)"
 )
+
+
+def _named(kind: str, names: list[str]) -> str:
+    """``weight `a` was`` or ``weights `a`, `b` were``."""
+    return f"{kind} {names[0]} was" if len(names) == 1 else f"{kind}s {', '.join(names)} were"
 
 
 def _written_since_the_forward(recompute: _Recompute) -> str:
@@ -385,11 +389,11 @@ def _written_since_the_forward(recompute: _Recompute) -> str:
     for (kind, name, tensor), version in zip(recompute.read, recompute.read_versions, strict=False):
         if tensor._version != version:
             changed[kind].append(f"`{name}`")
-    notes = [
-        note.format(names=", ".join(changed[kind]))
-        for kind, note in (("parameter", _PARAMETER_WRITTEN), ("buffer", _BUFFER_WRITTEN))
-        if changed[kind]
-    ]
+    notes = []
+    if changed["parameter"]:
+        notes.append(_PARAMETER_WRITTEN.format(weights=_named("weight", changed["parameter"])))
+    if changed["buffer"]:
+        notes.append(_BUFFER_WRITTEN.format(buffers=_named("buffer", changed["buffer"])))
     return _ONE_GRAPH + ". ".join(notes or [_INPUT_WRITTEN])
 
 
