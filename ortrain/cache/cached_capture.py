@@ -50,6 +50,7 @@ class _Stored:
     # trace; a module a forward imports (``import helpers`` inside it) is first loaded by the
     # trace, so its file is checked here at load (until wave 41 an edit to it went unseen).
     code_files: dict[str, str]
+    running_statistics: frozenset[int] = frozenset()
 
 
 def load_capture(
@@ -89,6 +90,7 @@ def load_capture(
         memory_report=stored.memory_report,
         size_guards=stored.size_guards,
         mutated_inputs=stored.mutated_inputs,
+        running_statistics=stored.running_statistics,
     )
     return captured, stored.output_spec
 
@@ -114,6 +116,7 @@ def save_capture(cache_dir: Path, key: str, captured: Capture, output_spec: Any,
                 captured.size_guards,
                 captured.mutated_inputs,
                 loaded_user_files(),
+                captured.running_statistics,
             )
             payload = pickle.dumps(stored)
     except Exception as error:

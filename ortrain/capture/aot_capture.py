@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch._functorch.aot_autograd as aot_autograd
+from torch._functorch._aot_autograd.descriptors import BufferAOTInput, ParamAOTInput, PlainAOTInput
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
@@ -52,6 +53,7 @@ from ortrain.capture.python_ops import (
     release_calls,
 )
 from ortrain.capture.recurrent_layers import RecurrentLayer
+from ortrain.capture.running_statistics import batch_norm_statistics, versions_kept
 from ortrain.capture.saved_output_copies import SavedOutputs
 from ortrain.capture.shape_env_caches import release_shape_env_caches
 from ortrain.capture.shared_submodules import shared_submodules_restored
@@ -115,6 +117,10 @@ class Capture:
     mutated_inputs: frozenset[int] = frozenset()
     # Of those, the ones written only inside a ``no_grad`` block of the forward.
     writes_hidden_from_autograd: frozenset[int] = frozenset()
+    # Positions among ``(*state, *inputs)`` of the tensors only batch norms' running statistics
+    # updates write: their version counters stay, as eager's kernel leaves them
+    # (capture/running_statistics.py).
+    running_statistics: frozenset[int] = frozenset()
     # Parameters and buffers without elements that the forward writes into: it sizes them on first
     # use (a per-channel quantization observer's min/max), which its fake trace cannot show.
     sized_on_first_use: tuple[str, ...] = ()
@@ -186,6 +192,16 @@ class Capture:
                     "a view of a leaf Variable that requires grad is being used in an in-place operation."
                 )
 
+    def statistics_versions_kept(
+        self, state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+    ) -> contextlib.AbstractContextManager[None]:
+        """A block around a call of this capture (or anything that runs it) after which the
+        running statistics it writes read their version counters as before, as after eager."""
+        if not self.running_statistics:
+            return contextlib.nullcontext()
+        tensors = [*state, *inputs]
+        return versions_kept([tensors[i] for i in sorted(self.running_statistics)])
+
     def __call__(self, state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Any:
         outputs = self.fn(*state, *inputs)
         if self.backward is not None:  # no zeros gradient for an unused output (unused_tangents.py)
@@ -243,6 +259,19 @@ def _distinct_state_names(module: torch.nn.Module, names: list[str]) -> list[str
             seen.add(id(tensor))
         distinct.append(name)
     return distinct
+
+
+def _positions(descs: Sequence[Any], state_names: list[str], n_inputs: int) -> frozenset[int]:
+    """The positions among ``(*state, *inputs)`` of the graph inputs ``descs`` names: a parameter or
+    buffer by its (first) name, an input by its index. Another kind of input (a synthetic base of
+    inputs that alias each other) has no one position: left out, its counter moves."""
+    positions = set()
+    for desc in descs:
+        if isinstance(desc, ParamAOTInput | BufferAOTInput) and desc.target in state_names:
+            positions.add(state_names.index(desc.target))
+        elif isinstance(desc, PlainAOTInput) and 0 <= desc.idx < n_inputs:
+            positions.add(len(state_names) + desc.idx)
+    return frozenset(positions)
 
 
 def _skip_unread_graph_logs(joint: Any) -> None:
@@ -412,6 +441,9 @@ def capture(
     )
     if "forward" not in slots:
         raise RuntimeError("AOTAutograd produced no forward graph")
+    running_statistics = _positions(
+        batch_norm_statistics(slots["forward"].graph.graph), state_names, len(inputs)
+    )
     if training and "backward" not in slots:
         logger.debug("no output requires grad: the training capture has no backward graph")
     # Not stored where the forward read the environment or called modules the model does not hold:
@@ -433,6 +465,7 @@ def capture(
         mutated_inputs=mutated,
         writes_hidden_from_autograd=hidden_writes,
         sized_on_first_use=sized_on_first_use,
+        running_statistics=running_statistics,
         unheld_modules=tuple(weakref.ref(m) for m in unheld_modules.values()),
         environment=tuple(environment.items()),
     )

@@ -35,6 +35,7 @@ from torch._dynamo.exc import (
     unimplemented,
 )
 from torch._dynamo.variables.misc import RandomClassVariable, RandomVariable
+from torch._functorch._aot_autograd.descriptors import PlainAOTInput
 
 from ortrain.capture.aot_capture import GraphRunner, donates_no_saved_tensor
 from ortrain.capture.capture_package import handed_over
@@ -48,6 +49,7 @@ from ortrain.capture.memory_optimizer import MemoryOptimizerConfig
 from ortrain.capture.output_layouts import traced_layouts
 from ortrain.capture.partition import partition
 from ortrain.capture.python_ops import UnsupportedFunctionError
+from ortrain.capture.running_statistics import batch_norm_statistics, versions_kept
 from ortrain.capture.saved_output_copies import SavedOutputs
 from ortrain.capture.tracing_context import tracing_context
 from ortrain.capture.unused_tangents import UnreachedGradients, leave_unused_tangents_none
@@ -84,6 +86,9 @@ def aot_backend(
     ``memory`` chooses the memory optimizer's recompute plans, as for a whole-model capture.
     """
     number = next(_graph_numbers)
+    # The positions among the graph's arguments of BatchNorm running statistics that only batch
+    # norms write: their version counters stay, as after eager (capture/running_statistics.py).
+    statistics: list[int] = []
 
     def compiler(tag: str) -> Callable[[torch.fx.GraphModule, Any], Any]:
         def compile_fx_graph(graph: torch.fx.GraphModule, _example: Any) -> Any:
@@ -109,6 +114,8 @@ def aot_backend(
                 donates_no_saved_tensor(metadata)
                 detached = detached_outputs(metadata)
                 saved_outputs = SavedOutputs(metadata) if metadata is not None else None
+                descs = batch_norm_statistics(graph.graph)
+                statistics[:] = sorted({d.idx for d in descs if isinstance(d, PlainAOTInput)})
             scalars = _scalar_inputs(plain)
             # Outputs AOTAutograd remakes views from, with the strides returned: views of inputs
             # made by PyTorch, the others in their traced layout.
@@ -159,7 +166,9 @@ def aot_backend(
         # (capture/unused_tangents.py). Fed through that output's backward, zeros met its
         # derivative, and an infinite one (log of an underflowed probability) made every
         # gradient NaN, where eager never runs that backward.
-        outputs = compiled(*args, **kwargs)
+        kept = [args[i] for i in statistics if i < len(args) and isinstance(args[i], torch.Tensor)]
+        with versions_kept(kept):
+            outputs = compiled(*args, **kwargs)
         leave_unused_tangents_none(outputs)
         return outputs
 

@@ -815,6 +815,9 @@ class ORTModule(nn.Module):
         learning = key.inputs_alias and not entry.alias_writes_known
         shared = _sharing_memory(key.aliasing) if learning else []
         versions = [call.inputs[i]._version for i in shared]
+        # BatchNorm's running statistics keep their version counters, as after eager's kernel
+        # (ortrain.capture.running_statistics).
+        kept = functools.partial(entry.capture.statistics_versions_kept, state_tensors, call.inputs)
         try:
             outputs = None
             if needs_second_order_path() and not entry.capture.mutated_inputs and not entry.python_ops:
@@ -827,9 +830,11 @@ class ORTModule(nn.Module):
                     (*state_tensors, *call.inputs),
                     functools.partial(self._change_since, key.state),
                     assigned_tensor_paths(entry.output_spec),
+                    versions_kept=kept,
                 )
             if outputs is None:
-                outputs = entry.capture(state_tensors, call.inputs)
+                with kept():
+                    outputs = entry.capture(state_tensors, call.inputs)
                 if entry.capture.mutated_inputs:
                     why = WRITES_ITS_INPUT
                 else:

@@ -86,9 +86,18 @@ class _Recompute:
         buffer_writes: BufferWrites,
         changed_since: Callable[[], str | None],
         assigned: tuple[str, ...] = (),
+        versions_kept: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
     ) -> None:
         self.run = run
         self.module = module
+        self.versions_kept = versions_kept
+        # The model's parameters (those this call read) and buffers, and their versions after the
+        # forward: a backward refused for a tensor written in place since says which kind it was.
+        self.read: list[tuple[str, str, torch.Tensor]] = [
+            *(("parameter", name, p) for name, p in parameters.items()),
+            *(("buffer", name, b) for name, b in module.named_buffers()),
+        ]
+        self.read_versions: list[int] = []
         # The buffers and attributes the forward assigns a tensor, with the values they hold now,
         # before the forward: the captured call read those, returns the new ones after its own
         # outputs (ortrain.capture.attribute_assignments), and the module holds the new ones by
@@ -124,8 +133,14 @@ class _Recompute:
         self.devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
         self.cuda_rng = [torch.cuda.get_rng_state(d) for d in self.devices]
         versions, copied = self.buffer_writes.before(self.module)
-        outputs = self.run(tensors)
-        written = self.buffer_writes.after(self.module, versions)
+        # BatchNorm's running statistics keep their version counters, as after eager's kernel
+        # (ortrain.capture.running_statistics): the buffer writes are learned inside, where the
+        # counters still show them.
+        with self.versions_kept():
+            outputs = self.run(tensors)
+            written = self.buffer_writes.after(self.module, versions)
+        self.read = [(kind, name, t) for kind, name, t in self.read if not t.is_inference()]
+        self.read_versions = [t._version for _, _, t in self.read]
         self.buffers = {name: copied[name] for name in written if name in copied}
         self.unreproducible = sorted(written - copied.keys())
         return outputs
@@ -333,7 +348,7 @@ class _TwiceDifferentiable(torch.autograd.Function):
             except RuntimeError as error:
                 if "modified by an inplace operation" not in str(error):
                     raise
-                raise RuntimeError(f"{error}\n{_WRITTEN_BETWEEN_BACKWARDS}") from error
+                raise RuntimeError(f"{error}\n{_written_since_the_forward(recompute)}") from error
         return (None, None, *(None if at is None else found[at] for at in ctx.positions))
 
 
@@ -341,13 +356,45 @@ class _TwiceDifferentiable(torch.autograd.Function):
 # critic_loss.backward()``: eager runs it when the critic's loss does not reach the actor's head;
 # the captured forward is one node whose graph saved every weight it read (wave 45's review: the
 # error alone named neither ortrain nor a way out; torch.compile refuses it the same way).
-_WRITTEN_BETWEEN_BACKWARDS = (
-    "ortrain: the wrapped model's forward is one captured graph, which saved the tensors it read. "
-    "If one of its weights was changed in place between two backward passes through the same "
-    "forward (an optimizer.step() between them), the graph refuses that even where this backward "
-    "does not read the weight: step the optimizers after the last backward, or backward the sum of "
-    "the losses once"
+_ONE_GRAPH = "ortrain: the wrapped model's forward is one captured graph, which saved the tensors it read. "
+_PARAMETER_WRITTEN = (
+    "Its {weights} changed in place after this forward and before this backward (an "
+    "optimizer.step() between two backward passes through the same forward, say), which the graph "
+    "refuses even where this backward does not read the weight: step the optimizers after the last "
+    "backward, or backward the sum of the losses once"
 )
+# Wave 54's review: the note blamed an optimizer step for a buffer. (BatchNorm's running
+# statistics, which eager's kernel writes without moving their counters, no longer move them here
+# either: ortrain.capture.running_statistics.)
+_BUFFER_WRITTEN = (
+    "Its {buffers} written in place after this forward and before this backward (by a later call "
+    "of the model that updates it, or by code outside the model); eager refuses such a write where "
+    "its backward reads the buffer, the graph even where this backward does not: run this backward "
+    "before the buffer is written, or have the forward read a copy of it (`self.buffer.clone()`)"
+)
+_INPUT_WRITTEN = (
+    "A tensor it read (one of the call's inputs) was changed in place after this forward and before "
+    "this backward: run the backward first, or pass the call a copy (`x.clone()`)"
+)
+
+
+def _named(kind: str, names: list[str]) -> str:
+    """``weight `a` was`` or ``weights `a`, `b` were``."""
+    return f"{kind} {names[0]} was" if len(names) == 1 else f"{kind}s {', '.join(names)} were"
+
+
+def _written_since_the_forward(recompute: _Recompute) -> str:
+    """What was written in place between the forward and this refused backward, and what to do."""
+    changed: dict[str, list[str]] = {"parameter": [], "buffer": []}
+    for (kind, name, tensor), version in zip(recompute.read, recompute.read_versions, strict=False):
+        if tensor._version != version:
+            changed[kind].append(f"`{name}`")
+    notes = []
+    if changed["parameter"]:
+        notes.append(_PARAMETER_WRITTEN.format(weights=_named("weight", changed["parameter"])))
+    if changed["buffer"]:
+        notes.append(_BUFFER_WRITTEN.format(buffers=_named("buffer", changed["buffer"])))
+    return _ONE_GRAPH + ". ".join(notes or [_INPUT_WRITTEN])
 
 
 def _recomputed(
@@ -409,17 +456,22 @@ def run_twice_differentiable(
     tensors: Sequence[torch.Tensor],
     changed_since: Callable[[], str | None] = lambda: None,
     assigned: tuple[str, ...] = (),
+    versions_kept: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> tuple[torch.Tensor, ...] | None:
     """``run(tensors)`` (the captured call over ``tensors``, the model's then the call's) whose outputs'
     gradients can be differentiated again (see the module docstring); None, having run nothing,
     where a tensor that requires grad is neither a parameter of the model nor a tensor of the
-    call (the recompute would not reach it: its second-order gradient would be lost)."""
+    call (the recompute would not reach it: its second-order gradient would be lost).
+    ``versions_kept()`` is entered around ``run``: the capture's running statistics keep their
+    version counters (ortrain.capture.running_statistics)."""
     user_inputs, spec = flatten_inputs(*call)
     parameters = dict(module.named_parameters())
     reachable = {id(p) for p in parameters.values()} | {id(t) for t in user_inputs}
     if any(t.requires_grad and id(t) not in reachable for t in tensors):
         return None
-    recompute = _Recompute(run, module, parameters, spec, buffer_writes, changed_since, assigned)
+    recompute = _Recompute(
+        run, module, parameters, spec, buffer_writes, changed_since, assigned, versions_kept
+    )
     returned = _TwiceDifferentiable.apply(recompute, user_inputs, *tensors)
     if recompute.input_aliases:
         returned = from_inputs(returned, recompute.input_aliases, tensors)

@@ -103,5 +103,6 @@ def test_an_optimizer_step_between_two_backwards_says_what_to_do() -> None:
     logits, value = wrapped(torch.randn(4, 6))
     logits.logsumexp(-1).mean().backward(retain_graph=True)
     actor.step()
-    with pytest.raises(RuntimeError, match="step the optimizers after the last backward"):
+    with pytest.raises(RuntimeError, match="step the optimizers after the last backward") as raised:
         value.pow(2).mean().backward()
+    assert "Its weights `pi.weight`, `pi.bias` were changed in place" in str(raised.value)
