@@ -18,12 +18,18 @@ aten = torch.ops.aten
 def _window_counts(
     n_in: int, n_out: int, kernel: int, stride: int, padding: int, include_pad: bool, like: torch.Tensor
 ) -> torch.Tensor:
-    """How many elements each pooling window averages over, along one axis."""
-    start = torch.arange(n_out, dtype=like.dtype, device=like.device) * stride - padding
+    """How many elements each pooling window averages over, along one axis, as exact integers:
+    in bfloat16 (float16) positions above 256 (2048) round, which made divisors of 2 or 4 for 3."""
+    start = torch.arange(n_out, dtype=torch.int64, device=like.device) * stride - padding
     end = torch.clamp(start + kernel, max=n_in + padding)
     if not include_pad:
         return torch.clamp(end, max=n_in) - torch.clamp(start, min=0)
     return end - start
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """PyTorch's CPU pooling kernels accumulate half types in float32 and round once at the end."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
 
 def avg_pool_backward(
@@ -43,17 +49,23 @@ def avg_pool_backward(
     kernel, stride, padding = _pool_geometry(kernel_size, stride, padding, spatial)
     in_sizes = list(input.shape[-spatial:])
     out_sizes = list(grad_output.shape[-spatial:])
+    compute = _compute_dtype(grad_output.dtype)
+    grad = grad_output.to(compute)
     if divisor_override:
-        scaled = grad_output / divisor_override
+        scaled = grad / divisor_override
     else:
-        scaled = grad_output / _divisor(
-            in_sizes, out_sizes, kernel, stride, padding, count_include_pad, grad_output
-        )
+        divisor = _divisor(in_sizes, out_sizes, kernel, stride, padding, count_include_pad, grad_output)
+        scaled = grad / divisor.to(compute)
     batch_shape = list(grad_output.shape[:-spatial])
-    flat = scaled.reshape([-1, 1, *out_sizes])
-    ones = torch.ones([1, 1, *kernel], dtype=grad_output.dtype, device=grad_output.device)
+    if compute != grad_output.dtype:
+        spread = _spread_as_eager_half(scaled.to(grad_output.dtype), kernel, stride, spatial)
+    else:
+        flat = scaled.reshape([-1, 1, *out_sizes])
+        ones = torch.ones([1, 1, *kernel], dtype=compute, device=grad_output.device)
+        spread = aten.convolution(
+            flat, ones, None, stride, [0] * spatial, [1] * spatial, True, [0] * spatial, 1
+        )
     # Without padding the transposed convolution covers every window; padding is cut off after.
-    spread = aten.convolution(flat, ones, None, stride, [0] * spatial, [1] * spatial, True, [0] * spatial, 1)
     for axis in range(spatial):
         full = spread.shape[2 + axis]
         need = padding[axis] + in_sizes[axis]
@@ -61,7 +73,42 @@ def avg_pool_backward(
             pads = [0, 0] * (spatial - 1 - axis) + [0, need - full]
             spread = aten.constant_pad_nd(spread, pads, 0.0)
         spread = spread.narrow(2 + axis, padding[axis], in_sizes[axis])
-    return spread.reshape([*batch_shape, *in_sizes])
+    return spread.reshape([*batch_shape, *in_sizes]).to(grad_output.dtype)
+
+
+def _spread_as_eager_half(
+    delta: torch.Tensor, kernel: Sequence[int], stride: Sequence[int], spatial: int
+) -> torch.Tensor:
+    """The input gradient of a bfloat16/float16 average pooling, rounded as PyTorch's CPU kernel
+    rounds it: that kernel adds each window's (rounded) share into the half-precision gradient
+    one window at a time, windows in row-major order, so each input element's sum is rounded
+    after every term. A float32 sum rounded once is closer to exact but differs from eager by an
+    ulp in about a third of the elements. One transposed convolution by one-hot kernels puts each
+    kernel offset's shares in its own channel (exactly: one term per element); the channels are
+    then added in the kernel's order reversed (later windows reach an element at earlier offsets),
+    rounding after each add. float32 adds of two half values rounded to half are half adds."""
+    count = 1
+    for size in kernel:
+        count *= size
+    positions = torch.arange(count, device=delta.device)
+    one_hot = (positions.unsqueeze(1) == positions.unsqueeze(0)).to(torch.float32)
+    out_sizes = list(delta.shape[-spatial:])
+    flat = delta.to(torch.float32).reshape([-1, 1, *out_sizes])
+    placed = aten.convolution(
+        flat,
+        one_hot.reshape([1, count, *kernel]),
+        None,
+        stride,
+        [0] * spatial,
+        [1] * spatial,
+        True,
+        [0] * spatial,
+        1,
+    )
+    total = placed[:, count - 1 : count]
+    for offset in reversed(range(count - 1)):
+        total = (total + placed[:, offset : offset + 1]).to(delta.dtype).to(torch.float32)
+    return total
 
 
 def _adaptive_weights(n_in: int, n_out: int, like: torch.Tensor) -> torch.Tensor:
@@ -177,20 +224,22 @@ def avg_pool(
         _pooled_size(in_sizes[a], kernel[a], stride[a], padding[a], ceil_mode) for a in range(spatial)
     ]
     lead = list(input.shape[:-spatial])
-    x = input.reshape([-1, 1, *in_sizes])
+    compute = _compute_dtype(input.dtype)
+    x = input.to(compute).reshape([-1, 1, *in_sizes])
     pads: list[int] = []
     for axis in reversed(range(spatial)):
         right = max(0, (out_sizes[axis] - 1) * stride[axis] + kernel[axis] - padding[axis] - in_sizes[axis])
         pads += [padding[axis], right]
     x = aten.constant_pad_nd(x, pads, 0.0)
-    ones = torch.ones([1, 1, *kernel], dtype=input.dtype, device=input.device)
+    ones = torch.ones([1, 1, *kernel], dtype=compute, device=input.device)
     summed = aten.convolution(x, ones, None, stride, [0] * spatial, [1] * spatial, False, [0] * spatial, 1)
     for axis in range(spatial):
         summed = summed.narrow(2 + axis, 0, out_sizes[axis])
     summed = summed.reshape([*lead, *out_sizes])
     if divisor_override:
-        return summed / divisor_override
-    return summed / _divisor(in_sizes, out_sizes, kernel, stride, padding, count_include_pad, summed)
+        return (summed / divisor_override).to(input.dtype)
+    divisor = _divisor(in_sizes, out_sizes, kernel, stride, padding, count_include_pad, summed)
+    return (summed / divisor).to(input.dtype)
 
 
 def avg_pool2d(input: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
@@ -218,7 +267,11 @@ def _divisor(
     count_include_pad: bool,
     like: torch.Tensor,
 ) -> torch.Tensor:
-    """Each output window's element count (the average's divisor), broadcastable against ``like``."""
+    """Each output window's element count (the average's divisor), broadcastable against ``like``,
+    in ``like``'s dtype. Counts and their product are int64, exact, and rounded once at the end:
+    float32/float64 hold every count; the half-precision backward passes a half ``like`` because
+    eager's backward kernel divides by the count rounded to half (17 * 17 = 289 as 288 in bfloat16)
+    while its forward divides in float32 by the exact count."""
     spatial = len(out_sizes)
     divisor = None
     for axis in range(spatial):
@@ -233,7 +286,8 @@ def _divisor(
         )
         counts = counts.reshape([-1] + [1] * (spatial - 1 - axis))
         divisor = counts if divisor is None else divisor * counts
-    return divisor
+    assert divisor is not None
+    return divisor.to(like.dtype)
 
 
 # No ONNX translation either: ``max_pool3d_with_indices_backward``, ``adaptive_max_pool3d_backward``,

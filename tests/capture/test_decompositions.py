@@ -786,3 +786,30 @@ def test_dropout_backward_is_eagers_cpu_gradient(dtype: torch.dtype) -> None:
         assert leaf.grad is not None
         torch.testing.assert_close(got, leaf.grad, rtol=0, atol=0, equal_nan=True, msg=f"p={p}")
         assert torch.equal(got.signbit(), leaf.grad.signbit()), p
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "case",
+    [
+        ((1, 2300), (1, 3), (1, 1), (0, 0), False, True, None),
+        ((20, 20), (17, 17), (1, 1), (0, 0), False, True, None),
+        ((9, 9), (6, 6), (3, 3), (2, 3), True, True, None),
+        ((7, 10), (3, 2), (2, 2), (1, 0), False, False, None),
+    ],
+)
+def test_half_precision_avg_pool_and_backward_match_native_bit_for_bit(
+    case: tuple, dtype: torch.dtype
+) -> None:
+    # Divisors are exact integers past 256/2048 and 17 * 17; sums and the backward's adds round
+    # where eager's CPU kernels round (forward in float32 once, backward in half per window).
+    size, kernel, stride, padding, ceil_mode, include_pad, divisor = case
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, *size).to(dtype)
+    args = (list(kernel), list(stride), list(padding), ceil_mode, include_pad, divisor)
+    want = aten.avg_pool2d(x, *args)
+    assert torch.equal(pooling.avg_pool(x, *args, spatial=2), want)
+    g = torch.randn_like(want)
+    assert torch.equal(
+        pooling.avg_pool_backward(g, x, *args, spatial=2), aten.avg_pool2d_backward(g, x, *args)
+    )
