@@ -23,6 +23,13 @@ def _frequency(plan: Plan) -> str:
     return text + (f" + {count - in_layers})" if count > in_layers else ")")
 
 
+def _figure(value: float, decimals: int) -> str:
+    """``value`` with ``decimals`` decimals, or two significant digits where those round a value
+    above zero to zero: a 3 KB activation read "0.00" MiB beside "94 %" freed (wave 54's review)."""
+    text = f"{value:.{decimals}f}"
+    return f"{value:.2g}" if value > 0 and float(text) == 0 else text
+
+
 def _rows(plans: list[Plan], *, compromise: bool) -> list[list[str]]:
     rows = []
     for plan in plans:
@@ -30,8 +37,8 @@ def _rows(plans: list[Plan], *, compromise: bool) -> list[list[str]]:
             plan.pattern,
             f"{plan.shape} {plan.dtype}",
             _frequency(plan),
-            f"{plan.bytes_per_occurrence / _MIB:.2f}",
-            f"{plan.flops_per_occurrence / 1e6:.1f}",
+            _figure(plan.bytes_per_occurrence / _MIB, 2),
+            _figure(plan.flops_per_occurrence / 1e6, 1),
             str(plan.level),
             f"{_requested(plan)}/{plan.applied}",
         ]

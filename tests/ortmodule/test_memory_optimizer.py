@@ -564,3 +564,22 @@ def test_a_mistyped_pattern_is_warned_about_with_the_closest_found(
         "mean LayerNormalization+?), Bogus+ in this model; the patterns found are listed in the memory "
         "optimizer summary (ORTMODULE_LOG_LEVEL=INFO)"
     ]
+
+
+def test_a_small_activation_reads_above_zero_in_the_summary() -> None:
+    """A plan's 3 KB read "0.00" MiB beside its share freed (wave 54's review)."""
+
+    class Tiny(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.Sequential(nn.Embedding(64, 4), nn.GELU(), nn.Linear(4, 64))
+
+        def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self.layers(idx)
+            return logits, nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    report = _report(_capture(Tiny())[0])
+    gelu = next(p for p in report.plans if p.pattern == "Gelu+")
+    assert 0 < gelu.bytes_per_occurrence < 0.005 * 2**20
+    row = next(line for line in format_summary(report).splitlines() if line.startswith("| Gelu+ "))
+    assert f"| {gelu.bytes_per_occurrence / 2**20:.2g} " in row
