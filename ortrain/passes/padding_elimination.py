@@ -46,6 +46,14 @@ logger = logging.getLogger("ortrain.passes")
 
 aten = torch.ops.aten
 _HEAVY = {aten.linear.default, aten.matmul.default}
+# Position-by-position ops: a [batch, seq] result still has position (b, t) at (b, t) (cumsum only
+# along the sequence, checked where it is used).
+_GRID_KEEPING = {
+    aten.ne.Scalar, aten.eq.Scalar, aten.ne.Tensor, aten.eq.Tensor, aten.add.Tensor, aten.add.Scalar,
+    aten.sub.Tensor, aten.sub.Scalar, aten.mul.Tensor, aten.mul.Scalar, aten._to_copy.default,
+    aten.to.dtype, aten.type_as.default, aten.clone.default, aten.alias.default, aten.detach.default,
+    aten.masked_fill.Scalar, aten.cumsum.default,
+}  # fmt: skip
 
 
 def _same(a: sympy.Expr, b: sympy.Expr) -> bool:
@@ -94,13 +102,16 @@ class _Eliminator:
         return len(leading) == 1 and _same(leading[0], self.flat_rows)
 
     def broadcasts(self, val: torch.Tensor) -> bool:
-        """A bias ``[C]`` or a tensor such as position embeddings ``[1, seq, C]`` broadcast over rows."""
+        """A bias ``[C]`` or a tensor such as position embeddings ``[1, seq, C]`` broadcast over rows;
+        a ``[seq, C]`` one (a position table as an ``nn.Parameter(T, D)``) broadcasts over the batch
+        the same way (``gather`` expands it to ``[batch, seq, C]`` first)."""
         if val.dim() <= 1:
             return True
-        if val.dim() != 3:
+        if val.dim() not in (2, 3):
             return False
         leading = [expr(s) for s in val.shape[:-1]]
-        return all(a == 1 or _same(a, b) for a, b in zip(leading, self.rows, strict=True))
+        wanted = self.rows[-len(leading) :]
+        return all(a == 1 or _same(a, b) for a, b in zip(leading, wanted, strict=True))
 
     def size_node(self, size: Any) -> Any:
         """A graph value for ``size`` (an int, or batch / seq / batch*seq of the ids)."""
@@ -180,22 +191,59 @@ class _Eliminator:
             return True
         if self.has_rows(val):
             return leading_is_rows(tags)
-        return val.dim() == 3 and all(
+        if val.dim() not in (2, 3):
+            return False
+        wanted = ("b", "t")[-(val.dim() - 1) :]  # a [seq, C] operand broadcasts along the batch
+        return all(
             tag == want or expr(size) == 1
-            for tag, want, size in zip(tags[:2], ("b", "t"), val.shape[:2], strict=True)
+            for tag, want, size in zip(tags[:-1], wanted, val.shape[:-1], strict=True)
         )
 
     def _mark_foreign(self, order: list[torch.fx.Node]) -> None:
+        on_grid = {self.ids}
         for node in order:
+            if self._keeps_grid(node, on_grid):
+                on_grid.add(node)
             other_stream = (
                 node.op == "call_function"
                 and node.target is aten.embedding.default
                 and node is not self.embedding
                 and _padding_idx(node) >= 0
-                and node.args[1] is not self.ids
+                and node.args[1] not in on_grid
             )
             if other_stream or any(i in self.foreign for i in node.all_input_nodes):
                 self.foreign.add(node)
+
+    def _keeps_grid(self, node: torch.fx.Node, on_grid: set[torch.fx.Node]) -> bool:
+        """``node`` is a ``[batch, seq]`` tensor computed from this stream's ids position by position
+        (RoBERTa's position ids: ``ne``, ``cumsum`` along the sequence, ``mul``, ``add``, casts), so
+        an embedding looked up with it has token (b, t)'s row at (b, t): this stream's grid, not
+        another padded stream's. Other operands may only be numbers or broadcast over the batch
+        (``[seq]``, ``[1, seq]``)."""
+        if node.op != "call_function" or node.target not in _GRID_KEEPING:
+            return False
+        out = value(node)
+        if out is None or out.dim() != 2:
+            return False
+        if not all(_same(expr(a), b) for a, b in zip(out.shape, self.rows, strict=True)):
+            return False
+        dim = node.args[1] if len(node.args) > 1 else None
+        if node.target is aten.cumsum.default and not (isinstance(dim, int) and dim % 2 == 1):
+            return False  # a running sum over the batch: position (b, t) then depends on other rows' tokens
+        reads_ids = False
+        for arg in node.all_input_nodes:
+            if arg in on_grid:
+                reads_ids = True
+                continue
+            val = value(arg)
+            if arg in self.foreign or val is None or val.dim() > 2:
+                return False
+            sizes = [expr(s) for s in val.shape]
+            if val.dim() == 2 and sizes[0] != 1:
+                return False  # a [batch, seq] tensor of its own: another stream's ids, say
+            if val.dim() > 0 and not (sizes[-1] == 1 or _same(sizes[-1], self.rows[1])):
+                return False
+        return reads_ids
 
     # ---- the walk --------------------------------------------------------------------------
     def run(self) -> int:
@@ -218,6 +266,11 @@ class _Eliminator:
         with graph.inserting_before(positions):
             positions.args = (self._kept_mask(),)
         return len(self.sparse) - 1
+
+    def moved_heavy(self) -> bool:
+        """A linear or matmul runs on real tokens: where only cheap ops right after the embedding do
+        (the next layer re-pads), the zero fill and index_copy cost more than they save."""
+        return any(node.target in _HEAVY for node in self.sparse)
 
     def _kept_mask(self) -> torch.fx.Node:
         """The flat ``[batch * seq]`` mask of the tokens the sparse rows hold: the real ones, every
@@ -359,6 +412,15 @@ def eliminate_padding(gm: torch.fx.GraphModule) -> list[str]:
             logger.info(
                 "padding elimination: %s skipped (no token-wise op reads its rows in (batch, seq) order)",
                 node.name,
+            )
+            return []
+        if not eliminator.moved_heavy():
+            gm.graph = snapshot
+            logger.info(
+                "padding elimination: %s skipped (the %d token-wise ops that could run on real tokens "
+                "include no linear or matmul: gathering and re-padding them would cost more than it saves)",
+                node.name,
+                moved,
             )
             return []
         graph.eliminate_dead_code()

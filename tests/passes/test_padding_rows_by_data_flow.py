@@ -10,63 +10,14 @@ compares the loss and every gradient with the model's.
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 
 import pytest
 import torch
+from _padding_parity import PAD, D, V, eliminate_and_compare, padded
 from torch import nn
 from torch.nn import functional as F
-
-from ortrain.capture.forward_rewrite import trace_forward
-from ortrain.passes.padding_elimination import eliminate_padding
-
-V, D, PAD = 30, 8, 0
-
-
-class _Flat(nn.Module):
-    """As ORTModule calls a model: flat tensors in, a tuple out."""
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor]:
-        return (self.module(*tensors),)
-
-
-def _eliminate_and_compare(model: nn.Module, inputs: list[torch.Tensor]) -> list[str]:
-    """Padding elimination on the traced forward; the rewritten graph's loss and gradients must be
-    the model's."""
-    flat = _Flat(model.double())
-    trace = trace_forward(flat, inputs)
-    assert trace is not None
-    gm = trace.graph_module
-    changes = eliminate_padding(gm)
-    gm.graph.eliminate_dead_code()
-    gm.recompile()
-    reference = copy.deepcopy(flat)
-    expected = reference(*inputs)[0]
-    expected.backward()
-    state = [t for _, t in (*flat.named_parameters(remove_duplicate=False), *flat.named_buffers())]
-    got = gm(state, *inputs)[0]
-    got.backward()
-    torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
-    for (name, p), q in zip(flat.named_parameters(), reference.parameters(), strict=True):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
-    return changes
-
-
-def _padded(rows: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids of random lengths (one row fully real) and labels ignoring the pads."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, V, (rows, length), generator=generator)
-    lengths = torch.randint(1, length + 1, (rows,), generator=generator)
-    lengths[0] = length
-    ids = ids.masked_fill(torch.arange(length)[None] >= lengths[:, None], PAD)
-    labels = torch.randint(0, V, (rows, length), generator=generator).masked_fill(ids == PAD, -100)
-    return ids, labels
 
 
 class _Block(nn.Module):
@@ -114,10 +65,10 @@ class _SharedEmbeddingEncoderDecoder(nn.Module):
 @pytest.mark.parametrize("bridge", ["mean", "add"])
 def test_a_decoder_sharing_the_padded_embedding_keeps_its_own_tokens(bridge: str) -> None:
     torch.manual_seed(0)
-    src, _ = _padded(4, 8, seed=1)
-    tgt, labels = _padded(4, 8, seed=2)  # same shape as src, pads elsewhere
+    src, _ = padded(4, 8, seed=1)
+    tgt, labels = padded(4, 8, seed=2)  # same shape as src, pads elsewhere
     assert not torch.equal(src == PAD, tgt == PAD)
-    changes = _eliminate_and_compare(_SharedEmbeddingEncoderDecoder(bridge), [src, tgt, labels])
+    changes = eliminate_and_compare(_SharedEmbeddingEncoderDecoder(bridge), [src, tgt, labels])
     assert any(c.startswith("padding elimination: ") for c in changes), changes  # the encoder still is
 
 
@@ -137,9 +88,9 @@ class _SeqFirstFlat(nn.Module):
 
 def test_seq_first_flattened_rows_are_left_dense(caplog: pytest.LogCaptureFixture) -> None:
     torch.manual_seed(0)
-    ids, labels = _padded(4, 6, seed=3)
+    ids, labels = padded(4, 6, seed=3)
     with caplog.at_level(logging.INFO, logger="ortrain.passes"):
-        changes = _eliminate_and_compare(_SeqFirstFlat(), [ids, labels])
+        changes = eliminate_and_compare(_SeqFirstFlat(), [ids, labels])
     assert changes == []
     skipped = "padding elimination: embedding skipped (no token-wise op reads its rows in (batch, seq) order)"
     assert skipped in caplog.text
@@ -162,8 +113,8 @@ class _SeqFirst(nn.Module):
 @pytest.mark.parametrize("shape", [(5, 5), (4, 6)], ids=["batch==seq", "batch!=seq"])
 def test_seq_first_layer_is_not_taken_for_batch_first(shape: tuple[int, int]) -> None:
     torch.manual_seed(0)
-    ids, labels = _padded(*shape, seed=4)
-    changes = _eliminate_and_compare(_SeqFirst(), [ids, labels])
+    ids, labels = padded(*shape, seed=4)
+    changes = eliminate_and_compare(_SeqFirst(), [ids, labels])
     # the first layer and the head (back in (batch, seq) order) still run on real tokens
     moved = "padding elimination: 3 token-wise ops after embedding run on real tokens only"
     assert changes == [moved], changes
