@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
 from torch.utils.checkpoint import CheckpointPolicy
 
+from ortrain.capture.input_writes import written_back
 from ortrain.capture.module_paths import layer_of, module_path
 from ortrain.capture.python_ops import PYTHON_OPS
 from ortrain.capture.view_ops import RELAYOUTS
@@ -280,13 +280,7 @@ def written_inputs(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     version counter the gradient would be silently wrong). Plans stop at the first reader that makes
     a new tensor: it is stashed, holding the old values.
     """
-    placeholders = {n.meta.get("desc"): n for n in graph.find_nodes(op="placeholder") if "desc" in n.meta}
-    descs = graph.output_node().meta.get("desc") or ()
-    written = {
-        placeholders[d.mutated_input]
-        for d in descs
-        if isinstance(d, InputMutationAOTOutput) and d.mutated_input in placeholders
-    }
+    written = {placeholder for placeholder, _ in written_back(graph)}
     for node in graph.nodes:
         schema = getattr(node.target, "_schema", None)
         if node.op != "call_function" or schema is None:

@@ -24,7 +24,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
+
+from ortrain.capture.input_writes import written_back
 
 aten = torch.ops.aten
 
@@ -55,17 +56,11 @@ def _statistic_source(node: Any) -> torch.fx.Node | None:
 def batch_norm_statistics(forward: torch.fx.Graph) -> list[Any]:
     """The descriptors (AOTAutograd's ``AOTInput``) of the forward graph's inputs whose new value,
     written back after the forward, only batch norms' statistics updates computed."""
-    outputs = forward.output_node()
-    descs = outputs.meta.get("desc") or ()
-    values = outputs.args[0]
-    found = []
-    for desc, value in zip(descs, values, strict=False):
-        if not isinstance(desc, InputMutationAOTOutput):
-            continue
-        source = _statistic_source(value)
-        if source is not None and source.meta.get("desc") == desc.mutated_input:
-            found.append(desc.mutated_input)
-    return found
+    return [
+        placeholder.meta["desc"]
+        for placeholder, value in written_back(forward)
+        if _statistic_source(value) is placeholder
+    ]
 
 
 @contextlib.contextmanager
